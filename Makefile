@@ -1,0 +1,54 @@
+# sparkserve: `make serve` and `make test` install what they need, build, and run.
+SHELL := /bin/bash
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+MODEL ?= tests/fixtures/tiny-moe
+APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
+  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
+
+.PHONY: all deps apt-deps py-deps build test serve bench clean
+
+all: build
+
+apt-deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+# Test oracles (HF tokenizers, jinja2, numpy, openai SDK ...) live in a project venv.
+$(VENV)/.stamp: tests/requirements.txt | apt-deps
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r tests/requirements.txt
+	@touch $@
+
+py-deps: $(VENV)/.stamp
+
+deps: apt-deps py-deps
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | apt-deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPARKSERVE_PYTHON=$(PY)
+
+build: apt-deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: deps build
+	cd $(BUILD_DIR) && ctest -j $(JOBS) --output-on-failure
+
+serve: build
+	$(BUILD_DIR)/sparkserve generate --model $(MODEL) --prompt-ids 1,2,3,4,5 --max-tokens 16
+
+bench: build
+	@echo "see bench/README.md"
+
+clean:
+	rm -rf $(BUILD_DIR)

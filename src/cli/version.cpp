@@ -1,0 +1,15 @@
+// `sparkserve version`: prints the version.
+#include <cstdio>
+
+#include "cli/command.h"
+
+namespace {
+void register_version(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("version", "Print the sparkserve version");
+  cmd->callback([&exit_code] {
+    std::printf("sparkserve 0.1.0\n");
+    exit_code = 0;
+  });
+}
+SPARKSERVE_COMMAND(register_version);
+}  // namespace
