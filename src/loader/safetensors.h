@@ -1,0 +1,83 @@
+// Reading safetensors checkpoints: one file, or a folder of shards. Every *.safetensors file in
+// the folder is indexed (model.safetensors.index.json is only a cross-check), so extra shards
+// such as separately stored MTP weights are found. Headers are validated on open; tensor bytes are
+// read on demand with pread (no mmap, so the page cache does not double memory use).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace sparkserve {
+
+struct TensorInfo {
+  std::string name;
+  std::filesystem::path file;  // the shard holding it
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // absolute byte offset of the data in `file`
+  uint64_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// One validated safetensors file.
+class SafetensorsFile {
+ public:
+  // Parses and validates the header: well-formed JSON, known dtypes, byte size = dtype x shape,
+  // offsets inside the file, non-overlapping. Errors name the file (and tensor).
+  static Expected<SafetensorsFile> open(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::filesystem::path path_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint folder (or a single .safetensors file).
+class Checkpoint {
+ public:
+  // Indexes every *.safetensors in `dir` (or the single file `dir` names). A tensor name present in
+  // two files is an error naming both; an index.json that names a missing file or a tensor that is
+  // not where it says is an error too.
+  static Expected<Checkpoint> open(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  // nullptr when absent.
+  const TensorInfo* find(const std::string& name) const;
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<std::filesystem::path>& files() const { return files_; }
+
+  // Reads the tensor's bytes into dst (info.nbytes bytes) with pread; errors name file and tensor
+  // (e.g. a file truncated after its header was read).
+  Status read(const TensorInfo& info, void* dst) const;
+  // Reads and converts a float tensor (F32/F16/BF16/F8) to f32.
+  Expected<std::vector<float>> read_f32(const TensorInfo& info) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::filesystem::path> files_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// Writes a safetensors file (used by tests, fixtures and `sparkserve synth`). Tensors are written in
+// the order given, header padded with spaces to a multiple of 8 as the reference writer does.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;  // nbytes = numel * dtype_size
+};
+Status write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace sparkserve
