@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -32,6 +33,13 @@ class SafetensorsFile {
   // Parses and validates the header: well-formed JSON, known dtypes, byte size = dtype x shape,
   // offsets inside the file, non-overlapping. Errors name the file (and tensor).
   static Expected<SafetensorsFile> open(const std::filesystem::path& path);
+  // The same validation on a whole file image held in memory (tests, fuzzing); `path` only names
+  // the file in messages and in TensorInfo::file.
+  static Expected<SafetensorsFile> from_bytes(const std::filesystem::path& path, std::string_view bytes);
+  // Validates a header given its JSON text and the total size of the file it came from (the data
+  // buffer is file_size - 8 - header_json.size() bytes).
+  static Expected<SafetensorsFile> parse_header(const std::filesystem::path& path,
+                                                std::string_view header_json, uint64_t file_size);
 
   const std::filesystem::path& path() const { return path_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -51,6 +59,7 @@ class Checkpoint {
   // not where it says is an error too.
   static Expected<Checkpoint> open(const std::filesystem::path& dir);
 
+  // The folder holding the checkpoint (for a single file: its parent), where config.json lives.
   const std::filesystem::path& dir() const { return dir_; }
   // nullptr when absent.
   const TensorInfo* find(const std::string& name) const;
@@ -60,7 +69,11 @@ class Checkpoint {
   // Reads the tensor's bytes into dst (info.nbytes bytes) with pread; errors name file and tensor
   // (e.g. a file truncated after its header was read).
   Status read(const TensorInfo& info, void* dst) const;
-  // Reads and converts a float tensor (F32/F16/BF16/F8) to f32.
+  // Reads bytes [byte_begin, byte_begin + nbytes) of the tensor's data (e.g. one expert of a fused
+  // [E, ...] tensor); the range must lie inside the tensor.
+  Status read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst) const;
+  // Reads and converts a float tensor (F32/F16/BF16/F8_E4M3/F8_E5M2/F64) to f32, streaming through a
+  // small buffer (no second full-size copy).
   Expected<std::vector<float>> read_f32(const TensorInfo& info) const;
 
  private:
@@ -79,5 +92,42 @@ struct TensorToWrite {
 };
 Status write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
+
+// Streaming writer for files too large to hold in memory (`sparkserve synth`): the header is written
+// from the specs up front, then the data section is appended in order, in pieces of any size.
+// A writer destroyed before finish() succeeded removes its partial file.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+class SafetensorsWriter {
+ public:
+  // Validates the specs (unique non-empty names, non-negative dims, no size overflow) and writes the
+  // header. Tensor i's data is expected right after tensor i-1's.
+  static Expected<SafetensorsWriter> create(const std::filesystem::path& path,
+                                            const std::vector<TensorSpec>& specs,
+                                            const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsWriter();
+
+  // Appends the next nbytes of the data section; writing past the declared total is an error.
+  Status append(const void* data, uint64_t nbytes);
+  // Checks that exactly the declared number of bytes was written and closes the file.
+  Status finish();
+  uint64_t data_bytes_total() const { return total_; }
+  uint64_t data_bytes_written() const { return written_; }
+
+ private:
+  SafetensorsWriter() = default;
+  void abandon();
+  std::filesystem::path path_;
+  int fd_ = -1;
+  uint64_t total_ = 0;
+  uint64_t written_ = 0;
+};
 
 }  // namespace sparkserve
