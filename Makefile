@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-MODEL ?= tests/fixtures/tiny-moe
+MODEL ?= tests/fixtures/qwen35-moe-tiny
 APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
