@@ -38,6 +38,21 @@ struct Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
   template <class T>
   T* ptr() const { return static_cast<T*>(data); }
+
+  // Rows [begin, begin + n) of the first dimension, as a view of the same buffer.
+  Tensor rows(int64_t begin, int64_t n) const {
+    CHECK(rank() >= 1 && begin >= 0 && n >= 0 && begin + n <= shape[0]);
+    std::vector<int64_t> s = shape;
+    s[0] = n;
+    size_t row_bytes = shape[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape[0]);
+    return Tensor(static_cast<char*>(data) + static_cast<size_t>(begin) * row_bytes, dtype, std::move(s), device);
+  }
+  // The same buffer seen with another shape of equal element count.
+  Tensor view(std::vector<int64_t> new_shape) const {
+    Tensor t(data, dtype, std::move(new_shape), device);
+    CHECK(t.numel() == numel());
+    return t;
+  }
 };
 
 // "[3, 4]" for messages.

@@ -1,0 +1,109 @@
+// Gated full attention pieces (model-qwen35.md §2.5-2.6): query/gate split, partial rotate-half
+// RoPE, paged KV cache writes and causal GQA attention over the pages.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+
+namespace sparkserve {
+
+namespace {
+// Address of position `pos` of a sequence in a pool [num_blocks, block_size, kvh, hd].
+const float* kv_row(const Tensor& pool, const SeqSpan& s, int64_t pos, int64_t kv_head) {
+  const int64_t block_size = pool.dim(1), kvh = pool.dim(2), hd = pool.dim(3);
+  const int64_t b = pos / block_size;
+  CHECK(b < s.num_blocks);
+  const int64_t block = s.block_table[b];
+  CHECK(block >= 0 && block < pool.dim(0));
+  return pool.ptr<const float>() + ((block * block_size + pos % block_size) * kvh + kv_head) * hd;
+}
+}  // namespace
+
+void CpuBackend::split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) {
+  const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2);
+  CHECK(qg.numel() == 2 * q.numel() && gate.numel() == q.numel());
+  const float* src = qg.ptr<const float>();
+  for (int64_t r = 0; r < T * nh; ++r) {
+    std::memcpy(q.ptr<float>() + r * hd, src + r * 2 * hd, static_cast<size_t>(hd) * 4);
+    std::memcpy(gate.ptr<float>() + r * hd, src + r * 2 * hd + hd, static_cast<size_t>(hd) * 4);
+  }
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) {
+  const int64_t T = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = rotary_dim / 2;
+  CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd && positions.numel() == T);
+  // inv_freq as HF computes it: fp32 base ** (fp32 (2i) / dim), angle = fp32 pos * inv_freq.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  const int32_t* pos = positions.ptr<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = static_cast<float>(pos[t]) * inv_freq[static_cast<size_t>(i)];
+      float c = std::cos(angle), s = std::sin(angle);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.ptr<float>() + (t * heads + h) * hd;
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c - x2 * s;
+        v[i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+void CpuBackend::kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
+                                const Tensor& v, const BatchLayout& batch) {
+  const int64_t kvh = k_pool.dim(2), hd = k_pool.dim(3), row = kvh * hd;
+  CHECK(k.numel() == batch.total_rows * row && v.numel() == k.numel());
+  for (const SeqSpan& s : batch.seqs) {
+    for (int64_t i = 0; i < s.num_tokens; ++i) {
+      const int64_t pos = s.start_pos + i;
+      float* kd = const_cast<float*>(kv_row(k_pool, s, pos, 0));
+      float* vd = const_cast<float*>(kv_row(v_pool, s, pos, 0));
+      std::memcpy(kd, k.ptr<const float>() + (s.row_begin + i) * row, static_cast<size_t>(row) * 4);
+      std::memcpy(vd, v.ptr<const float>() + (s.row_begin + i) * row, static_cast<size_t>(row) * 4);
+    }
+  }
+}
+
+void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                           const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& d) {
+  const int64_t nh = d.num_heads, hd = d.head_dim, group = d.num_heads / d.num_kv_heads;
+  CHECK(q.numel() == batch.total_rows * nh * hd && out.numel() == q.numel());
+  CHECK(k_pool.dim(2) == d.num_kv_heads && k_pool.dim(3) == hd);
+  // Work items: (query row, head) pairs of every span.
+  struct Item { const SeqSpan* span; int64_t i; };
+  std::vector<Item> rows;
+  for (const SeqSpan& s : batch.seqs)
+    for (int64_t i = 0; i < s.num_tokens; ++i) rows.push_back({&s, i});
+  pool_.parallel_for(static_cast<int64_t>(rows.size()) * nh, [&](int64_t b, int64_t e) {
+    std::vector<float> p;
+    std::vector<float> acc(static_cast<size_t>(hd));
+    for (int64_t w = b; w < e; ++w) {
+      const Item& it = rows[static_cast<size_t>(w / nh)];
+      const int64_t h = w % nh, kvh = h / group;
+      const SeqSpan& s = *it.span;
+      const int64_t row = s.row_begin + it.i, len = s.start_pos + it.i + 1;  // causal
+      const float* qv = q.ptr<const float>() + (row * nh + h) * hd;
+      p.resize(static_cast<size_t>(len));
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        p[static_cast<size_t>(j)] = cpu::dot(qv, kv_row(k_pool, s, j, kvh), hd) * d.scale;
+        mx = std::max(mx, p[static_cast<size_t>(j)]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < len; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* vv = kv_row(v_pool, s, j, kvh);
+        const float pj = p[static_cast<size_t>(j)] / sum;
+        for (int64_t c = 0; c < hd; ++c) acc[static_cast<size_t>(c)] += pj * vv[c];
+      }
+      std::memcpy(out.ptr<float>() + (row * nh + h) * hd, acc.data(), static_cast<size_t>(hd) * 4);
+    }
+  });
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,78 @@
+// Embedding lookup, elementwise activations and gates, row gathers, argmax.
+#include <algorithm>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+
+namespace sparkserve {
+
+void CpuBackend::embedding(const Tensor& out, const Tensor& ids, const Linear& table) {
+  const int64_t T = ids.numel(), H = table.in_features;
+  CHECK(out.numel() == T * H && ids.dtype == DType::kI32);
+  const int32_t* id = ids.ptr<const int32_t>();
+  float* o = out.ptr<float>();
+  pool_.parallel_for(T, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      CHECK(id[t] >= 0 && id[t] < table.out_features);
+      cpu::weight_row_to_f32(o + t * H, table.weight, table.format, static_cast<int64_t>(id[t]) * H, H);
+    }
+  });
+}
+
+void CpuBackend::silu_mul(const Tensor& out, const Tensor& gate_up) {
+  const int64_t T = gate_up.dim(0), I = gate_up.dim(1) / 2;
+  CHECK(out.numel() == T * I);
+  const float* gu = gate_up.ptr<const float>();
+  float* o = out.ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) o[t * I + i] = cpu::silu(gu[t * 2 * I + i]) * gu[t * 2 * I + I + i];
+}
+
+void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  CHECK(out.numel() == a.numel() && a.numel() == b.numel());
+  const float* pa = a.ptr<const float>();
+  const float* pb = b.ptr<const float>();
+  float* o = out.ptr<float>();
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate) {
+  CHECK(x.numel() == gate.numel());
+  float* px = x.ptr<float>();
+  const float* pg = gate.ptr<const float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) px[i] *= cpu::sigmoid(pg[i]);
+}
+
+void CpuBackend::add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) {
+  const int64_t T = out.dim(0), H = out.dim(1);
+  CHECK(y.numel() == T * H && gate_logit.numel() == T);
+  float* o = out.ptr<float>();
+  const float* py = y.ptr<const float>();
+  const float* g = gate_logit.ptr<const float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float s = cpu::sigmoid(g[t]);
+    for (int64_t i = 0; i < H; ++i) o[t * H + i] += s * py[t * H + i];
+  }
+}
+
+void CpuBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t D = x.numel() / x.dim(0);
+  CHECK(out.numel() == static_cast<int64_t>(rows.size()) * D);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CHECK(rows[i] >= 0 && rows[i] < x.dim(0));
+    std::memcpy(out.ptr<float>() + static_cast<int64_t>(i) * D, x.ptr<const float>() + rows[i] * D,
+                static_cast<size_t>(D) * 4);
+  }
+}
+
+std::vector<int32_t> CpuBackend::argmax(const Tensor& logits) {
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  std::vector<int32_t> ids(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits.ptr<const float>() + r * V;
+    ids[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+  return ids;
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,197 @@
+// The backend op interface. The model (src/model/qwen35.*) is written once against it and never
+// names a device; the CPU backend (backend/cpu/) is the executable specification, a CUDA backend
+// implements the same functions (fusing steps inside one op where it pays, as long as each op
+// computes the same function).
+//
+// Conventions:
+// - Activations are f32 tensors, contiguous, row-major, one row per token ([T, ...]).
+// - Tensors passed to ops live in the backend's memory (alloc/upload); `out` may alias an input
+//   only where the op says so.
+// - Per-sequence state ops (conv/recurrent state, KV cache) take a BatchLayout: host-side metadata
+//   saying which rows belong to which sequence, where it starts, and where its state lives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "loader/weight_format.h"
+
+namespace sparkserve {
+
+// How a matrix weight is stored: WeightFormat (loader/weight_format.h) names the checkpoint
+// formats. The backends implement kF32 and kBf16 today; quantized formats (issue 4: NVFP4, FP8)
+// add their scale tensors to Linear below and a case in each backend's linear / moe_experts
+// kernel, without changing the model code.
+// A matrix used as y = x W^T. For stacked expert weights the tensor has a leading expert dim
+// ([E, out, in]) and `out_features`/`in_features` describe one expert.
+struct Linear {
+  WeightFormat format = WeightFormat::kBf16;
+  Tensor weight;  // [out, in] or [E, out, in]
+  // (issue 4) Tensor scale;         // e.g. [out, in/16] F8_E4M3 for NVFP4, [out, 1] for FP8-channel
+  // (issue 4) Tensor global_scale;  // [1] f32
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+};
+
+// One sequence's share of a batch: rows [row_begin, row_begin + num_tokens) of every activation
+// tensor are its new tokens, at positions start_pos, start_pos + 1, ...
+struct SeqSpan {
+  int64_t row_begin = 0;
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;       // tokens already held in this sequence's state
+  int32_t gdn_slot = -1;       // index into the GDN state pools
+  const int32_t* block_table = nullptr;  // host: KV block ids covering positions [0, start_pos + num_tokens)
+  int64_t num_blocks = 0;
+};
+struct BatchLayout {
+  std::vector<SeqSpan> seqs;
+  int64_t total_rows = 0;
+};
+
+// Geometry of a Gated DeltaNet layer (see model-qwen35.md §2.4).
+struct GdnDims {
+  int64_t num_k_heads = 0;   // Hk
+  int64_t num_v_heads = 0;   // Hv (a multiple of Hk; value head h reads key head h / (Hv/Hk))
+  int64_t k_head_dim = 0;    // dk
+  int64_t v_head_dim = 0;    // dv
+  int64_t conv_kernel = 0;   // K
+  int64_t key_dim() const { return num_k_heads * k_head_dim; }
+  int64_t value_dim() const { return num_v_heads * v_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// Geometry of a paged KV pool for one attention layer: [num_blocks, block_size, kv_heads, head_dim].
+struct AttentionDims {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // query head h reads kv head h / (num_heads / num_kv_heads)
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  float scale = 1.0f;        // softmax scale, head_dim^-0.5
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  // Uninitialised buffer; release with free().
+  virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
+  virtual void free(Tensor& t) = 0;
+  virtual void upload(const Tensor& dst, const void* host_src) = 0;   // dst.nbytes() bytes
+  virtual void download(void* host_dst, const Tensor& src) = 0;       // src.nbytes() bytes
+  virtual void fill_zero(const Tensor& t) = 0;
+  // Waits for queued work (no-op on CPU).
+  virtual void synchronize() {}
+
+  // ---- dense ops ----------------------------------------------------------------------------
+  // ids: [T] i32, table: [V, H] f32|bf16 -> out: [T, H] f32. ids must be < V (checked by caller).
+  virtual void embedding(const Tensor& out, const Tensor& ids, const Linear& table) = 0;
+  // Zero-centred RMSNorm over the last dim: out = x * rsqrt(mean(x^2) + eps) * (1 + w).
+  // x: [R, D] f32, w: [D] f32 -> out: [R, D] f32 (out may alias x).
+  virtual void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) = 0;
+  // residual += delta; out = rmsnorm(residual) (zero-centred). residual, delta, out: [R, D] f32.
+  virtual void add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& delta,
+                           const Tensor& w, float eps) = 0;
+  // x: [T, in] f32 -> out: [T, out] f32, out = x W^T.
+  virtual void linear(const Tensor& out, const Tensor& x, const Linear& w) = 0;
+  // gate_up: [T, 2I] f32 (gate = first I columns, up = last I) -> out: [T, I] = silu(gate) * up.
+  virtual void silu_mul(const Tensor& out, const Tensor& gate_up) = 0;
+  // out = a + b, all [N] f32 (out may alias a or b).
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // x *= sigmoid(gate), elementwise; x, gate: same shape f32.
+  virtual void sigmoid_mul(const Tensor& x, const Tensor& gate) = 0;
+  // out[t] += sigmoid(gate_logit[t]) * y[t]; out, y: [T, H] f32, gate_logit: [T, 1] f32.
+  virtual void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) = 0;
+  // Copies rows: out[i] = x[rows[i]]. x: [T, D] f32, rows: host indices -> out: [R, D] f32.
+  virtual void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) = 0;
+  // logits: [R, V] f32 -> ids: host [R], lowest index among equal maxima.
+  virtual std::vector<int32_t> argmax(const Tensor& logits) = 0;
+
+  // ---- gated attention (model-qwen35.md §2.5, §2.6) --------------------------------------------
+  // qg: [T, nh, 2*hd] (per head: query then gate) -> q: [T, nh, hd], gate: [T, nh, hd].
+  virtual void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) = 0;
+  // In place, partial rotate-half RoPE on the first rotary_dim dims of each head (pairs i and
+  // i + rotary_dim/2), angle = pos * theta^(-2i/rotary_dim). x: [T, heads, hd] f32,
+  // positions: [T] i32 (device).
+  virtual void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) = 0;
+  // Writes each span's new k/v rows into the paged pools at positions start_pos... .
+  // k, v: [T, kvh, hd] f32; k_pool, v_pool: [num_blocks, block_size, kvh, hd].
+  virtual void kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
+                              const Tensor& v, const BatchLayout& batch) = 0;
+  // Causal GQA attention of each span's queries over its cached positions [0, start_pos + i].
+  // q: [T, nh, hd] f32 -> out: [T, nh, hd] f32. Pools already hold the span's new keys/values.
+  virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                         const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) = 0;
+
+  // ---- Gated DeltaNet (model-qwen35.md §2.4) --------------------------------------------------
+  // Causal depthwise conv (kernel K, no bias) + SiLU over each span, continuing from and updating
+  // the span's conv state (the last K-1 inputs, zeros for a fresh sequence).
+  // mixed: [T, C] f32, weight: [C, K] f32, conv_state_pool: [slots, C, K-1] f32 -> out: [T, C] f32.
+  virtual void gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
+                        const Tensor& conv_state_pool, const BatchLayout& batch) = 0;
+  // g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+  // a, b: [T, Hv] f32, A_log, dt_bias: [Hv] f32 -> g, beta: [T, Hv] f32.
+  virtual void gdn_gating(const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
+                          const Tensor& A_log, const Tensor& dt_bias) = 0;
+  // Delta rule, token by token (decode form): q, k L2-normalised (eps 1e-6), q scaled by dk^-0.5,
+  // per value head: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+  // qkv: [T, conv_dim] f32 (conv output: q | k | v), g, beta: [T, Hv] f32,
+  // state_pool: [slots, Hv, dk, dv] f32 -> out: [T, Hv, dv] f32. Only rows of the batch's spans.
+  virtual void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g,
+                             const Tensor& beta, const Tensor& state_pool, const BatchLayout& batch,
+                             const GdnDims& dims) = 0;
+  // The same function in the chunked form (chunk 64, HF torch_chunk_gated_delta_rule) for prefill.
+  virtual void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                           const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) = 0;
+  // Gated RMSNorm with a PLAIN weight: out = x * rsqrt(mean(x^2) + eps) * w * silu(z).
+  // x, z: [R, D] f32, w: [D] f32 -> out: [R, D] f32.
+  virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
+                             float eps) = 0;
+
+  // ---- MoE (model-qwen35.md §2.7) ------------------------------------------------------------
+  // fp32 softmax over all E experts, top-k (ties: lower id first), renormalised to sum 1.
+  // router_logits: [T, E] f32 -> weights: [T, k] f32, ids: [T, k] i32.
+  virtual void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) = 0;
+  // out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j].
+  // x: [T, H] f32, gate_up: [E, 2I, H] (gate rows first), down: [E, H, I] -> out: [T, H] f32.
+  virtual void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids,
+                           const Tensor& weights, const Linear& gate_up, const Linear& down) = 0;
+};
+
+// A backend buffer freed when the owner goes away.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* backend, DType dtype, std::vector<int64_t> shape)
+      : backend_(backend), t_(backend->alloc(dtype, std::move(shape))) {}
+  Buffer(Buffer&& o) noexcept : backend_(o.backend_), t_(std::move(o.t_)) { o.backend_ = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      backend_ = o.backend_;
+      t_ = std::move(o.t_);
+      o.backend_ = nullptr;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+  const Tensor& tensor() const { return t_; }
+  operator const Tensor&() const { return t_; }  // NOLINT: a Buffer is used where a Tensor is
+
+ private:
+  void release() {
+    if (backend_ && t_.data) backend_->free(t_);
+    backend_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  Tensor t_;
+};
+
+}  // namespace sparkserve

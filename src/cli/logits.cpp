@@ -1,0 +1,69 @@
+// `sparkserve logits`: teacher-forced logits for every prompt position, written as a float32 .npy
+// [T, vocab_size] (one forward over the whole prompt).
+#include <cstdio>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/command.h"
+#include "cli/model_args.h"
+#include "core/npy.h"
+#include "core/thread_pool.h"
+#include "model/load.h"
+
+namespace sparkserve::cli {
+namespace {
+
+struct LogitsOptions {
+  std::string model;
+  std::string prompt_ids;
+  std::string out;
+  int threads = 0;
+};
+
+int run_logits(const LogitsOptions& o) {
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "error: %s\n", msg.c_str());
+    return 1;
+  };
+  auto ids = parse_token_ids(o.prompt_ids);
+  if (!ids) return fail(ids.message());
+  auto backend = make_cpu_backend(o.threads > 0 ? o.threads : default_thread_count());
+  std::vector<std::string> notes;
+  auto model = load_qwen35(o.model, *backend, &notes);
+  if (!model) return fail(model.message());
+  for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
+  const ModelConfig& c = (*model)->config();
+  const int64_t T = static_cast<int64_t>(ids->size());
+  if (c.max_position_embeddings > 0 && T > c.max_position_embeddings)
+    return fail("prompt of " + std::to_string(T) + " tokens exceeds max_position_embeddings " +
+                std::to_string(c.max_position_embeddings));
+  StateLimits limits;
+  limits.max_sequences = 1;
+  limits.block_size = 16;
+  limits.num_kv_blocks = static_cast<int32_t>((T + limits.block_size - 1) / limits.block_size);
+  ModelState state(*backend, c, limits);
+  auto seq = state.open_sequence();
+  if (!seq) return fail(seq.message());
+  std::vector<SequenceInput> batch(1);
+  batch[0].state = &*seq;
+  batch[0].tokens = *ids;
+  batch[0].all_logits = true;
+  auto logits = (*model)->forward(batch, state);
+  if (!logits) return fail(logits.message());
+  Status st = write_npy_f32(o.out, {logits->rows, logits->vocab}, logits->data.data());
+  if (!st.ok()) return fail(st.message());
+  return 0;
+}
+
+void register_logits(CLI::App& root, int& exit_code) {
+  auto opts = std::make_shared<LogitsOptions>();
+  auto* cmd = root.add_subcommand("logits", "Teacher-forced logits of a prompt as float32 .npy [T, vocab]");
+  cmd->add_option("--model", opts->model, "Model folder (config.json + *.safetensors)")->required();
+  cmd->add_option("--prompt-ids", opts->prompt_ids, "Comma-separated prompt token ids, e.g. 1,2,3")->required();
+  cmd->add_option("--out", opts->out, "Output .npy file")->required();
+  cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
+  cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });
+}
+SPARKSERVE_COMMAND(register_logits);
+
+}  // namespace
+}  // namespace sparkserve::cli

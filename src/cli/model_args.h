@@ -1,0 +1,33 @@
+// Options and helpers shared by the model-running subcommands (generate, logits).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sparkserve::cli {
+
+// "1,2,3" -> {1, 2, 3}; errors name the bad item. Ids are checked against the vocab later.
+inline Expected<std::vector<int32_t>> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (item.empty() || item.size() > 10 || item.find_first_not_of("0123456789") != std::string::npos)
+      return make_error("--prompt-ids: '" + item + "' is not a non-negative integer token id (expected e.g. 1,2,3)");
+    long long v = std::stoll(item);
+    if (v > 2147483647LL) return make_error("--prompt-ids: " + item + " is too large");
+    ids.push_back(static_cast<int32_t>(v));
+    start = comma + 1;
+  }
+  if (ids.empty()) return make_error("--prompt-ids: no token ids given");
+  return ids;
+}
+
+}  // namespace sparkserve::cli

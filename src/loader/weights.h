@@ -1,0 +1,88 @@
+// Checkpoint tensor names -> the model's weights in backend memory (model-qwen35.md §3).
+// Accepts the ConditionalGeneration prefix `model.language_model.` and the flat CausalLM prefix
+// `model.`; routed experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`
+// [E, H, I]) or per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`), both loaded into the
+// same stacked layout so they compute bit-identical results.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/status.h"
+#include "loader/hf_config.h"
+#include "loader/safetensors.h"
+
+namespace sparkserve {
+
+struct GdnWeights {
+  Linear in_proj_qkv;  // [conv_dim, H]: q | k | v
+  Linear in_proj_z;    // [Hv*dv, H]
+  Linear in_proj_b;    // [Hv, H]
+  Linear in_proj_a;    // [Hv, H]
+  Linear out_proj;     // [H, Hv*dv]
+  Tensor conv;         // [conv_dim, K] f32
+  Tensor A_log;        // [Hv] f32
+  Tensor dt_bias;      // [Hv] f32
+  Tensor norm;         // [dv] f32, plain weight
+};
+
+struct AttentionWeights {
+  Linear q_proj;  // [nh*2*hd, H], per head: query rows then gate rows
+  Linear k_proj;  // [kvh*hd, H]
+  Linear v_proj;  // [kvh*hd, H]
+  Linear o_proj;  // [H, nh*hd]
+  Tensor q_norm;  // [hd] f32 (zero-centred)
+  Tensor k_norm;  // [hd] f32 (zero-centred)
+};
+
+struct MoeWeights {
+  Linear router;          // [E, H]
+  Linear experts_gate_up; // [E, 2I, H], gate rows first
+  Linear experts_down;    // [E, H, I]
+  Linear shared_gate_up;  // [2Is, H]: shared_expert.gate_proj rows then up_proj rows
+  Linear shared_down;     // [H, Is]
+  Linear shared_gate;     // [1, H]
+};
+
+struct MlpWeights {
+  Linear gate_up;  // [2I, H]: gate_proj rows then up_proj rows
+  Linear down;     // [H, I]
+};
+
+struct LayerWeights {
+  LayerType type = LayerType::kLinearAttention;
+  Tensor input_norm;           // [H] f32
+  Tensor post_attention_norm;  // [H] f32
+  GdnWeights gdn;              // when type == kLinearAttention
+  AttentionWeights attn;       // when type == kFullAttention
+  MoeWeights moe;              // when config.is_moe
+  MlpWeights mlp;              // otherwise
+};
+
+// What the loader saw but did not use.
+struct LoadReport {
+  std::string prefix;        // "model.language_model." or "model."
+  bool per_expert_layout = false;
+  int visual_tensors = 0;    // model.visual.* (vision tower: not used yet)
+  int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
+  std::vector<std::string> unexpected;  // anything else the model does not know
+  // One line each, for stderr.
+  std::vector<std::string> notes() const;
+};
+
+struct ModelWeights {
+  Linear embed;       // [V, H]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;  // [H] f32
+  Linear lm_head;     // [V, H]; the embedding itself when tie_word_embeddings
+  LoadReport report;
+  std::vector<Buffer> storage;  // owns every tensor above
+};
+
+// Loads and validates every tensor the config needs. Errors name the file (or the checkpoint
+// folder, for a missing tensor) and the tensor: missing, shape disagreeing with the config
+// (expected vs found), or a dtype that is not a float type this backend can use.
+Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend);
+
+}  // namespace sparkserve

@@ -1,0 +1,205 @@
+#include "model/qwen35.h"
+
+#include <cmath>
+#include <string>
+
+namespace sparkserve {
+
+// The batch seen by the state ops: all spans, and the same spans split by which GDN form runs
+// them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
+struct Qwen35Model::Layout {
+  BatchLayout all, prefill, decode;
+  Buffer positions;  // [T] i32
+};
+
+Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights)
+    : backend_(backend), config_(std::move(config)), w_(std::move(weights)) {
+  int gdn = 0, attn = 0;
+  for (LayerType t : config_.layer_types) layer_slot_.push_back(t == LayerType::kLinearAttention ? gdn++ : attn++);
+}
+
+Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelState& state) {
+  const ModelConfig& c = config_;
+  // Validate everything before touching any state.
+  int64_t T = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    if (!in.state || in.state->gdn_slot < 0) return make_error("sequence " + std::to_string(s) + " has no state slot");
+    if (in.tokens.empty()) return make_error("sequence " + std::to_string(s) + " has no new tokens");
+    for (int32_t id : in.tokens)
+      if (id < 0 || id >= c.vocab_size)
+        return make_error("token id " + std::to_string(id) + " is out of range [0, " +
+                          std::to_string(c.vocab_size) + ")");
+    T += static_cast<int64_t>(in.tokens.size());
+  }
+  if (T == 0) return make_error("empty batch");
+  std::vector<std::vector<int32_t>> old_tables;
+  for (auto& in : batch) old_tables.push_back(in.state->block_table);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    SequenceState& st = *batch[s].state;
+    Status ok = state.kv().reserve(st.block_table, st.num_tokens + static_cast<int64_t>(batch[s].tokens.size()));
+    if (!ok.ok()) {
+      for (size_t r = 0; r < s; ++r)  // give back what this call reserved
+        while (batch[r].state->block_table.size() > old_tables[r].size()) {
+          state.kv().allocator().release(batch[r].state->block_table.back());
+          batch[r].state->block_table.pop_back();
+        }
+      return ok;
+    }
+  }
+
+  // Rows, spans, positions.
+  Layout layout;
+  std::vector<int32_t> ids, pos;
+  std::vector<int64_t> logit_rows;
+  for (auto& in : batch) {
+    SeqSpan span;
+    span.row_begin = static_cast<int64_t>(ids.size());
+    span.num_tokens = static_cast<int64_t>(in.tokens.size());
+    span.start_pos = in.state->num_tokens;
+    span.gdn_slot = in.state->gdn_slot;
+    span.block_table = in.state->block_table.data();
+    span.num_blocks = static_cast<int64_t>(in.state->block_table.size());
+    for (int64_t i = 0; i < span.num_tokens; ++i) {
+      ids.push_back(in.tokens[static_cast<size_t>(i)]);
+      pos.push_back(static_cast<int32_t>(span.start_pos + i));
+      if (in.all_logits || i + 1 == span.num_tokens) logit_rows.push_back(span.row_begin + i);
+    }
+    layout.all.seqs.push_back(span);
+    (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
+  }
+  layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
+  layout.positions = buffer({T}, DType::kI32);
+  backend_.upload(layout.positions, pos.data());
+  Buffer tok = buffer({T}, DType::kI32);
+  backend_.upload(tok, ids.data());
+
+  // Residual stream x, normalised hidden h, block output d.
+  const int64_t H = c.hidden_size;
+  Buffer x = buffer({T, H}), h = buffer({T, H}), d = buffer({T, H});
+  backend_.embedding(x, tok, w_.embed);
+  backend_.rmsnorm(h, x, w_.layers[0].input_norm, c.rms_norm_eps);
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LayerWeights& lw = w_.layers[l];
+    if (lw.type == LayerType::kLinearAttention) {
+      gdn_layer(d, h, lw, layer_slot_[l], layout, state);
+    } else {
+      attention_layer(d, h, lw, layer_slot_[l], layout, state);
+    }
+    backend_.add_rmsnorm(x, h, d, lw.post_attention_norm, c.rms_norm_eps);
+    if (c.is_moe) {
+      moe(d, h, lw.moe);
+    } else {
+      mlp(d, h, lw.mlp);
+    }
+    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
+    backend_.add_rmsnorm(x, h, d, next_norm, c.rms_norm_eps);  // h = final norm after the last layer
+  }
+  for (auto& in : batch) in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
+
+  Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), H});
+  backend_.gather_rows(last, h, logit_rows);
+  return lm_head(last);
+}
+
+void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,
+                            const Layout& layout, ModelState& state) {
+  const GdnWeights& w = lw.gdn;
+  const GdnDims dims = gdn_dims(config_);
+  const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
+  Buffer mixed = buffer({T, dims.conv_dim()}), z = buffer({T, Hv * dv});
+  Buffer a = buffer({T, Hv}), b = buffer({T, Hv});
+  backend_.linear(mixed, h, w.in_proj_qkv);
+  backend_.linear(z, h, w.in_proj_z);
+  backend_.linear(b, h, w.in_proj_b);
+  backend_.linear(a, h, w.in_proj_a);
+
+  Buffer qkv = buffer({T, dims.conv_dim()});
+  backend_.gdn_conv(qkv, mixed, w.conv, state.gdn().conv_pool(gdn_index), layout.all);
+  Buffer g = buffer({T, Hv}), beta = buffer({T, Hv});
+  backend_.gdn_gating(g, beta, a, b, w.A_log, w.dt_bias);
+
+  Buffer core = buffer({T, Hv, dv});
+  const Tensor& rec = state.gdn().recurrent_pool(gdn_index);
+  if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
+  if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
+
+  Buffer normed = buffer({T, Hv * dv});
+  backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
+                         z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
+  backend_.linear(out, normed, w.out_proj);
+}
+
+void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw,
+                                  int attn_index, const Layout& layout, ModelState& state) {
+  const AttentionWeights& w = lw.attn;
+  const ModelConfig& c = config_;
+  const int64_t T = h.dim(0), nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
+  Buffer qg = buffer({T, nh, 2 * hd}), k = buffer({T, kvh, hd}), v = buffer({T, kvh, hd});
+  backend_.linear(qg, h, w.q_proj);
+  backend_.linear(k, h, w.k_proj);
+  backend_.linear(v, h, w.v_proj);
+  Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
+  backend_.split_query_gate(q, gate, qg);
+  // Per-head zero-centred RMSNorm before RoPE.
+  backend_.rmsnorm(q.tensor().view({T * nh, hd}), q.tensor().view({T * nh, hd}), w.q_norm, c.rms_norm_eps);
+  backend_.rmsnorm(k.tensor().view({T * kvh, hd}), k.tensor().view({T * kvh, hd}), w.k_norm, c.rms_norm_eps);
+  // Text-only positions: interleaved M-RoPE with three equal position rows is 1-D RoPE.
+  backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
+  backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
+
+  const Tensor& k_pool = state.kv().k_pool(attn_index);
+  const Tensor& v_pool = state.kv().v_pool(attn_index);
+  backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
+  AttentionDims dims;
+  dims.num_heads = nh;
+  dims.num_kv_heads = kvh;
+  dims.head_dim = hd;
+  dims.block_size = state.kv().block_size();
+  dims.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Buffer o = buffer({T, nh, hd});
+  backend_.attention(o, q, k_pool, v_pool, layout.all, dims);
+  backend_.sigmoid_mul(o, gate);
+  backend_.linear(out, o.tensor().view({T, nh * hd}), w.o_proj);
+}
+
+void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w) {
+  const ModelConfig& c = config_;
+  const int64_t T = h.dim(0), E = c.num_experts, k = c.num_experts_per_tok;
+  Buffer logits = buffer({T, E});
+  backend_.linear(logits, h, w.router);
+  Buffer topk_w = buffer({T, k}), topk_ids = buffer({T, k}, DType::kI32);
+  backend_.moe_route_topk(topk_w, topk_ids, logits);
+  backend_.moe_experts(out, h, topk_ids, topk_w, w.experts_gate_up, w.experts_down);
+
+  const int64_t Is = c.shared_expert_intermediate_size;
+  Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is}), shared = buffer({T, c.hidden_size});
+  backend_.linear(gu, h, w.shared_gate_up);
+  backend_.silu_mul(act, gu);
+  backend_.linear(shared, act, w.shared_down);
+  Buffer gate = buffer({T, 1});
+  backend_.linear(gate, h, w.shared_gate);
+  backend_.add_sigmoid_scaled(out, shared, gate);
+}
+
+void Qwen35Model::mlp(const Tensor& out, const Tensor& h, const MlpWeights& w) {
+  const int64_t T = h.dim(0), I = config_.intermediate_size;
+  Buffer gu = buffer({T, 2 * I}), act = buffer({T, I});
+  backend_.linear(gu, h, w.gate_up);
+  backend_.silu_mul(act, gu);
+  backend_.linear(out, act, w.down);
+}
+
+Logits Qwen35Model::lm_head(const Tensor& hidden) {
+  const int64_t R = hidden.dim(0), V = config_.vocab_size;
+  Buffer logits = buffer({R, V});
+  backend_.linear(logits, hidden, w_.lm_head);
+  Logits out;
+  out.rows = R;
+  out.vocab = V;
+  out.data.resize(static_cast<size_t>(R * V));
+  backend_.download(out.data.data(), logits);
+  return out;
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,67 @@
+// The Qwen3.5 text model (dense `qwen3_5` and MoE `qwen3_5_moe`), written once against the
+// backend op interface (backend/ops.h); see model-qwen35.md §2 for the math.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/status.h"
+#include "loader/hf_config.h"
+#include "loader/weights.h"
+#include "runtime/model_state.h"
+
+namespace sparkserve {
+
+// One sequence's part of a forward batch: its new tokens (a prefill chunk, or one decode token)
+// continuing from state->num_tokens.
+struct SequenceInput {
+  SequenceState* state = nullptr;
+  std::vector<int32_t> tokens;
+  bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
+};
+
+// Logits rows in batch order: for each sequence, its last token's row or all its rows.
+struct Logits {
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  std::vector<float> data;  // [rows, vocab]
+  const float* row(int64_t r) const { return data.data() + r * vocab; }
+};
+
+class Qwen35Model {
+ public:
+  Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+
+  // Runs every sequence's new tokens through the model, appends them to its state (KV blocks are
+  // reserved here; num_tokens advances) and returns the requested logits. Errors (token id out of
+  // range, KV cache full, a sequence without a GDN slot) leave every state untouched.
+  Expected<Logits> forward(std::vector<SequenceInput>& batch, ModelState& state);
+
+ private:
+  struct Layout;  // the batch as rows and spans, see qwen35.cpp
+
+  // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
+  void gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int gdn_index,
+                 const Layout& layout, ModelState& state);
+  void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int attn_index,
+                       const Layout& layout, ModelState& state);
+  void moe(const Tensor& out, const Tensor& h, const MoeWeights& w);
+  void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
+  // hidden: [R, H] final-normalised rows -> [R, V] logits on the host.
+  Logits lm_head(const Tensor& hidden);
+
+  Buffer buffer(std::vector<int64_t> shape, DType dtype = DType::kF32) {
+    return Buffer(&backend_, dtype, std::move(shape));
+  }
+
+  Backend& backend_;
+  ModelConfig config_;
+  ModelWeights w_;
+  std::vector<int> layer_slot_;  // per layer: its index among GDN layers or among attention layers
+};
+
+}  // namespace sparkserve
