@@ -1,0 +1,78 @@
+// Server metrics in the Prometheus text exposition format (version 0.0.4), named as vLLM v1's
+// with a `sparkserve:` prefix and a model_name label on every sample (serving-api.md 5.6).
+// All methods are thread-safe (one mutex; updates are a few per token, far from contended).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sparkserve {
+
+// Cumulative histogram with fixed upper bounds (+Inf implied).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  const std::vector<double>& bounds() const { return bounds_; }
+  // counts()[i]: observations <= bounds()[i] (cumulative); count(): all of them.
+  std::vector<uint64_t> cumulative_counts() const;
+  uint64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> per_bucket_;  // non-cumulative, one per bound plus +Inf
+  uint64_t count_ = 0;
+  double sum_ = 0.0;
+};
+
+// Bucket bounds (seconds). TTFT and end-to-end are vLLM's; inter-token latency adds
+// 1-7.5 ms bounds below vLLM's 10 ms first bucket, since decode steps on one GPU are that fast.
+const std::vector<double>& ttft_buckets();
+const std::vector<double>& inter_token_latency_buckets();
+const std::vector<double>& e2e_latency_buckets();
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(std::string model_name);
+
+  // Gauges, set by the engine after each step.
+  void set_requests_running(int64_t n);
+  void set_requests_waiting(int64_t n);
+  void set_kv_cache_usage(double fraction);     // [0, 1]
+  void set_state_slots_usage(double fraction);  // [0, 1]
+
+  // Counters.
+  void add_prompt_tokens(uint64_t n);
+  void add_generation_tokens(uint64_t n);
+  void count_finished_request(std::string_view finished_reason);  // stop / length / abort / error
+  void count_preemption();
+
+  // Histograms (seconds).
+  void observe_time_to_first_token(double seconds);
+  void observe_inter_token_latency(double seconds);
+  void observe_e2e_latency(double seconds);
+
+  // The whole exposition (Content-Type: text/plain; version=0.0.4; charset=utf-8).
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string label_;  // model_name="..." (escaped)
+  int64_t running_ = 0, waiting_ = 0;
+  double kv_usage_ = 0.0, slots_usage_ = 0.0;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0;
+  std::map<std::string, uint64_t, std::less<>> finished_;
+  Histogram ttft_, itl_, e2e_;
+};
+
+// Prometheus label-value escaping (\\, \", \n) and number formatting (shortest round-trip,
+// +Inf / -Inf / NaN).
+std::string prometheus_escape_label(std::string_view value);
+std::string prometheus_number(double value);
+
+}  // namespace sparkserve
