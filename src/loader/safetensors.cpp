@@ -401,6 +401,17 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+Expected<const TensorInfo*> Checkpoint::require(const std::string& name, const std::vector<int64_t>& shape,
+                                                const std::string& why) const {
+  const TensorInfo* info = find(name);
+  if (!info) return make_error(dir_.string() + ": tensor '" + name + "' is missing (" + why + " needs it)");
+  if (info->shape != shape) {
+    return tensor_error(info->file, name,
+                        "has shape " + shape_to_string(info->shape) + " but " + why + " needs " + shape_to_string(shape));
+  }
+  return info;
+}
+
 Status Checkpoint::read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst) const {
   if (byte_begin > info.nbytes || nbytes > info.nbytes - byte_begin) {
     return tensor_error(info.file, info.name,

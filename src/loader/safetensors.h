@@ -63,6 +63,10 @@ class Checkpoint {
   const std::filesystem::path& dir() const { return dir_; }
   // nullptr when absent.
   const TensorInfo* find(const std::string& name) const;
+  // The tensor a model needs, with exactly `shape`: errors say "<dir>: tensor 'x' is missing" or
+  // "<file>: tensor 'x' has shape [..] but <why> needs [..]" (`why` e.g. "config.json").
+  Expected<const TensorInfo*> require(const std::string& name, const std::vector<int64_t>& shape,
+                                      const std::string& why = "config.json") const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::vector<std::filesystem::path>& files() const { return files_; }
 

@@ -428,6 +428,23 @@ TEST(Checkpoint, ShardedWithIndexAndUnindexedExtraShard) {
   EXPECT_EQ(*ckpt->read_f32(*ckpt->find("mtp.fc.weight")), s.c);
 }
 
+TEST(Checkpoint, RequireNamesMissingTensorsAndWrongShapes) {
+  ShardedCheckpoint s;
+  auto ckpt = Checkpoint::open(s.dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  auto ok = ckpt->require("model.a", {2, 2});
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  EXPECT_EQ((*ok)->name, "model.a");
+  auto missing = ckpt->require("model.layers.0.mlp.gate_proj.weight", {4, 2});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.message(), AllOf(HasSubstr(s.dir.path().string()), HasSubstr("'model.layers.0.mlp.gate_proj.weight'"),
+                                       HasSubstr("missing")));
+  auto wrong = ckpt->require("model.b", {3}, "config.json (hidden_size 3)");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.message(), AllOf(HasSubstr("model-00002-of-00002.safetensors"), HasSubstr("'model.b'"),
+                                     HasSubstr("has shape [2]"), HasSubstr("hidden_size 3) needs [3]")));
+}
+
 TEST(Checkpoint, ShardedWithoutIndex) {
   ShardedCheckpoint s;
   auto ckpt = Checkpoint::open(s.dir.path());
