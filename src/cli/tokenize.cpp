@@ -1,13 +1,15 @@
 // `sparkserve tokenize --model DIR (--text T | --file F) [--jsonl] [--decode]`
 //   default: prints {"ids": [...]} for the whole text (special-token strings in the text are
 //   matched as special tokens, as HF's Tokenizer.encode does).
-//   --jsonl: encodes each line of the input on its own (without its "\n"; a "\r" before it is
-//   kept) and prints one {"ids": [...]} per line: the batch path the conformance tests use.
+//   --jsonl: the input holds one JSON string per line (so texts may contain newlines); each is
+//   encoded on its own and one {"ids": [...]} is printed per line: the batch path the
+//   conformance tests and benchmarks use.
 //   --decode: adds "text": decode(ids) (lossy UTF-8, as HF's decode) to each object.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "cli/command.h"
@@ -65,7 +67,17 @@ int run_tokenize(const std::string& model, const std::string* text, const std::s
     while (start < input.size()) {
       size_t end = input.find('\n', start);
       if (end == std::string::npos) end = input.size();
-      auto ids = tok->encode(std::string_view(input).substr(start, end - start));
+      const std::string_view line = std::string_view(input).substr(start, end - start);
+      std::string item;
+      try {
+        const auto j = nlohmann::json::parse(line);
+        if (!j.is_string()) throw std::runtime_error("not a JSON string");
+        item = j.get<std::string>();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: line %zu of the --jsonl input is not a JSON string: %s\n", line_no, e.what());
+        return 1;
+      }
+      auto ids = tok->encode(item);
       if (!ids.ok()) {
         std::fprintf(stderr, "error: line %zu: %s\n", line_no, ids.message().c_str());
         return 1;
@@ -87,7 +99,7 @@ void register_tokenize(CLI::App& root, int& exit_code) {
   auto* t = cmd->add_option("--text", text, "Text to encode");
   auto* f = cmd->add_option("--file", file, "File whose bytes to encode");
   t->excludes(f);
-  cmd->add_flag("--jsonl", jsonl, "Encode each line of the input separately, one JSON object per line");
+  cmd->add_flag("--jsonl", jsonl, "Input has one JSON string per line; print one {\"ids\": [...]} per line");
   cmd->add_flag("--decode", decode, "Also print \"text\": the decoded ids");
   cmd->callback([&exit_code, t, f] {
     if (t->count() == 0 && f->count() == 0) {
