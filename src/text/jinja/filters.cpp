@@ -374,6 +374,25 @@ Value do_groupby(Interpreter& in, const Value& v, CallArgs& a) {
   return Value::list(std::move(out));
 }
 
+Value sorted_dicts(const Value& v) {
+  if (v.is_list()) {
+    std::vector<Value> items;
+    for (const auto& x : v.items()) items.push_back(sorted_dicts(x));
+    return Value::list(std::move(items), v.is_tuple());
+  }
+  if (!v.is_dict()) return v;
+  DictData d = v.dict_data();
+  std::stable_sort(d.items.begin(), d.items.end(), [](const auto& a, const auto& b) {
+    try {
+      return py_less(a.first, b.first);
+    } catch (const JinjaError&) {
+      return py_type_name(a.first) < py_type_name(b.first);
+    }
+  });
+  for (auto& kv : d.items) kv.second = sorted_dicts(kv.second);
+  return Value::dict(std::move(d));
+}
+
 }  // namespace
 
 const std::unordered_map<std::string, FilterFn>& builtin_filters() {
@@ -608,7 +627,9 @@ const std::unordered_map<std::string, FilterFn>& builtin_filters() {
     m["slice"] = [](Interpreter&, const Value& v, CallArgs& a) { return do_batch_or_slice(v, a, false); };
     m["truncate"] = [](Interpreter&, const Value& v, CallArgs& a) { return do_truncate(v, a); };
     m["groupby"] = do_groupby;
-    m["pprint"] = [](Interpreter&, const Value& v, CallArgs&) { return Value(py_repr(v)); };
+    // pprint.pformat for values whose repr fits in 80 columns (dict keys sorted); longer values
+    // are not wrapped as pformat would.
+    m["pprint"] = [](Interpreter&, const Value& v, CallArgs&) { return Value(py_repr(sorted_dicts(v))); };
     return t;
   }();
   return *filters;

@@ -494,8 +494,10 @@ Value Interpreter::slice(const Value& obj, const Value& start_v, const Value& st
     }
     return v;
   };
-  int64_t start = adjust(as_index(start_v, has_start), has_start, true);
-  int64_t stop = adjust(as_index(stop_v, has_stop), has_stop, false);
+  int64_t start_raw = as_index(start_v, has_start);
+  int64_t stop_raw = as_index(stop_v, has_stop);
+  int64_t start = adjust(start_raw, has_start, true);
+  int64_t stop = adjust(stop_raw, has_stop, false);
   std::vector<int64_t> idx;
   if (step > 0)
     for (int64_t i = start; i < stop; i += step) idx.push_back(i);

@@ -76,7 +76,9 @@ def rand_tool(rng, i):
     return {"type": "function", "function": fn}
 
 
-def rand_content(rng, allow_parts=True):
+def rand_content(rng, allow_parts=True, plain=False):
+    if plain:
+        return rng.choice(TEXTS)
     if allow_parts and rng.random() < 0.15:
         parts = []
         for _ in range(rng.randrange(1, 4)):
@@ -115,7 +117,7 @@ def rand_tool_call(rng, tools):
     return call
 
 
-def rand_assistant(rng, tools):
+def rand_assistant(rng, tools, plain=False):
     m = {"role": "assistant"}
     k = rng.randrange(6)
     if k == 0:
@@ -127,7 +129,7 @@ def rand_assistant(rng, tools):
         m["content"] = rng.choice(TEXTS)
         m["reasoning"] = rng.choice(REASONING)
     elif k == 3:
-        m["content"] = rng.choice(["", None, "Calling the tool."])
+        m["content"] = rng.choice(["", "Calling the tool."] if plain else ["", None, "Calling the tool."])
     else:
         m["content"] = rng.choice(TEXTS)
     if rng.random() < 0.4:
@@ -135,24 +137,25 @@ def rand_assistant(rng, tools):
     return m
 
 
-def rand_conversation(seed):
+def rand_conversation(seed, plain=False):
+    """plain: string contents only, so that templates without content-part support render it."""
     rng = random.Random(seed)
     req = {"messages": []}
     tools = [rand_tool(rng, i) for i in range(rng.randrange(0, 4))] if rng.random() < 0.5 else []
     if tools:
         req["tools"] = tools
     if rng.random() < 0.5:
-        req["messages"].append({"role": "system", "content": rand_content(rng, allow_parts=rng.random() < 0.2)})
+        req["messages"].append({"role": "system", "content": rand_content(rng, rng.random() < 0.2, plain)})
     for _ in range(rng.randrange(1, 5)):
-        req["messages"].append({"role": "user", "content": rand_content(rng)})
+        req["messages"].append({"role": "user", "content": rand_content(rng, True, plain)})
         for _ in range(rng.randrange(0, 3)):
-            a = rand_assistant(rng, tools)
+            a = rand_assistant(rng, tools, plain)
             req["messages"].append(a)
             if "tool_calls" in a:
                 for _ in range(rng.randrange(1, 4)):
                     req["messages"].append({"role": "tool", "tool_call_id": "call_x", "content": rng.choice(TEXTS)})
     if rng.random() < 0.3:
-        req["messages"].append(rand_assistant(rng, tools))  # history ending with an assistant turn
+        req["messages"].append(rand_assistant(rng, tools, plain))  # history ending with an assistant turn
     k = rng.randrange(4)
     if k == 1:
         req["chat_template_kwargs"] = {"enable_thinking": True}
@@ -238,8 +241,10 @@ EDGE_CASES = {
 }
 
 
-def all_requests(n_random=220, seed=20261130):
+def all_requests(n_random=220, n_plain=120, seed=20261130):
     cases = dict(EDGE_CASES)
     for i in range(n_random):
         cases[f"random_{i:03d}"] = rand_conversation(seed + i)
+    for i in range(n_plain):
+        cases[f"plain_{i:03d}"] = rand_conversation(seed + 100000 + i, plain=True)
     return cases

@@ -95,7 +95,7 @@ CASES = [
     ("f_batch_slice", "{{ range(7)|batch(3)|list }} {{ range(7)|batch(3, 'x')|list }} {{ range(7)|slice(3)|list }} {{ range(5)|slice(3, 0)|list }}"),
     ("f_format_percent", "{{ '%s-%d' % ('a', 3) }} {{ '%5.2f|%-4s|%04d' % (2.5, 'x', 7) }} {{ '%(a)s' % {'a': 1} }} {{ '%s'|format([1]) }} {{ '%r' % 'q' }} {{ '100%%' % () }}"),
     ("f_truncate_groupby", "{{ 'hello world foo bar'|truncate(9) }} {{ 'hello world foo bar'|truncate(9, true) }} {% for g, items in users|groupby('admin') %}{{ g }}:{{ items|length }} {% endfor %}"),
-    ("f_attr", "{{ d|attr('a') }}|{{ users[0]|attr('name') }}|{{ (d|attr('items'))() }}"),
+    ("f_attr", "{{ d|attr('a') }}|{{ users[0]|attr('name') }}|{{ (d|attr('items'))()|list }}"),
     ("f_pprint_small", "{{ d|pprint }}"),
     # tests
     ("tests_types", "{% for v in [1, 1.0, 'x', none, true, [1], {'a': 1}, undefined_var] %}{{ v is number }}{{ v is integer }}{{ v is float }}{{ v is string }}{{ v is none }}{{ v is boolean }}{{ v is mapping }}{{ v is iterable }}{{ v is sequence }}{{ v is defined }}{{ v is callable }}|{% endfor %}"),

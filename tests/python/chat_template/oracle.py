@@ -98,7 +98,7 @@ def render(source: str, request: dict, tokens: dict):
     """Returns ("ok", text) or ("error", message)."""
     try:
         template = ENV.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
+    except (jinja2.TemplateSyntaxError, SyntaxError) as e:  # SyntaxError: 'break' outside loop
         return "syntax", str(e)
     try:
         return "ok", template.render(**context_for_request(request, tokens))
