@@ -5,7 +5,7 @@
 
 namespace sparkserve {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string_view quant_strategy_name(QuantStrategy s) {
   switch (s) {
@@ -376,6 +376,10 @@ Expected<QuantConfig> parse_quant_config(const json& config, const json& hf_quan
   if (method.empty()) return make_error("config.json: quantization_config.quant_method is missing");
   return make_error("config.json: quantization_config.quant_method \"" + method +
                     "\" is not supported (supported: compressed-tensors, modelopt)");
+}
+
+Expected<QuantConfig> parse_quant_config(const nlohmann::json& config, const nlohmann::json& hf_quant_config) {
+  return parse_quant_config(json::parse(config.dump()), json::parse(hf_quant_config.dump()));
 }
 
 Expected<QuantConfig> parse_quant_config_text(const std::string& config_json, const std::string& hf_quant_config_json) {

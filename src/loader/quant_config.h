@@ -85,7 +85,9 @@ struct QuantConfig {
 // with neither gives method kNone. Errors name the file and key.
 Expected<QuantConfig> load_quant_config(const std::filesystem::path& dir);
 // From parsed JSON: `config` is config.json's root object (may be null), `hf_quant_config` the
-// hf_quant_config.json root (null when the file is absent).
+// hf_quant_config.json root (null when the file is absent). Key order matters (config_groups order
+// decides vLLM's first match), hence ordered_json; the json overload re-reads its text in order.
+Expected<QuantConfig> parse_quant_config(const nlohmann::ordered_json& config, const nlohmann::ordered_json& hf_quant_config);
 Expected<QuantConfig> parse_quant_config(const nlohmann::json& config, const nlohmann::json& hf_quant_config);
 // Same from JSON text (tests); empty text = absent file.
 Expected<QuantConfig> parse_quant_config_text(const std::string& config_json, const std::string& hf_quant_config_json);

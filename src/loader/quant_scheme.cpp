@@ -266,6 +266,8 @@ class CtResolver {
     for (size_t t = 0; t < targets_.size(); ++t)
       if (targets_[t].matcher.matches_class(cls)) class_hits.push_back(t);
     if (name_hits.empty() && class_hits.empty()) return Verdict{{}, "no config group targets it", false};
+    for (size_t t : name_hits) group_used_[targets_[t].group] = true;
+    for (size_t t : class_hits) group_used_[targets_[t].group] = true;
     // compressed-tensors: exact name > regex (alphabetically first pattern) > class name (alphabetically first).
     auto ct_pick = [&]() -> size_t {
       std::optional<size_t> best;
@@ -288,7 +290,6 @@ class CtResolver {
                        config_->groups[other.group].name + " (target \"" + other.matcher.entry() + "\")",
                    name);
     }
-    group_used_[chosen.group] = true;
     const QuantGroup& g = config_->groups[chosen.group];
     return Verdict{g.scheme, g.name + " target \"" + chosen.matcher.entry() + "\" (" + g.scheme.description + ")", false};
   }
