@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend_factory.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
@@ -21,6 +21,7 @@ struct GenerateOptions {
   bool json = false;
   bool ignore_eos = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -36,7 +37,11 @@ int run_generate(const GenerateOptions& o) {
   auto ids = parse_token_ids(o.prompt_ids);
   if (!ids) return fail(ids.message());
   if (o.max_tokens < 0) return fail("--max-tokens must be >= 0");
-  auto backend = make_cpu_backend(o.threads > 0 ? o.threads : default_thread_count());
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    return fail("--threads must be between 1 and " + std::to_string(kMaxThreads) + " (0 or absent: all cores)");
+  auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
+  if (!made) return fail(made.message());
+  auto backend = std::move(*made);
   std::vector<std::string> notes;
   auto t_load = Clock::now();
   auto model = load_qwen35(o.model, *backend, &notes);
@@ -46,9 +51,10 @@ int run_generate(const GenerateOptions& o) {
   const ModelConfig& c = (*model)->config();
 
   const int64_t total = static_cast<int64_t>(ids->size()) + o.max_tokens;
-  if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
-    return fail("prompt + max tokens = " + std::to_string(total) + " exceeds max_position_embeddings " +
-                std::to_string(c.max_position_embeddings));
+  const int64_t max_pos = c.max_position_embeddings > 0 ? c.max_position_embeddings : kDefaultMaxPositions;
+  if (total > max_pos)
+    return fail("prompt + max tokens = " + std::to_string(total) + " exceeds the model's maximum of " +
+                std::to_string(max_pos) + " positions (max_position_embeddings)");
   StateLimits limits;
   limits.max_sequences = 1;
   limits.block_size = 16;
@@ -114,6 +120,7 @@ void register_generate(CLI::App& root, int& exit_code) {
   cmd->add_flag("--json", opts->json, "Print one JSON object (output_ids, prompt_ids, timing)");
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "Do not stop at the config's eos token ids");
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
+  cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
   cmd->callback([opts, &exit_code] { exit_code = run_generate(*opts); });
 }
 SPARKSERVE_COMMAND(register_generate);

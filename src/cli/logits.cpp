@@ -2,7 +2,7 @@
 // [T, vocab_size] (one forward over the whole prompt).
 #include <cstdio>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend_factory.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/npy.h"
@@ -17,6 +17,7 @@ struct LogitsOptions {
   std::string prompt_ids;
   std::string out;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 int run_logits(const LogitsOptions& o) {
@@ -26,16 +27,21 @@ int run_logits(const LogitsOptions& o) {
   };
   auto ids = parse_token_ids(o.prompt_ids);
   if (!ids) return fail(ids.message());
-  auto backend = make_cpu_backend(o.threads > 0 ? o.threads : default_thread_count());
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    return fail("--threads must be between 1 and " + std::to_string(kMaxThreads) + " (0 or absent: all cores)");
+  auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
+  if (!made) return fail(made.message());
+  auto backend = std::move(*made);
   std::vector<std::string> notes;
   auto model = load_qwen35(o.model, *backend, &notes);
   if (!model) return fail(model.message());
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
   const ModelConfig& c = (*model)->config();
   const int64_t T = static_cast<int64_t>(ids->size());
-  if (c.max_position_embeddings > 0 && T > c.max_position_embeddings)
-    return fail("prompt of " + std::to_string(T) + " tokens exceeds max_position_embeddings " +
-                std::to_string(c.max_position_embeddings));
+  const int64_t max_pos = c.max_position_embeddings > 0 ? c.max_position_embeddings : kDefaultMaxPositions;
+  if (T > max_pos)
+    return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
+                std::to_string(max_pos) + " positions (max_position_embeddings)");
   StateLimits limits;
   limits.max_sequences = 1;
   limits.block_size = 16;
@@ -61,6 +67,7 @@ void register_logits(CLI::App& root, int& exit_code) {
   cmd->add_option("--prompt-ids", opts->prompt_ids, "Comma-separated prompt token ids, e.g. 1,2,3")->required();
   cmd->add_option("--out", opts->out, "Output .npy file")->required();
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
+  cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
   cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });
 }
 SPARKSERVE_COMMAND(register_logits);

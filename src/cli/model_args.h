@@ -9,6 +9,11 @@
 
 namespace sparkserve::cli {
 
+// More worker threads than this is a typo, not a machine.
+inline constexpr int kMaxThreads = 1024;
+// Without max_position_embeddings in the config, sequences are capped here (KV cache sizing).
+inline constexpr int64_t kDefaultMaxPositions = 1 << 20;
+
 // "1,2,3" -> {1, 2, 3}; errors name the bad item. Ids are checked against the vocab later.
 inline Expected<std::vector<int32_t>> parse_token_ids(const std::string& text) {
   std::vector<int32_t> ids;

@@ -95,6 +95,11 @@ def test_bad_inputs_give_clean_errors(cmd, tmp_path):
     assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", "99999999999", *extra), "99999999999")
     assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", "1,1000", *extra), "token id 1000 is out of range [0, 1000)")
     assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", "1", "--threads", "abc", *extra))
+    assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", "1", "--threads", "-2", *extra), "--threads")
+    assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", "1", "--threads", "100000", *extra), "--threads")
+    # Longer than max_position_embeddings (4096 in the fixture config).
+    too_long = ",".join(["1"] * 4097)
+    assert_clean_error(run(cmd, "--model", MOE, "--prompt-ids", too_long, *extra), "max_position_embeddings")
     # A truncated checkpoint file: the error names the file.
     bad = tmp_path / "bad"
     shutil.copytree(DENSE, bad)
@@ -104,6 +109,12 @@ def test_bad_inputs_give_clean_errors(cmd, tmp_path):
     # No config.json.
     (bad / "config.json").unlink()
     assert_clean_error(run(cmd, "--model", bad, "--prompt-ids", "1,2", *extra), "config.json")
+
+
+def test_generate_rejects_too_many_tokens():
+    assert_clean_error(run("generate", "--model", MOE, "--prompt-ids", "1,2", "--max-tokens", 5000),
+                       "max_position_embeddings")
+    assert_clean_error(run("generate", "--model", MOE, "--prompt-ids", "1,2", "--max-tokens", -1), "--max-tokens")
 
 
 def test_logits_unwritable_output(tmp_path):
