@@ -97,14 +97,19 @@ DetokenizerStep StreamingDetokenizer::finish() {
 DetokenizerStep StreamingDetokenizer::add_text(std::string text, bool at_end) {
   DetokenizerStep step;
   held_ += text;
-  // Earliest complete stop string in the held text (emitted text never contains one, and a
-  // match reaching back into emitted text would have kept its start held).
-  size_t best = std::string::npos;
+  // The stop string that completed first (smallest end; on a tie the earlier start): what a
+  // token-by-token check would have caught, so the result does not depend on how many
+  // characters one token carries. Emitted text never holds a complete stop string, and a match
+  // reaching back into emitted text would have kept its start held.
+  size_t best = std::string::npos, best_end = std::string::npos;
   const std::string* best_stop = nullptr;
   for (const auto& s : options_.stop) {
     size_t p = held_.find(s);
-    if (p != std::string::npos && (best == std::string::npos || p < best)) {
+    if (p == std::string::npos) continue;
+    size_t end = p + s.size();
+    if (best_stop == nullptr || end < best_end || (end == best_end && p < best)) {
       best = p;
+      best_end = end;
       best_stop = &s;
     }
   }

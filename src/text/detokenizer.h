@@ -6,7 +6,8 @@
 //  - Text that could still grow into a stop string (a suffix that is a prefix of one) is held
 //    back. When a stop string completes, the text before it is emitted (plus the stop string
 //    itself with include_stop_str_in_output) and the detokenizer stops; later tokens are
-//    ignored. The earliest match in the text wins (the first listed on a tie at one position).
+//    ignored. The stop string that completes first wins (on a tie, the one starting earlier),
+//    whatever the token boundaries.
 //  - skip_special_tokens drops the tokens is_special() names.
 // The vocabulary is reached through two functions so this does not depend on the tokenizer.
 #pragma once

@@ -79,10 +79,13 @@ class LiteralParser {
     if (at_end()) return std::nullopt;
     char c = peek();
     if (c == '-' || c == '+') {
+      // literal_eval accepts a sign only directly on a number (possibly parenthesised):
+      // "--5", "-True" and "-'a'" are errors.
       ++pos_;
-      auto v = parse_expr(depth + 1);
-      // Unary signs apply only to numbers (literal_eval rejects -"a", -True is allowed in
-      // CPython < 3.12? No: literal_eval rejects bool operands since 3.x; treat as error).
+      skip_ws();
+      std::optional<OrderedJson> v;
+      if (is_digit(peek()) || (peek() == '.' && is_digit(peek(1)))) v = parse_number();
+      else if (peek() == '(') v = parse_paren(depth + 1);
       if (!v || !v->is_number()) return std::nullopt;
       if (c == '+') return v;
       if (v->is_number_float()) return OrderedJson(-v->get<double>());
@@ -91,8 +94,7 @@ class LiteralParser {
         if (u == uint64_t{1} << 63) return OrderedJson(std::numeric_limits<int64_t>::min());
         return std::nullopt;  // below int64 range: exact value not representable here
       }
-      int64_t i = v->get<int64_t>();
-      return OrderedJson(-i);
+      return OrderedJson(-v->get<int64_t>());
     }
     if (c == '[') return parse_sequence(depth, ']');
     if (c == '(') return parse_paren(depth);
