@@ -25,7 +25,11 @@ constexpr int64_t kMaxDerivedSize = INT32_MAX;
 std::string describe(const json& v) {
   if (v.is_string()) {
     std::string s = v.get<std::string>();
-    if (s.size() > 40) s = s.substr(0, 40) + "...";
+    if (s.size() > 40) {
+      size_t cut = 40;
+      while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // keep UTF-8 whole
+      s = s.substr(0, cut) + "...";
+    }
     return "\"" + s + "\"";
   }
   if (v.is_number() || v.is_boolean() || v.is_null()) return v.dump();

@@ -51,7 +51,8 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// All tensors of a checkpoint folder (or a single .safetensors file).
+// All tensors of a checkpoint folder (or a single .safetensors file). Reads are thread-safe (each
+// call uses its own file descriptor), so weights may be loaded from several threads.
 class Checkpoint {
  public:
   // Indexes every *.safetensors in `dir` (or the single file `dir` names). A tensor name present in

@@ -333,6 +333,11 @@ TEST(HfConfig, TokenIds) {
   EXPECT_THAT(parse_ok(j).eos_token_ids, ElementsAre(4));
   j["eos_token_id"] = "</s>";
   EXPECT_THAT(parse_error(j), AllOf(HasSubstr("eos_token_id"), HasSubstr("token id")));
+  j["eos_token_id"] = "a\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9";
+  // Long values are shortened in messages without splitting a UTF-8 character.
+  std::string msg = parse_error(j);
+  EXPECT_THAT(msg, HasSubstr("...\""));
+  EXPECT_NO_THROW((void)json(msg).dump());
   j["eos_token_id"] = {1, -2};
   EXPECT_THAT(parse_error(j), HasSubstr("eos_token_id[1]"));
 
