@@ -88,7 +88,8 @@ Expected<Regex> Regex::compile(std::string_view pattern, bool literal) {
   const std::string translated = literal ? std::string(pattern) : oniguruma_compatible_pattern(pattern);
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL does not combine with PCRE2_UCP (and needs no character classes).
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                                    options, &err, &err_offset, nullptr);
   if (code == nullptr) {
