@@ -21,12 +21,6 @@ uint64_t splitmix64(uint64_t x) {
 
 bool in_vocab(int32_t id, size_t vocab) { return id >= 0 && static_cast<size_t>(id) < vocab; }
 
-// (value desc, id asc): the order for sorted candidates and top logprobs.
-template <class Values>
-auto desc_then_id(const Values& v) {
-  return [&v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-}
-
 }  // namespace
 
 double uniform_for_step(uint64_t seed, uint64_t step) {
@@ -126,42 +120,101 @@ int32_t argmax_lowest(std::span<const float> logits) {
 
 std::vector<Candidate> truncated_distribution(std::span<const float> logits, float temperature,
                                               int32_t top_k, float top_p, float min_p) {
-  const size_t vocab = logits.size();
-  std::vector<int32_t> ids;
-  ids.reserve(vocab);
-  double mx = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < vocab; ++i) {
-    if (!(logits[i] > kNegInf)) continue;  // -inf and NaN
-    ids.push_back(static_cast<int32_t>(i));
-    mx = std::max(mx, static_cast<double>(logits[i] / temperature));
+  struct Item {
+    float s;  // logit / temperature
+    int32_t id;
+  };
+  // Pass 1: the maximum scaled logit and how many tokens are possible at all.
+  float mx_f = kNegInf;
+  size_t finite = 0;
+  for (float l : logits) {
+    if (!(l > kNegInf)) continue;  // -inf and NaN
+    mx_f = std::max(mx_f, l / temperature);
+    ++finite;
   }
-  if (ids.empty()) return {};
-  // Unnormalized probabilities exp(l/T - max): min_p and top_k need no normalization.
-  std::vector<double> w(vocab, 0.0);
-  for (int32_t id : ids) w[id] = std::exp(static_cast<double>(logits[id] / temperature) - mx);
-  if (min_p > 0.0f) {  // p_max corresponds to w == 1
-    std::erase_if(ids, [&](int32_t id) { return w[id] < static_cast<double>(min_p); });
+  if (finite == 0) return {};
+  const double mx = mx_f;
+  // top_k in logit space, as vLLM: keep every s >= the k-th largest s (ties kept). A size-k heap
+  // (worst kept on top) finds that value in one pass. min_p and top_k commute (each keeps an
+  // upper set of the same order), so both are applied in the collection pass below.
+  float floor_s = kNegInf;
+  if (top_k > 0 && static_cast<size_t>(top_k) < finite) {
+    std::vector<float> heap;
+    heap.reserve(static_cast<size_t>(top_k));
+    auto worse_on_top = std::greater<float>();
+    for (float l : logits) {
+      if (!(l > kNegInf)) continue;
+      float sc = l / temperature;
+      if (heap.size() < static_cast<size_t>(top_k)) {
+        heap.push_back(sc);
+        std::push_heap(heap.begin(), heap.end(), worse_on_top);
+      } else if (sc > heap.front()) {
+        std::pop_heap(heap.begin(), heap.end(), worse_on_top);
+        heap.back() = sc;
+        std::push_heap(heap.begin(), heap.end(), worse_on_top);
+      }
+    }
+    floor_s = heap.front();
   }
-  if (top_k > 0 && static_cast<size_t>(top_k) < ids.size()) {
-    std::vector<int32_t> tmp = ids;
-    std::nth_element(tmp.begin(), tmp.begin() + (top_k - 1), tmp.end(), desc_then_id(w));
-    double kth = w[tmp[static_cast<size_t>(top_k - 1)]];
-    std::erase_if(ids, [&](int32_t id) { return w[id] < kth; });
+  // min_p: keep w = exp(s - max) = p / p_max >= min_p. Entries far below the cut are dropped
+  // without the exp (exp(d) < min_p * e^-1e-6 there, far beyond exp's rounding error).
+  const double min_p_cut = min_p > 0.0f ? std::log(static_cast<double>(min_p)) - 1e-6 : 0.0;
+  std::vector<Item> items;
+  items.reserve(top_k > 0 ? std::min(finite, static_cast<size_t>(top_k) + 16) : finite);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!(logits[i] > kNegInf)) continue;
+    float sc = logits[i] / temperature;
+    if (sc < floor_s) continue;
+    if (min_p > 0.0f) {
+      double d = static_cast<double>(sc) - mx;
+      if (d < min_p_cut || std::exp(d) < static_cast<double>(min_p)) continue;
+    }
+    items.push_back({sc, static_cast<int32_t>(i)});
   }
-  std::sort(ids.begin(), ids.end(), desc_then_id(w));
+  std::vector<double> w(items.size());
   double total = 0.0;
-  for (int32_t id : ids) total += w[id];
+  for (size_t i = 0; i < items.size(); ++i) total += w[i] = std::exp(static_cast<double>(items[i].s) - mx);
+
+  std::vector<size_t> kept;  // indices into items
   if (top_p < 1.0f) {
-    double target = static_cast<double>(top_p) * total, cum = 0.0;
-    size_t keep = 0;
-    while (keep < ids.size() && cum < target) cum += w[ids[keep++]];
-    ids.resize(std::max<size_t>(keep, 1));
+    // The minimal prefix in (w desc, id asc) order whose mass reaches top_p * total, found by
+    // sorting a growing head of the order only (the tail of a 248k vocabulary is never sorted).
+    std::vector<size_t> order(items.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    auto before = [&](size_t a, size_t b) {
+      return w[a] > w[b] || (w[a] == w[b] && items[a].id < items[b].id);
+    };
+    const double target = static_cast<double>(top_p) * total;
+    double cum = 0.0;
+    size_t done = 0, keep = 0;
+    bool reached = false;
+    for (size_t m = std::min<size_t>(order.size(), 64); !reached; m = std::min(order.size(), m * 4)) {
+      if (m < order.size())
+        std::nth_element(order.begin() + static_cast<std::ptrdiff_t>(done),
+                         order.begin() + static_cast<std::ptrdiff_t>(m), order.end(), before);
+      std::sort(order.begin() + static_cast<std::ptrdiff_t>(done),
+                order.begin() + static_cast<std::ptrdiff_t>(m), before);
+      for (; done < m; ++done) {
+        if (cum >= target) {
+          reached = true;
+          break;
+        }
+        cum += w[order[done]];
+        keep = done + 1;
+      }
+      if (done == order.size()) reached = true;
+    }
+    kept.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(std::max<size_t>(keep, 1)));
     total = 0.0;
-    for (int32_t id : ids) total += w[id];
+    for (size_t i : kept) total += w[i];
+  } else {
+    kept.resize(items.size());
+    std::iota(kept.begin(), kept.end(), size_t{0});
   }
   std::vector<Candidate> out;
-  out.reserve(ids.size());
-  for (int32_t id : ids) out.push_back({id, w[id] / total});
+  out.reserve(kept.size());
+  if (top_p < 1.0f) std::sort(kept.begin(), kept.end());  // back to id order (items are)
+  for (size_t i : kept) out.push_back({items[i].id, w[i] / total});
   return out;
 }
 
@@ -194,18 +247,46 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   }
 
   if (params.num_logprobs >= 0) {
-    std::vector<float> lp = log_softmax(logits);
-    float chosen = lp[static_cast<size_t>(result.token)];
-    result.logprob = chosen;
+    // log_softmax of the raw row, without materializing it: log p_i = l_i - log Z.
+    double mx = -std::numeric_limits<double>::infinity();
+    for (float x : logits)
+      if (x > mx) mx = x;
+    double sum = 0.0;
+    for (float x : logits)
+      if (x > kNegInf) sum += std::exp(static_cast<double>(x) - mx);
+    const double log_z = mx + std::log(sum);
+    auto logprob = [&](int32_t id) {
+      float l = logits[static_cast<size_t>(id)];
+      return l > kNegInf ? static_cast<float>(static_cast<double>(l) - log_z) : kNegInf;
+    };
+    const float chosen_logit = logits[static_cast<size_t>(result.token)];
+    result.logprob = logprob(result.token);
     result.rank = 1;
-    for (float v : lp)
-      if (v > chosen) ++result.rank;
-    size_t k = std::min(static_cast<size_t>(params.num_logprobs), lp.size());
-    std::vector<int32_t> order(lp.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      desc_then_id(lp));
-    for (size_t i = 0; i < k; ++i) result.top.push_back({order[i], lp[static_cast<size_t>(order[i])]});
+    for (float x : logits)
+      if (x > chosen_logit) ++result.rank;  // log p is monotonic in the logit
+    // The k best by (logit desc, id asc) with a size-k heap whose top is the worst kept.
+    const size_t k = std::min(static_cast<size_t>(params.num_logprobs), logits.size());
+    auto better = [&](int32_t a, int32_t b) {
+      float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+      bool na = !(la > kNegInf), nb = !(lb > kNegInf);  // -inf / NaN rank last
+      if (na != nb) return nb;
+      return (!na && la > lb) || ((na || la == lb) && a < b);
+    };
+    std::vector<int32_t> heap;
+    heap.reserve(k + 1);
+    for (size_t i = 0; i < logits.size() && k > 0; ++i) {
+      int32_t id = static_cast<int32_t>(i);
+      if (heap.size() < k) {
+        heap.push_back(id);
+        std::push_heap(heap.begin(), heap.end(), better);
+      } else if (better(id, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = id;
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+    std::sort(heap.begin(), heap.end(), better);
+    for (int32_t id : heap) result.top.push_back({id, logprob(id)});
   }
   return result;
 }

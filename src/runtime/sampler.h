@@ -4,8 +4,7 @@
 //   -> repetition penalty (prompt + output), frequency and presence penalties (output only)
 //   -> greedy: argmax (lowest id on exact ties, as torch.argmax)
 //   -> random: / temperature -> min_p -> top_k -> top_p -> one draw from what is left.
-// The draw is inverse-CDF over the kept tokens sorted by (probability desc, id asc) with one
-// uniform number that is a pure function of (seed, step), step = number of tokens generated so
+// The draw is inverse-CDF over the kept tokens in id order with one uniform number that is a pure function of (seed, step), step = number of tokens generated so
 // far. So a request's output depends only on its own logits, history, parameters and step,
 // never on the batch it ran in or on other requests (batch invariance, reproducible seeds,
 // identical draws after a preemption recomputes the sequence).
@@ -30,8 +29,8 @@ struct SampleResult {
   // Only when params.num_logprobs >= 0. Raw-model logprobs (vLLM's default logprobs_mode
   // "raw_logprobs"): log_softmax of the logits before any penalty, bias, mask or temperature.
   std::optional<float> logprob;     // of `token`
-  int32_t rank = 0;                 // 1 + number of tokens with a strictly larger logprob
-  std::vector<TokenLogprob> top;    // num_logprobs most likely, logprob desc then id asc
+  int32_t rank = 0;                 // 1 + number of tokens with a strictly larger raw logit
+  std::vector<TokenLogprob> top;    // num_logprobs most likely, logit desc then id asc
 };
 
 // logits: [vocab] f32; prompt / output: token ids of the sequence (output = generated so far).
@@ -69,8 +68,9 @@ struct Candidate {
 // The distribution a random draw uses: softmax(logits / temperature), then min_p (keep
 // p >= min_p * p_max), top_k (keep logits >= the k-th largest, ties kept, as vLLM), top_p (keep,
 // in (prob desc, id asc) order, each token whose preceding cumulative probability is < top_p:
-// the minimal prefix reaching top_p). Returned sorted by (prob desc, id asc), renormalized.
-// Empty when no token has a finite logit. logits: [vocab] f32 (after the processors).
+// the minimal prefix reaching top_p). Returned in id order, renormalized. Empty when no token
+// has a finite logit. Cost O(vocab) plus a sort of the kept head only.
+// logits: [vocab] f32 (after the processors).
 std::vector<Candidate> truncated_distribution(std::span<const float> logits, float temperature,
                                               int32_t top_k, float top_p, float min_p);
 

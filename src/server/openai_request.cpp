@@ -129,7 +129,11 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
         return bad_request("`logit_bias` key " + key + " is outside the vocabulary [0, " +
                                std::to_string(info.vocab_size) + ").", "logit_bias");
       }
-      s.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+      double b = value.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))  // checked before narrowing to float
+        return bad_request("`logit_bias` value for token " + key + " must be in [-100, 100], got " +
+                               value.dump() + ".", "logit_bias");
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
     }
   }
 
@@ -162,10 +166,15 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
                              "yet; only \"text\" is accepted.",
                          "response_format.type");
   }
+  // Fields that would change what is generated or returned: refused rather than ignored.
   for (const char* key : {"structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                          "guided_grammar"}) {
-    if (r.raw(key)) return bad_request("`" + std::string(key) + "` is not supported.", key);
+                          "guided_grammar", "prompt_logprobs", "bad_words", "truncate_prompt_tokens",
+                          "logprob_token_ids", "thinking_token_budget", "suffix"}) {
+    const RequestJson* v = r.raw(key);
+    if (v && !(v->is_array() && v->empty()))
+      return bad_request("`" + std::string(key) + "` is not supported by this server.", key);
   }
+  r.get("return_tokens_as_token_ids", g.return_tokens_as_token_ids);
   if (!r.ok()) return r.error();
   return std::nullopt;
 }
@@ -318,8 +327,6 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body,
   } else {
     return type_error("prompt", "a string, a list of token ids, or a list with one of those", *prompt);
   }
-  if (r.raw("suffix"))
-    return bad_request("`suffix` is not supported.", "suffix");
   r.get("add_special_tokens", c.add_special_tokens);
 
   if (const RequestJson* lp = r.raw("logprobs")) {

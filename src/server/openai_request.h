@@ -36,6 +36,7 @@ struct GenerationRequest {
   bool spaces_between_special_tokens = true;
   bool include_stop_str_in_output = false;
   bool return_token_ids = false;     // vLLM: token_ids per choice / chunk (llama-benchy uses it)
+  bool return_tokens_as_token_ids = false;  // logprob tokens written as "token_id:<id>"
   bool echo = false;
   std::vector<std::string> unknown_fields;
 };

@@ -268,6 +268,9 @@ TEST(ChatRequestErrors, UnsupportedFeaturesAreClear) {
   expect_error(body(R"("chat_template": "{{ x }}")"), 400, "chat_template", "per-request");
   expect_error(body(R"("structured_outputs": {"json": {}})"), 400, "structured_outputs",
                "not supported");
+  expect_error(body(R"("prompt_logprobs": 1)"), 400, "prompt_logprobs", "not supported");
+  expect_error(body(R"("bad_words": ["x"])"), 400, "bad_words", "not supported");
+  parse_ok(body(R"("bad_words": [], "prompt_logprobs": null, "return_tokens_as_token_ids": true)"));
 }
 
 TEST(ChatRequest, ContinueFinalMessageAlone) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -177,7 +178,9 @@ TEST(Truncation, TemperatureOnlyIsTheScaledSoftmax) {
   auto ref = softmax_ld(scaled);
   for (size_t i = 0; i < c.size(); ++i) {
     EXPECT_NEAR(c[i].prob, static_cast<double>(ref[static_cast<size_t>(c[i].token)]), 1e-12);
-    if (i) EXPECT_GE(c[i - 1].prob, c[i].prob);
+    if (i > 0) {
+      EXPECT_LT(c[i - 1].token, c[i].token);  // id order
+    }
   }
 }
 
@@ -228,7 +231,9 @@ TEST(Truncation, TopPKeepsMinimalSetReachingP) {
     if (ambiguous) continue;
     auto got = truncated_distribution(l, 1.0f, 0, top_p, 0.0f);
     ASSERT_EQ(got.size(), m) << "seed " << seed;
-    for (size_t i = 0; i < m; ++i) EXPECT_EQ(got[i].token, order[i]);
+    std::set<int32_t> want(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m)), have;
+    for (const auto& cand : got) have.insert(cand.token);
+    EXPECT_EQ(have, want) << "seed " << seed;
     ++checked;
   }
   EXPECT_GT(checked, 190);
@@ -331,6 +336,98 @@ TEST(Logprobs, RawDistributionRankAndTop) {
   EXPECT_TRUE(r.top.empty());
   p.num_logprobs = -1;
   EXPECT_FALSE(sample_token(logits, p, {}, {}).logprob.has_value());
+}
+
+}  // namespace
+}  // namespace sparkserve
+
+namespace sparkserve {
+namespace {
+
+// truncated_distribution against a direct transcription of its definition (sort everything,
+// intersect the top_k and min_p sets, take the top_p prefix), over random rows that include
+// exact ties (quantized logits) and -inf entries, for random parameter combinations.
+std::vector<Candidate> reference_truncation(const std::vector<float>& logits, float t, int32_t top_k,
+                                            float top_p, float min_p) {
+  std::vector<int32_t> ids;
+  float mx = -kInf;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] > -kInf) {
+      ids.push_back(static_cast<int32_t>(i));
+      mx = std::max(mx, logits[i] / t);
+    }
+  if (ids.empty()) return {};
+  std::vector<float> s_sorted;
+  for (int32_t i : ids) s_sorted.push_back(logits[static_cast<size_t>(i)] / t);
+  std::sort(s_sorted.rbegin(), s_sorted.rend());
+  float kth = (top_k > 0 && static_cast<size_t>(top_k) < ids.size()) ? s_sorted[static_cast<size_t>(top_k - 1)] : -kInf;
+  std::vector<std::pair<double, int32_t>> kept;  // (w, id)
+  for (int32_t i : ids) {
+    float s = logits[static_cast<size_t>(i)] / t;
+    double w = std::exp(static_cast<double>(s) - static_cast<double>(mx));
+    if (s >= kth && w >= min_p) kept.push_back({w, i});
+  }
+  std::sort(kept.begin(), kept.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  double total = 0;
+  for (auto& k : kept) total += k.first;
+  size_t m = kept.size();
+  if (top_p < 1.0f) {
+    double cum = 0;
+    m = 0;
+    while (m < kept.size() && cum < top_p * total) cum += kept[m++].first;
+    m = std::max<size_t>(m, 1);
+  }
+  kept.resize(m);
+  total = 0;
+  for (auto& k : kept) total += k.first;
+  std::vector<Candidate> out;
+  for (auto& k : kept) out.push_back({k.second, k.first / total});
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.token < b.token; });
+  return out;
+}
+
+TEST(Truncation, MatchesDirectDefinitionOnRandomCases) {
+  std::mt19937 rng(2024);
+  for (int c = 0; c < 400; ++c) {
+    size_t n = 1 + rng() % 700;
+    auto logits = random_logits(n, 5000 + static_cast<uint32_t>(c), 3.0f);
+    if (c % 2) {
+      for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;  // many exact ties
+    }
+    for (size_t i = 0; i < n / 10; ++i) logits[rng() % n] = -kInf;
+    float t = std::array<float, 4>{0.3f, 0.7f, 1.0f, 1.8f}[rng() % 4];
+    int32_t top_k = std::array<int32_t, 5>{0, 1, 5, 20, 1000}[rng() % 5];
+    float top_p = std::array<float, 4>{1.0f, 0.95f, 0.5f, 0.1f}[rng() % 4];
+    float min_p = std::array<float, 3>{0.0f, 0.05f, 0.3f}[rng() % 3];
+    auto got = truncated_distribution(logits, t, top_k, top_p, min_p);
+    auto want = reference_truncation(logits, t, top_k, top_p, min_p);
+    ASSERT_EQ(got.size(), want.size()) << "case " << c;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].token, want[i].token) << "case " << c;
+      EXPECT_NEAR(got[i].prob, want[i].prob, 1e-12) << "case " << c;
+    }
+  }
+}
+
+TEST(Logprobs, TopListMatchesFullSortWithMaskedEntries) {
+  auto logits = random_logits(3000, 77, 2.0f);
+  for (float& x : logits) x = std::round(x * 4.0f) / 4.0f;  // ties
+  logits[10] = -kInf;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.num_logprobs = 20;
+  auto r = sample_token(logits, p, {}, {});
+  auto lp = log_softmax(logits);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  ASSERT_EQ(r.top.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(r.top[i].token, order[i]);
+    EXPECT_NEAR(r.top[i].logprob, lp[static_cast<size_t>(order[i])], 1e-5);
+  }
+  EXPECT_EQ(r.token, order[0]);
+  EXPECT_EQ(r.rank, 1);
 }
 
 }  // namespace
