@@ -183,21 +183,24 @@ void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor&
             for (int64_t x = 0; x < dk; ++x) W[i * dk + x] += ea * Kb[j * dk + x];
           }
         }
-        // V' = U - W S_prev.
-        for (int64_t i = 0; i < C; ++i)
-          for (int64_t x = 0; x < dv; ++x) {
-            float acc = 0;
-            for (int64_t y = 0; y < dk; ++y) acc += W[i * dk + y] * S[y * dv + x];
-            Vn[i * dv + x] = U[i * dv + x] - acc;
+        // V' = U - W S_prev (row i of W S as a sum of rows of S: contiguous, vectorisable).
+        for (int64_t i = 0; i < C; ++i) {
+          float* vn = &Vn[i * dv];
+          for (int64_t x = 0; x < dv; ++x) vn[x] = 0;
+          for (int64_t y = 0; y < dk; ++y) {
+            const float wy = W[i * dk + y];
+            for (int64_t x = 0; x < dv; ++x) vn[x] += wy * S[y * dv + x];
           }
+          for (int64_t x = 0; x < dv; ++x) vn[x] = U[i * dv + x] - vn[x];
+        }
         // O = (Q ⊙ e^gc) S_prev + ((Q K^T) ⊙ decay) V'.
         for (int64_t i = 0; i < n; ++i) {
           float* o = out.ptr<float>() + ((s.row_begin + c0 + i) * Hv + h) * dv;
           const float eg = std::exp(gc[i]);
-          for (int64_t x = 0; x < dv; ++x) {
-            float acc = 0;
-            for (int64_t y = 0; y < dk; ++y) acc += Q[i * dk + y] * S[y * dv + x];
-            o[x] = acc * eg;
+          for (int64_t x = 0; x < dv; ++x) o[x] = 0;
+          for (int64_t y = 0; y < dk; ++y) {
+            const float qy = Q[i * dk + y] * eg;
+            for (int64_t x = 0; x < dv; ++x) o[x] += qy * S[y * dv + x];
           }
           for (int64_t j = 0; j <= i; ++j) {
             const float a = cpu::dot(&Q[i * dk], &Kc[j * dk], dk) * decay(i, j);
