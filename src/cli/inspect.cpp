@@ -48,8 +48,10 @@ std::string method_text(const QuantConfig& c) {
 int report(const std::string& source, const QuantConfig& qc, const QuantPlan& plan, int num_experts, int top_k,
            const InspectArgs& a) {
   const WeightBudget b = compute_weight_budget(plan, num_experts, top_k);
-  const std::string rule = "routed experts " + std::to_string(top_k) + " of " + std::to_string(num_experts) +
-                           " per layer; embeddings one row; lm_head all" + (b.lm_head_tied ? " (tied: the embedding table)" : "") +
+  const std::string rule = (num_experts > 0 ? "routed experts " + std::to_string(top_k) + " of " +
+                                                  std::to_string(num_experts) + " per layer; "
+                                            : std::string("dense model; ")) +
+                           "embeddings one row; lm_head all" + (b.lm_head_tied ? " (tied: the embedding table)" : "") +
                            "; everything else once; vision and mtp excluded";
   if (a.json_out) {
     json j;

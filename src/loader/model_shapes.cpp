@@ -231,6 +231,7 @@ std::string_view component_name(Component c) {
     case Component::kVision: return "vision";
     case Component::kMtp: return "mtp";
     case Component::kNormsOther: return "norms/other";
+    case Component::kDenseMlp: return "dense mlp";
   }
   return "?";
 }
@@ -245,6 +246,8 @@ Component component_of(std::string_view name) {
   if (has(".mlp.shared_expert_gate")) return Component::kRouter;
   if (has(".mlp.shared_expert.")) return Component::kSharedExpert;
   if (name.ends_with(".mlp.gate") || has(".mlp.gate.")) return Component::kRouter;
+  for (std::string_view p : {".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"})
+    if (has(p)) return Component::kDenseMlp;
   for (std::string_view p : {".linear_attn.in_proj_", ".linear_attn.out_proj"})
     if (has(p)) return Component::kGdn;
   for (std::string_view p : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.o_proj"})

@@ -56,8 +56,9 @@ enum class Component : uint8_t {
   kVision,
   kMtp,
   kNormsOther,    // norms, conv1d, A_log, dt_bias
+  kDenseMlp,      // dense MLP (qwen3_5 dense models: mlp.{gate,up,down}_proj)
 };
-inline constexpr int kNumComponents = 10;
+inline constexpr int kNumComponents = 11;
 std::string_view component_name(Component c);
 // From a module or tensor name in the HF checkpoint namespace (model.language_model.*, model.visual.*,
 // mtp.*, lm_head); tolerant of the vLLM-style prefixes too.
