@@ -87,6 +87,20 @@ bool SamplingParams::is_stop_token(int32_t token) const {
          std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
 }
 
+std::optional<TokenStop> check_token_stop(const SamplingParams& p, int32_t token,
+                                          int64_t num_generated, int64_t sequence_length,
+                                          int64_t max_model_len) {
+  if (num_generated < p.min_tokens) return std::nullopt;
+  if (!p.ignore_eos &&
+      std::find(p.eos_token_ids.begin(), p.eos_token_ids.end(), token) != p.eos_token_ids.end())
+    return TokenStop{"stop", std::nullopt};
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end())
+    return TokenStop{"stop", token};
+  if (num_generated >= p.max_tokens || sequence_length >= max_model_len)
+    return TokenStop{"length", std::nullopt};
+  return std::nullopt;
+}
+
 SamplingParams resolve_sampling_params(const SamplingOptions& o, const GenerationDefaults& d,
                                        int64_t max_tokens_limit) {
   SamplingParams p;

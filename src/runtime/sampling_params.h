@@ -72,6 +72,19 @@ struct SamplingParams {
   bool is_stop_token(int32_t token) const;
 };
 
+// Why a sequence stops after a token was appended (vLLM v1's check_stop order: nothing before
+// min_tokens; then EOS unless ignore_eos; then request stop ids; then max_tokens or the context
+// limit). stop_token is the request stop id that matched (the response's stop_reason); EOS
+// stops leave it empty. Stop strings are the detokenizer's job.
+struct TokenStop {
+  const char* finish_reason;  // "stop" or "length"
+  std::optional<int32_t> stop_token;
+};
+// num_generated counts `token`; sequence_length = prompt + generated tokens.
+std::optional<TokenStop> check_token_stop(const SamplingParams& params, int32_t token,
+                                          int64_t num_generated, int64_t sequence_length,
+                                          int64_t max_model_len);
+
 // Request options over model defaults over vLLM defaults. `max_tokens_limit` is the resolved
 // completion budget (see check_context_length in server/openai_request.h). The seed is
 // options.seed when given, else a fresh random one (so unseeded requests differ but each

@@ -179,3 +179,38 @@ TEST(ValidateSampling, BoundaryValuesAreAccepted) {
 
 }  // namespace
 }  // namespace sparkserve
+
+namespace sparkserve {
+namespace {
+
+TEST(TokenStopCheck, OrderOfReasons) {
+  SamplingParams p;
+  p.eos_token_ids = {100, 101};
+  p.stop_token_ids = {7};
+  p.max_tokens = 5;
+  p.min_tokens = 2;
+  // Before min_tokens nothing stops (the sampler masked EOS/stop ids anyway).
+  EXPECT_FALSE(check_token_stop(p, 100, 1, 10, 4096));
+  auto eos = check_token_stop(p, 101, 2, 10, 4096);
+  ASSERT_TRUE(eos);
+  EXPECT_STREQ(eos->finish_reason, "stop");
+  EXPECT_FALSE(eos->stop_token);
+  auto stop = check_token_stop(p, 7, 3, 10, 4096);
+  ASSERT_TRUE(stop);
+  EXPECT_STREQ(stop->finish_reason, "stop");
+  EXPECT_EQ(*stop->stop_token, 7);
+  EXPECT_FALSE(check_token_stop(p, 8, 4, 10, 4096));
+  auto len = check_token_stop(p, 8, 5, 10, 4096);
+  ASSERT_TRUE(len);
+  EXPECT_STREQ(len->finish_reason, "length");
+  // EOS wins over length on the last allowed token, as in vLLM.
+  EXPECT_STREQ(check_token_stop(p, 100, 5, 10, 4096)->finish_reason, "stop");
+  // The context limit ends generation as "length" too.
+  EXPECT_STREQ(check_token_stop(p, 8, 3, 4096, 4096)->finish_reason, "length");
+  p.ignore_eos = true;
+  EXPECT_FALSE(check_token_stop(p, 100, 3, 10, 4096));
+  EXPECT_TRUE(check_token_stop(p, 7, 3, 10, 4096));  // request stop ids still stop
+}
+
+}  // namespace
+}  // namespace sparkserve
