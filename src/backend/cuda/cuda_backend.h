@@ -1,0 +1,184 @@
+// The CUDA backend: every op of backend/ops.h as CUDA kernels on one stream, computing the same
+// fp32 function as the CPU reference (bf16 weights are widened inside the kernels). One .cu file per
+// op family: memory.cu, elementwise.cu, norm.cu, linear.cu, attention.cu, gdn.cu, moe.cu.
+// Only the .cu files include this header (it needs cuda_runtime.h); the rest of the program reaches
+// the backend through make_cuda_backend (backend/backend_factory.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/status.h"
+
+namespace sparkserve {
+
+// Aborts with the CUDA error text: a failed CUDA call is a broken invariant here (bad launch,
+// device lost, out of memory), not user input.
+void cuda_check(cudaError_t e, const char* expr, const char* file, int line);
+#define CUDA_CHECK(x) ::sparkserve::cuda_check((x), #x, __FILE__, __LINE__)
+// After every launch: catches bad launch configurations at the op that made them.
+#define CUDA_CHECK_LAUNCH() ::sparkserve::cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+// A BatchLayout copied to the device, one int32 array:
+//   [0, S)            row_begin        [S, 2S)  num_tokens     [2S, 3S) start_pos
+//   [3S, 4S)          gdn_slot         [4S, 5S) block-table offset into `tables`  [5S, 6S) num_blocks
+//   [6S, 6S + R)      row -> span index (-1 for rows of no span), R = total_rows
+//   [6S + R, ...)     the block tables, concatenated
+struct DeviceLayout {
+  const int32_t* base = nullptr;
+  int32_t num_seqs = 0;
+  int32_t total_rows = 0;
+  int32_t max_tokens = 0;   // longest span (host-side, for grid sizes)
+  int32_t max_len = 0;      // longest start_pos + num_tokens
+  __host__ __device__ int32_t row_begin(int s) const { return base[s]; }
+  __host__ __device__ int32_t num_tokens(int s) const { return base[num_seqs + s]; }
+  __host__ __device__ int32_t start_pos(int s) const { return base[2 * num_seqs + s]; }
+  __host__ __device__ int32_t gdn_slot(int s) const { return base[3 * num_seqs + s]; }
+  __host__ __device__ const int32_t* table(int s) const {
+    return base + 6 * num_seqs + total_rows + base[4 * num_seqs + s];
+  }
+  __host__ __device__ int32_t num_blocks(int s) const { return base[5 * num_seqs + s]; }
+  __host__ __device__ int32_t span_of_row(int r) const { return base[6 * num_seqs + r]; }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return "cuda"; }
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sm_count_; }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
+  void free(Tensor& t) override;
+  void upload(const Tensor& dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void fill_zero(const Tensor& t) override;
+  void synchronize() override;
+
+  void embedding(const Tensor& out, const Tensor& ids, const Linear& table) override;
+  void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) override;
+  void add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& delta, const Tensor& w,
+                   float eps) override;
+  void linear(const Tensor& out, const Tensor& x, const Linear& w) override;
+  void silu_mul(const Tensor& out, const Tensor& gate_up) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
+  void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
+  void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) override;
+  std::vector<int32_t> argmax(const Tensor& logits) override;
+
+  void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;
+  void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) override;
+  void kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                      const BatchLayout& batch) override;
+  void attention(const Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                 const BatchLayout& batch, const AttentionDims& dims) override;
+
+  void gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
+                const Tensor& conv_state_pool, const BatchLayout& batch) override;
+  void gdn_gating(const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
+                  const Tensor& A_log, const Tensor& dt_bias) override;
+  void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                     const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                   const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
+                     float eps) override;
+
+  void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
+  void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   const Linear& gate_up, const Linear& down) override;
+
+  // The layout on the device. Uploads happen only when the layout differs from every cached one, so
+  // a forward pass uploads each of its (at most three) layouts once, whatever the layer count.
+  DeviceLayout device_layout(const BatchLayout& batch);
+  // Stream-ordered scratch, freed in stream order (cudaFreeAsync) when the owner goes away.
+  struct Scratch {
+    CudaBackend* owner = nullptr;
+    void* ptr = nullptr;
+    Scratch() = default;
+    Scratch(CudaBackend* o, size_t bytes);
+    Scratch(Scratch&& s) noexcept : owner(s.owner), ptr(s.ptr) { s.ptr = nullptr; }
+    Scratch& operator=(Scratch&&) = delete;
+    ~Scratch();
+    template <class T> T* as() const { return static_cast<T*>(ptr); }
+  };
+  // Copies a small host array to fresh device scratch (stream-ordered).
+  Scratch upload_scratch(const void* host, size_t bytes);
+  // inv_freq of rotate-half RoPE computed on the host exactly as the CPU backend does, cached.
+  const float* rope_inv_freq(int64_t rotary_dim, double theta);
+
+ private:
+  int device_ = 0;
+  int sm_count_ = 0;
+  cudaStream_t stream_ = nullptr;
+  struct CachedLayout {
+    std::vector<int32_t> host;
+    int32_t* dev = nullptr;
+    DeviceLayout layout;
+    uint64_t last_use = 0;
+  };
+  std::vector<CachedLayout> layouts_;
+  uint64_t use_clock_ = 0;
+  std::map<std::pair<int64_t, double>, float*> inv_freq_;
+};
+
+// Make a CUDA backend on device 0, or say why not (no device, driver too old).
+Expected<std::unique_ptr<Backend>> make_cuda_backend_on(int device);
+
+// ---- launch helpers shared by the op files --------------------------------------------------
+inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+// Element i of a weight payload (f32 or bf16) widened to f32.
+__device__ __forceinline__ float load_weight(const void* w, bool bf16, int64_t i) {
+  return bf16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
+}
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Eight consecutive weight elements from element i (16-byte aligned for bf16, 32 for f32), widened.
+template <bool kBf16>
+__device__ __forceinline__ void load8(const void* w, int64_t i, float (&v)[8]) {
+  if constexpr (kBf16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + i);
+    const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = __uint_as_float(p[j] << 16);
+      v[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+    }
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  }
+}
+
+// Weight formats this backend reads; anything else is a broken invariant (the loader refuses it).
+bool weight_is_bf16(const Linear& w);
+
+// GEMV/GEMM used by linear and moe: out[t, n] = sum_k x[t, k] W[n, k], W = rows of a payload
+// starting at element w_offset (row stride K). x: [T, K] f32 -> out: [T, N] f32.
+void launch_matmul(cudaStream_t s, float* out, const float* x, int64_t T, int64_t K, int64_t N,
+                   const void* w, bool bf16, int64_t w_offset);
+
+}  // namespace sparkserve

@@ -1,0 +1,588 @@
+// GPU tests (issue 6), run where a CUDA device is present (exit code 77 = skipped otherwise):
+//  1. every op of backend/ops.h on the CUDA backend vs the CPU reference backend, on fresh random
+//     inputs of several sizes (seed printed; --seed N repeats a run);
+//  2. every fixture under tests/fixtures/qwen35-*: teacher-forced logits on CUDA vs the CPU backend
+//     and vs transformers' fp32 reference, cached decode (prefill + one token at a time) vs the
+//     reference decode logits and the exact greedy ids, prefill+decode == recompute, batched == alone.
+// Error metric everywhere: max|cuda - ref| / max|ref| over the whole output (the project's metric).
+// Bounds, and why:
+//  - kExact (0): copies, index ops, argmax, top-k ids: no arithmetic, must be bit-identical.
+//  - kFp32 (1e-5): fp32 arithmetic in another summation order (warp-tree and tiled sums vs the CPU's
+//    8-lane dot, block vs sequential reductions, expf/cosf vs glibc): relative rounding ~1e-7 per
+//    op, growing like sqrt(K) in long dot products; 1e-5 leaves room for K up to ~10^4 and is far
+//    below what a wrong formula gives (an eps placement, a bf16 rounding, a mis-paired head: >1e-3).
+//  - kForms (1e-4): gdn_chunked, whose CUDA version runs the token-by-token recurrence while the CPU
+//    reference runs the chunked (I+L)^-1 form: equal in exact arithmetic, different fp32 rounding
+//    through the triangular solve; the CPU tests bound recurrent vs chunked at the same level.
+//  - model logits vs transformers: 1e-4 (tests/python/test_model_reference.py's fp32 bound); CUDA vs
+//    CPU logits and batched vs alone: 1e-4 too (a forward chains ~50 ops of the kFp32 kind).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend_factory.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/dtype.h"
+#include "core/npy.h"
+#include "model/load.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
+
+struct Result {
+  std::string group, name;
+  double err, bound;
+  bool pass;
+};
+std::vector<Result> g_results;
+
+void record(const std::string& group, const std::string& name, double err, double bound) {
+  const bool pass = std::isfinite(err) && err <= bound;
+  g_results.push_back({group, name, err, bound, pass});
+  std::printf("%-5s %-14s %-48s err %.3e  bound %.0e\n", pass ? "ok" : "FAIL", group.c_str(), name.c_str(), err,
+              bound);
+  std::fflush(stdout);
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!std::isfinite(got[i]) || std::isnan(d)) return INFINITY;
+    md = std::max(md, d);
+    mr = std::max(mr, std::fabs(static_cast<double>(ref[i])));
+  }
+  if (mr == 0) return md == 0 ? 0 : INFINITY;
+  return md / mr;
+}
+
+std::mt19937_64 g_rng;
+
+std::vector<float> randn(int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g_rng);
+  return v;
+}
+
+// A tensor living on both backends with the same contents.
+struct Pair {
+  Buffer c, g;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const Tensor& cpu() const { return c.tensor(); }
+  const Tensor& gpu() const { return g.tensor(); }
+};
+
+struct Harness {
+  Backend* cpu;
+  Backend* gpu;
+
+  Pair make(DType dt, std::vector<int64_t> shape, const void* host) {
+    Pair p{Buffer(cpu, dt, shape), Buffer(gpu, dt, shape), dt, shape};
+    if (host) {
+      cpu->upload(p.cpu(), host);
+      gpu->upload(p.gpu(), host);
+    } else {
+      // Poison: outputs start as NaN on the GPU side, so an unwritten element fails the check.
+      std::vector<float> nan(static_cast<size_t>(p.cpu().nbytes() / 4 + 1), NAN);
+      cpu->fill_zero(p.cpu());
+      gpu->upload(p.gpu(), nan.data());
+    }
+    return p;
+  }
+  Pair f32(std::vector<int64_t> shape, const std::vector<float>& v) { return make(DType::kF32, std::move(shape), v.data()); }
+  Pair out(std::vector<int64_t> shape) { return make(DType::kF32, std::move(shape), nullptr); }
+  Pair i32(std::vector<int64_t> shape, const std::vector<int32_t>& v) { return make(DType::kI32, std::move(shape), v.data()); }
+
+  std::vector<float> get(Backend* b, const Tensor& t) {
+    std::vector<float> v(t.nbytes() / 4);
+    b->download(v.data(), t);
+    return v;
+  }
+  std::vector<float> gpu_f(const Pair& p) { return get(gpu, p.gpu()); }
+  std::vector<float> cpu_f(const Pair& p) { return get(cpu, p.cpu()); }
+  double err(const Pair& p) { return rel_err(gpu_f(p), cpu_f(p)); }
+};
+
+// A matrix weight in f32 or bf16 (values rounded to bf16 either way when bf16).
+struct Weight {
+  Pair p;
+  Linear cpu_lin, gpu_lin;
+};
+Weight make_weight(Harness& h, std::vector<int64_t> shape, bool bf16, float scale) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  auto v = randn(n, scale);
+  Weight w;
+  if (bf16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    w.p = h.make(DType::kBF16, shape, b.data());
+  } else {
+    w.p = h.make(DType::kF32, shape, v.data());
+  }
+  for (Linear* l : {&w.cpu_lin, &w.gpu_lin}) {
+    l->format = bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
+    l->out_features = shape[shape.size() - 2];
+    l->in_features = shape.back();
+  }
+  w.cpu_lin.weight = w.p.cpu();
+  w.gpu_lin.weight = w.p.gpu();
+  return w;
+}
+
+std::string sz(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (auto d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+// ---- op tests ---------------------------------------------------------------------------------
+
+void test_dense(Harness& h) {
+  for (bool bf16 : {false, true})
+    for (auto [V, H, T] : std::vector<std::array<int64_t, 3>>{{1000, 64, 5}, {4096, 1024, 37}}) {
+      Weight w = make_weight(h, {V, H}, bf16, 1.0f);
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& i : ids) i = static_cast<int32_t>(g_rng() % V);
+      ids[0] = 0;
+      ids[1] = static_cast<int32_t>(V - 1);
+      Pair id = h.i32({T}, ids), o = h.out({T, H});
+      h.cpu->embedding(o.cpu(), id.cpu(), w.cpu_lin);
+      h.gpu->embedding(o.gpu(), id.gpu(), w.gpu_lin);
+      record("embedding", std::string(bf16 ? "bf16 " : "f32 ") + sz({V, H, T}), h.err(o), kExact);
+    }
+  for (auto [R, D] : std::vector<std::array<int64_t, 2>>{{1, 32}, {7, 256}, {64, 3072}, {300, 128}}) {
+    auto xv = randn(R * D, 3.0f), wv = randn(D, 0.5f), dv = randn(R * D);
+    Pair x = h.f32({R, D}, xv), w = h.f32({D}, wv), o = h.out({R, D});
+    h.cpu->rmsnorm(o.cpu(), x.cpu(), w.cpu(), 1e-6f);
+    h.gpu->rmsnorm(o.gpu(), x.gpu(), w.gpu(), 1e-6f);
+    record("rmsnorm", sz({R, D}), h.err(o), kFp32);
+    h.cpu->rmsnorm(x.cpu(), x.cpu(), w.cpu(), 1e-6f);  // in place (out aliases x)
+    h.gpu->rmsnorm(x.gpu(), x.gpu(), w.gpu(), 1e-6f);
+    record("rmsnorm", "in place " + sz({R, D}), h.err(x), kFp32);
+    Pair res = h.f32({R, D}, xv), d = h.f32({R, D}, dv), o2 = h.out({R, D});
+    h.cpu->add_rmsnorm(res.cpu(), o2.cpu(), d.cpu(), w.cpu(), 1e-6f);
+    h.gpu->add_rmsnorm(res.gpu(), o2.gpu(), d.gpu(), w.gpu(), 1e-6f);
+    record("add_rmsnorm", "residual " + sz({R, D}), h.err(res), kFp32);
+    record("add_rmsnorm", "out " + sz({R, D}), h.err(o2), kFp32);
+    Pair z = h.f32({R, D}, randn(R * D, 2.0f)), o3 = h.out({R, D});
+    h.cpu->gated_rmsnorm(o3.cpu(), d.cpu(), z.cpu(), w.cpu(), 1e-6f);
+    h.gpu->gated_rmsnorm(o3.gpu(), d.gpu(), z.gpu(), w.gpu(), 1e-6f);
+    record("gated_rmsnorm", sz({R, D}), h.err(o3), kFp32);
+  }
+  for (bool bf16 : {false, true})
+    for (auto [T, K, N] : std::vector<std::array<int64_t, 3>>{
+             {1, 64, 1000}, {1, 3072, 1024}, {4, 1024, 4096}, {8, 100, 37}, {16, 2048, 512},
+             {17, 1024, 512}, {100, 640, 2048}, {300, 3072, 256}, {64, 33, 65}}) {
+      Weight w = make_weight(h, {N, K}, bf16, 1.0f / std::sqrt(static_cast<float>(K)));
+      Pair x = h.f32({T, K}, randn(T * K)), o = h.out({T, N});
+      h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
+      h.gpu->linear(o.gpu(), x.gpu(), w.gpu_lin);
+      record("linear", std::string(bf16 ? "bf16 " : "f32 ") + "TxKxN " + sz({T, K, N}), h.err(o), kFp32);
+    }
+  for (auto [T, I] : std::vector<std::array<int64_t, 2>>{{1, 40}, {33, 1024}}) {
+    Pair gu = h.f32({T, 2 * I}, randn(T * 2 * I, 3.0f)), o = h.out({T, I});
+    h.cpu->silu_mul(o.cpu(), gu.cpu());
+    h.gpu->silu_mul(o.gpu(), gu.gpu());
+    record("silu_mul", sz({T, I}), h.err(o), kFp32);
+    Pair a = h.f32({T, I}, randn(T * I)), b = h.f32({T, I}, randn(T * I, 4.0f)), s = h.out({T, I});
+    h.cpu->add(s.cpu(), a.cpu(), b.cpu());
+    h.gpu->add(s.gpu(), a.gpu(), b.gpu());
+    record("add", sz({T, I}), h.err(s), kExact);
+    h.cpu->sigmoid_mul(a.cpu(), b.cpu());
+    h.gpu->sigmoid_mul(a.gpu(), b.gpu());
+    record("sigmoid_mul", sz({T, I}), h.err(a), kFp32);
+    Pair gl = h.f32({T, 1}, randn(T, 3.0f));
+    h.cpu->add_sigmoid_scaled(b.cpu(), s.cpu(), gl.cpu());
+    h.gpu->add_sigmoid_scaled(b.gpu(), s.gpu(), gl.gpu());
+    record("add_sigmoid_sc", sz({T, I}), h.err(b), kFp32);
+    std::vector<int64_t> rows;
+    for (int64_t r = T - 1; r >= 0; r -= 2) rows.push_back(r);
+    rows.push_back(0);
+    Pair gth = h.out({static_cast<int64_t>(rows.size()), I});
+    h.cpu->gather_rows(gth.cpu(), a.cpu(), rows);
+    h.gpu->gather_rows(gth.gpu(), a.gpu(), rows);
+    record("gather_rows", sz({T, I}), h.err(gth), kExact);
+  }
+  for (auto [R, V] : std::vector<std::array<int64_t, 2>>{{1, 1000}, {9, 248320}}) {
+    auto v = randn(R * V);
+    for (int64_t r = 0; r < R; ++r) {  // a tie for the maximum: the lower index must win
+      auto* row = v.data() + r * V;
+      const int64_t at = static_cast<int64_t>(std::max_element(row, row + V) - row);
+      const int64_t other = (at * 7 + 13 + r) % V;
+      row[std::min(at, other)] = row[std::max(at, other)] = row[at] + 1.0f;
+    }
+    Pair l = h.f32({R, V}, v);
+    auto a = h.cpu->argmax(l.cpu()), b = h.gpu->argmax(l.gpu());
+    int64_t bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
+    record("argmax", "ties " + sz({R, V}), b.size() == a.size() ? static_cast<double>(bad) : INFINITY, kExact);
+  }
+}
+
+// Three spans: a fresh prefill, a continued chunk and a single decode token, with shuffled KV
+// blocks and GDN slots.
+struct Spans {
+  BatchLayout layout;
+  std::vector<std::vector<int32_t>> tables;
+};
+Spans make_spans(const std::vector<std::array<int64_t, 2>>& starts_and_lens, int64_t block_size,
+                 int32_t num_blocks, int32_t num_slots) {
+  Spans s;
+  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), g_rng);
+  std::vector<int32_t> slots(static_cast<size_t>(num_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), g_rng);
+  size_t next = 0;
+  int64_t row = 0;
+  s.tables.resize(starts_and_lens.size());
+  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
+    const auto [start, len] = starts_and_lens[i];
+    const int64_t nb = (start + len + block_size - 1) / block_size;
+    for (int64_t b = 0; b < nb; ++b) s.tables[i].push_back(blocks.at(next++));
+  }
+  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
+    SeqSpan sp;
+    sp.row_begin = row;
+    sp.num_tokens = starts_and_lens[i][1];
+    sp.start_pos = starts_and_lens[i][0];
+    sp.gdn_slot = slots.at(i);
+    sp.block_table = s.tables[i].data();
+    sp.num_blocks = static_cast<int64_t>(s.tables[i].size());
+    row += sp.num_tokens;
+    s.layout.seqs.push_back(sp);
+  }
+  s.layout.total_rows = row;
+  return s;
+}
+
+void test_attention(Harness& h) {
+  struct Case { int64_t nh, kvh, hd, rot; };
+  for (Case c : {Case{4, 2, 32, 8}, Case{32, 2, 256, 64}, Case{8, 8, 128, 128}}) {
+    const int64_t bs = 16;
+    const int32_t num_blocks = 64;
+    Spans sp = make_spans({{0, 37}, {50, 5}, {200, 1}, {700, 1}}, bs, num_blocks, 4);
+    const int64_t T = sp.layout.total_rows;
+    // q/gate split.
+    Pair qg = h.f32({T, c.nh, 2 * c.hd}, randn(T * c.nh * 2 * c.hd)), q = h.out({T, c.nh, c.hd}),
+         gate = h.out({T, c.nh, c.hd});
+    h.cpu->split_query_gate(q.cpu(), gate.cpu(), qg.cpu());
+    h.gpu->split_query_gate(q.gpu(), gate.gpu(), qg.gpu());
+    const std::string name = "nh" + std::to_string(c.nh) + " kvh" + std::to_string(c.kvh) + " hd" + std::to_string(c.hd);
+    record("split_q_gate", name, std::max(h.err(q), h.err(gate)), kExact);
+    // RoPE at the spans' positions (large positions included).
+    std::vector<int32_t> pos;
+    for (auto& s : sp.layout.seqs)
+      for (int64_t i = 0; i < s.num_tokens; ++i) pos.push_back(static_cast<int32_t>(s.start_pos + i));
+    pos.back() = 40000;
+    Pair p = h.i32({T}, pos);
+    h.cpu->rope(q.cpu(), p.cpu(), c.rot, 1e7);
+    h.gpu->rope(q.gpu(), p.gpu(), c.rot, 1e7);
+    record("rope", name + " rot" + std::to_string(c.rot), h.err(q), kFp32);
+    // KV pools with random old contents, then this batch's writes.
+    const int64_t pool_n = num_blocks * bs * c.kvh * c.hd;
+    Pair kp = h.f32({num_blocks, bs, c.kvh, c.hd}, randn(pool_n)), vp = h.f32({num_blocks, bs, c.kvh, c.hd}, randn(pool_n));
+    Pair k = h.f32({T, c.kvh, c.hd}, randn(T * c.kvh * c.hd)), v = h.f32({T, c.kvh, c.hd}, randn(T * c.kvh * c.hd));
+    h.cpu->kv_cache_write(kp.cpu(), vp.cpu(), k.cpu(), v.cpu(), sp.layout);
+    h.gpu->kv_cache_write(kp.gpu(), vp.gpu(), k.gpu(), v.gpu(), sp.layout);
+    record("kv_cache_write", name, std::max(h.err(kp), h.err(vp)), kExact);
+    AttentionDims d{c.nh, c.kvh, c.hd, bs, 1.0f / std::sqrt(static_cast<float>(c.hd))};
+    // Scale q up so the softmax is peaked, as trained models' are (exercises the running max).
+    Pair q2 = h.f32({T, c.nh, c.hd}, randn(T * c.nh * c.hd, 2.0f)), o = h.out({T, c.nh, c.hd});
+    h.cpu->attention(o.cpu(), q2.cpu(), kp.cpu(), vp.cpu(), sp.layout, d);
+    h.gpu->attention(o.gpu(), q2.gpu(), kp.gpu(), vp.gpu(), sp.layout, d);
+    record("attention", name + " prefill+decode", h.err(o), kFp32);
+  }
+}
+
+void test_gdn(Harness& h) {
+  struct Case { int64_t hk, hv, dk, dv, K; };
+  for (Case c : {Case{2, 6, 16, 24, 4}, Case{16, 64, 128, 128, 4}, Case{4, 4, 64, 32, 3}}) {
+    GdnDims d{c.hk, c.hv, c.dk, c.dv, c.K};
+    const int64_t C = d.conv_dim();
+    const int32_t slots = 5;
+    const std::string name = "hk" + std::to_string(c.hk) + " hv" + std::to_string(c.hv) + " dk" +
+                             std::to_string(c.dk) + " dv" + std::to_string(c.dv);
+    for (bool decode : {false, true}) {
+      Spans sp = decode ? make_spans({{3, 1}, {0, 1}, {90, 1}}, 16, 64, slots)
+                        : make_spans({{0, 70}, {12, 5}, {0, 130}}, 16, 64, slots);
+      const int64_t T = sp.layout.total_rows;
+      const std::string tag = name + (decode ? " decode" : " prefill");
+      // Conv with random prior state.
+      Pair mixed = h.f32({T, C}, randn(T * C)), w = h.f32({C, c.K}, randn(C * c.K, 0.5f)),
+           cs = h.f32({slots, C, c.K - 1}, randn(slots * C * (c.K - 1))), qkv = h.out({T, C});
+      h.cpu->gdn_conv(qkv.cpu(), mixed.cpu(), w.cpu(), cs.cpu(), sp.layout);
+      h.gpu->gdn_conv(qkv.gpu(), mixed.gpu(), w.gpu(), cs.gpu(), sp.layout);
+      record("gdn_conv", tag + " out", h.err(qkv), kFp32);
+      record("gdn_conv", tag + " state", h.err(cs), kFp32);
+      // Gating from random a/b (A_log, dt_bias as initialised by HF: log U(1,16), small bias).
+      Pair a = h.f32({T, c.hv}, randn(T * c.hv, 2.0f)), b = h.f32({T, c.hv}, randn(T * c.hv, 2.0f));
+      std::vector<float> alog(static_cast<size_t>(c.hv)), dtb = randn(c.hv, 0.5f);
+      for (auto& x : alog) x = std::log(1.0f + 15.0f * std::uniform_real_distribution<float>(0, 1)(g_rng));
+      Pair Al = h.f32({c.hv}, alog), dt = h.f32({c.hv}, dtb), g = h.out({T, c.hv}), beta = h.out({T, c.hv});
+      h.cpu->gdn_gating(g.cpu(), beta.cpu(), a.cpu(), b.cpu(), Al.cpu(), dt.cpu());
+      h.gpu->gdn_gating(g.gpu(), beta.gpu(), a.gpu(), b.gpu(), Al.gpu(), dt.gpu());
+      record("gdn_gating", tag + " g", h.err(g), kFp32);
+      record("gdn_gating", tag + " beta", h.err(beta), kFp32);
+      // Delta rule from the same inputs on both sides (the CPU's qkv/g/beta), random prior state.
+      Pair qkv_in = h.f32({T, C}, h.cpu_f(qkv)), g_in = h.f32({T, c.hv}, h.cpu_f(g)),
+           b_in = h.f32({T, c.hv}, h.cpu_f(beta));
+      Pair st = h.f32({slots, c.hv, c.dk, c.dv}, randn(slots * c.hv * c.dk * c.dv, 0.3f)),
+           o = h.out({T, c.hv, c.dv});
+      if (decode) {
+        h.cpu->gdn_recurrent(o.cpu(), qkv_in.cpu(), g_in.cpu(), b_in.cpu(), st.cpu(), sp.layout, d);
+        h.gpu->gdn_recurrent(o.gpu(), qkv_in.gpu(), g_in.gpu(), b_in.gpu(), st.gpu(), sp.layout, d);
+        record("gdn_recurrent", tag + " out", h.err(o), kFp32);
+        record("gdn_recurrent", tag + " state", h.err(st), kFp32);
+      } else {
+        h.cpu->gdn_chunked(o.cpu(), qkv_in.cpu(), g_in.cpu(), b_in.cpu(), st.cpu(), sp.layout, d);
+        h.gpu->gdn_chunked(o.gpu(), qkv_in.gpu(), g_in.gpu(), b_in.gpu(), st.gpu(), sp.layout, d);
+        record("gdn_chunked", tag + " out", h.err(o), kForms);
+        record("gdn_chunked", tag + " state", h.err(st), kForms);
+      }
+    }
+  }
+}
+
+void test_moe(Harness& h) {
+  for (auto [T, E, k] : std::vector<std::array<int64_t, 3>>{{1, 8, 3}, {33, 256, 8}, {200, 512, 10}}) {
+    Pair l = h.f32({T, E}, randn(T * E, 2.0f)), w = h.out({T, k});
+    Pair ids = h.make(DType::kI32, {T, k}, nullptr);
+    h.cpu->moe_route_topk(w.cpu(), ids.cpu(), l.cpu());
+    h.gpu->moe_route_topk(w.gpu(), ids.gpu(), l.gpu());
+    std::vector<int32_t> ic(static_cast<size_t>(T * k)), ig(ic.size());
+    h.cpu->download(ic.data(), ids.cpu());
+    h.gpu->download(ig.data(), ids.gpu());
+    record("moe_route_topk", "ids " + sz({T, E, k}), ic == ig ? 0.0 : 1.0, kExact);
+    record("moe_route_topk", "weights " + sz({T, E, k}), h.err(w), kFp32);
+  }
+  for (bool bf16 : {false, true})
+    for (auto [T, E, k, H, I] : std::vector<std::array<int64_t, 5>>{
+             {1, 8, 3, 64, 40}, {5, 16, 4, 256, 128}, {40, 64, 8, 512, 96}}) {
+      Weight gu = make_weight(h, {E, 2 * I, H}, bf16, 1.0f / std::sqrt(static_cast<float>(H)));
+      Weight dn = make_weight(h, {E, H, I}, bf16, 1.0f / std::sqrt(static_cast<float>(I)));
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> all(static_cast<size_t>(E));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), g_rng);
+        float sum = 0;
+        std::vector<float> ww;
+        for (int64_t j = 0; j < k; ++j) {
+          ids.push_back(all[static_cast<size_t>(j)]);
+          ww.push_back(std::uniform_real_distribution<float>(0.05f, 1.0f)(g_rng));
+          sum += ww.back();
+        }
+        for (float x : ww) wts.push_back(x / sum);
+      }
+      Pair x = h.f32({T, H}, randn(T * H)), id = h.i32({T, k}, ids), wt = h.f32({T, k}, wts), o = h.out({T, H});
+      h.cpu->moe_experts(o.cpu(), x.cpu(), id.cpu(), wt.cpu(), gu.cpu_lin, dn.cpu_lin);
+      h.gpu->moe_experts(o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin);
+      record("moe_experts", std::string(bf16 ? "bf16 " : "f32 ") + "TxExkxHxI " + sz({T, E, k, H, I}), h.err(o), kFp32);
+    }
+}
+
+// ---- model tests ------------------------------------------------------------------------------
+
+std::filesystem::path fixtures_root() {
+  if (std::filesystem::is_directory("tests/fixtures")) return "tests/fixtures";
+  return std::filesystem::path(SPARKSERVE_SOURCE_DIR) / "tests" / "fixtures";
+}
+
+StateLimits limits(int32_t seqs, int32_t blocks) {
+  StateLimits l;
+  l.max_sequences = seqs;
+  l.num_kv_blocks = blocks;
+  l.block_size = 16;
+  return l;
+}
+
+std::vector<float> forward_all(Qwen35Model& m, const std::vector<int32_t>& ids) {
+  ModelState st(m.backend(), m.config(), limits(1, 64));
+  auto seq = st.open_sequence();
+  std::vector<SequenceInput> b(1);
+  b[0].state = &*seq;
+  b[0].tokens = ids;
+  b[0].all_logits = true;
+  auto l = m.forward(b, st);
+  if (!l.ok()) {
+    std::printf("forward failed: %s\n", l.message().c_str());
+    return {};
+  }
+  return l->data;
+}
+
+std::vector<float> rows_of(const std::vector<float>& v, int64_t vocab, int64_t begin, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < (begin + n) * vocab) return {};
+  return std::vector<float>(v.begin() + begin * vocab, v.begin() + (begin + n) * vocab);
+}
+
+void test_models(Backend& cpu, Backend& gpu) {
+  std::vector<std::filesystem::path> fixtures;
+  for (auto& e : std::filesystem::directory_iterator(fixtures_root()))
+    if (e.path().filename().string().rfind("qwen35-", 0) == 0 && std::filesystem::exists(e.path() / "reference.json"))
+      fixtures.push_back(e.path());
+  std::sort(fixtures.begin(), fixtures.end());
+  if (fixtures.empty()) record("model", "fixtures found", INFINITY, 0);
+  for (const auto& fx : fixtures) {
+    const std::string fname = fx.filename().string();
+    auto mg = load_qwen35(fx, gpu);
+    auto mc = load_qwen35(fx, cpu);
+    if (!mg.ok() || !mc.ok()) {
+      record("model", fname + " load", INFINITY, 0);
+      continue;
+    }
+    Qwen35Model& G = **mg;
+    Qwen35Model& Cm = **mc;
+    const int64_t V = G.config().vocab_size;
+    std::ifstream f(fx / "reference.json");
+    auto ref = nlohmann::json::parse(f);
+    std::vector<std::vector<int32_t>> prompts;
+    for (auto& p : ref["prompts"]) {
+      const std::string pn = p["name"];
+      const auto ids = p["prompt_ids"].get<std::vector<int32_t>>();
+      const auto greedy = p["greedy_ids"].get<std::vector<int32_t>>();
+      prompts.push_back(ids);
+      const int64_t T = static_cast<int64_t>(ids.size());
+      auto ref_logits = read_npy_f32(fx / p["logits_file"].get<std::string>());
+      auto ref_decode = read_npy_f32(fx / p["decode_logits_file"].get<std::string>());
+      if (!ref_logits.ok() || !ref_decode.ok()) {
+        record("model", fname + "/" + pn + " reference npy", INFINITY, 0);
+        continue;
+      }
+      const auto g_all = forward_all(G, ids);
+      record("logits", fname + "/" + pn + " vs transformers", rel_err(g_all, ref_logits->data), kModel);
+      record("logits", fname + "/" + pn + " vs cpu backend", rel_err(g_all, forward_all(Cm, ids)), kModel);
+      // Cached decode: prefill the prompt, then feed the greedy ids one at a time.
+      ModelState st(gpu, G.config(), limits(1, 64));
+      auto seq = st.open_sequence();
+      std::vector<SequenceInput> b(1);
+      b[0].state = &*seq;
+      b[0].tokens = ids;
+      auto l = G.forward(b, st);
+      std::vector<float> dec;
+      std::vector<int32_t> got_ids;
+      for (size_t s = 0; l.ok() && s < greedy.size(); ++s) {
+        dec.insert(dec.end(), l->data.begin(), l->data.end());
+        got_ids.push_back(static_cast<int32_t>(std::max_element(l->data.begin(), l->data.end()) - l->data.begin()));
+        b[0].tokens = {greedy[s]};
+        l = G.forward(b, st);
+      }
+      // Row s of dec = logits after prompt + greedy[0..s): the reference decode file starts at row
+      // T-1 of the teacher-forced sequence, i.e. dec row 0 is the prompt's last row.
+      const int64_t nref = ref_decode->shape[0];
+      record("decode", fname + "/" + pn + " cached vs transformers",
+             rel_err(rows_of(dec, V, 1, std::min<int64_t>(nref, static_cast<int64_t>(greedy.size()) - 1)),
+                     rows_of(ref_decode->data, V, 0, std::min<int64_t>(nref, static_cast<int64_t>(greedy.size()) - 1))),
+             kModel);
+      record("decode", fname + "/" + pn + " greedy ids exact", got_ids == greedy ? 0.0 : 1.0, kExact);
+      std::vector<int32_t> full = ids;
+      full.insert(full.end(), greedy.begin(), greedy.end() - 1);
+      const auto recompute = forward_all(G, full);
+      record("decode", fname + "/" + pn + " prefill+decode==recompute",
+             rel_err(dec, rows_of(recompute, V, T - 1, static_cast<int64_t>(greedy.size()))), kModel);
+    }
+    // Batched == alone: every prompt's prefill in one batch, then one decode step each, batched.
+    if (prompts.size() >= 2) {
+      const int32_t n = static_cast<int32_t>(prompts.size());
+      ModelState st(gpu, G.config(), limits(n, 64 * n));
+      std::vector<SequenceState> seqs;
+      for (int32_t i = 0; i < n; ++i) seqs.push_back(*st.open_sequence());
+      std::vector<SequenceInput> b(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) {
+        b[static_cast<size_t>(i)].state = &seqs[static_cast<size_t>(i)];
+        b[static_cast<size_t>(i)].tokens = prompts[static_cast<size_t>(i)];
+      }
+      auto l1 = G.forward(b, st);
+      for (int32_t i = 0; i < n; ++i) b[static_cast<size_t>(i)].tokens = {static_cast<int32_t>(7 + i)};
+      auto l2 = G.forward(b, st);
+      double worst = l1.ok() && l2.ok() ? 0.0 : INFINITY;
+      for (int32_t i = 0; i < n && std::isfinite(worst); ++i) {
+        auto alone_all = forward_all(G, [&] {
+          auto v = prompts[static_cast<size_t>(i)];
+          v.push_back(7 + i);
+          return v;
+        }());
+        const int64_t T = static_cast<int64_t>(prompts[static_cast<size_t>(i)].size());
+        worst = std::max(worst, rel_err(rows_of(l1->data, V, i, 1), rows_of(alone_all, V, T - 1, 1)));
+        worst = std::max(worst, rel_err(rows_of(l2->data, V, i, 1), rows_of(alone_all, V, T, 1)));
+      }
+      record("batch", fname + " batched==alone (prefill, decode)", worst, kModel);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sparkserve
+
+int main(int argc, char** argv) {
+  using namespace sparkserve;
+  uint64_t seed = std::random_device{}();
+  bool ops = true, models = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
+    else if (a == "--ops-only") models = false;
+    else if (a == "--models-only") ops = false;
+    else {
+      std::fprintf(stderr, "usage: gpu_ops [--seed N] [--ops-only|--models-only]\n");
+      return 2;
+    }
+  }
+  auto gpu = make_backend("cuda", 1);
+  if (!gpu.ok()) {
+    std::printf("SKIP: %s\n", gpu.message().c_str());
+    return 77;
+  }
+  auto cpu = make_cpu_backend(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  g_rng.seed(seed);
+  Harness h{cpu.get(), gpu->get()};
+  if (ops) {
+    test_dense(h);
+    test_attention(h);
+    test_gdn(h);
+    test_moe(h);
+  }
+  if (models) test_models(*cpu, **gpu);
+  // Summary: worst error per group.
+  std::printf("\n%-16s %6s %6s %12s %10s\n", "group", "checks", "failed", "worst err", "bound");
+  std::vector<std::string> groups;
+  for (auto& r : g_results)
+    if (std::find(groups.begin(), groups.end(), r.group) == groups.end()) groups.push_back(r.group);
+  int failed = 0;
+  for (auto& gname : groups) {
+    int n = 0, f = 0;
+    double worst = 0, bound = 0;
+    for (auto& r : g_results)
+      if (r.group == gname) {
+        ++n;
+        f += !r.pass;
+        worst = std::max(worst, r.err);
+        bound = std::max(bound, r.bound);
+      }
+    failed += f;
+    std::printf("%-16s %6d %6d %12.3e %10.0e\n", gname.c_str(), n, f, worst, bound);
+  }
+  std::printf("%s: %zu checks, %d failed (seed %llu)\n", failed ? "FAIL" : "PASS", g_results.size(), failed,
+              static_cast<unsigned long long>(seed));
+  return failed ? 1 : 0;
+}
