@@ -353,9 +353,11 @@ class ModelOptResolver {
         }
     if (excluded_by) return Verdict{{}, "exclude_modules entry \"" + config_->exclude_modules[*excluded_by] + "\"", true};
     if (config_->quant_algo == "MIXED_PRECISION") {
+      // An entry names the module itself or a parent (e.g. "...mlp.experts" for every expert).
       for (const auto& [layer, scheme] : config_->quantized_layers)
         for (const auto& a : aliases)
-          if (layer == a) return Verdict{scheme, "quantized_layers \"" + layer + "\" (" + scheme.description + ")", false};
+          if (layer == a || (a.size() > layer.size() && a.starts_with(layer) && a[layer.size()] == '.'))
+            return Verdict{scheme, "quantized_layers \"" + layer + "\" (" + scheme.description + ")", false};
       return Verdict{{}, "not in quantized_layers", false};
     }
     if (cls != ModuleClass::kLinear) return Verdict{{}, "not a Linear module", false};

@@ -327,6 +327,25 @@ TEST(QuantScheme, ModelOptNvfp4) {
   EXPECT_THAT(p5.message(), HasSubstr("weight_global_scale (compressed-tensors naming)"));
 }
 
+TEST(QuantScheme, ModelOptMixedPrecisionPerLayer) {
+  Tensors t;
+  t.modelopt(L + "mlp.experts.0.up_proj", 16, 32, /*input_scale=*/false).modelopt(L + "mlp.experts.1.up_proj", 16, 32, false);
+  t.fp8(L + "self_attn.q_proj", 64, 32, {}).add(L + "self_attn.q_proj.input_scale", DType::kF32, {});
+  t.add(L + "self_attn.q_proj.weight_scale", DType::kF32, {});  // ModelOpt FP8: per-tensor F32 scalar
+  t.bf16(L + "self_attn.o_proj", 32, 64);
+  auto c = parse_quant_config_text("", R"({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION",
+      "quantized_layers": {")" + L + R"(mlp.experts": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
+                           ")" + L + R"(self_attn.q_proj": {"quant_algo": "FP8"}}}})");
+  ASSERT_TRUE(c.ok()) << c.message();
+  auto plan = plan_module_formats(t.map(), *c);
+  ASSERT_TRUE(plan.ok()) << plan.message();
+  EXPECT_EQ(plan->find(L + "mlp.experts.1.up_proj")->format, WeightFormat::kNvfp4ModelOpt);
+  EXPECT_EQ(plan->find(L + "mlp.experts.1.up_proj")->activation, ActivationQuant::kNone);
+  EXPECT_EQ(plan->find(L + "self_attn.q_proj")->format, WeightFormat::kFp8Tensor);
+  EXPECT_EQ(plan->find(L + "self_attn.q_proj")->activation, ActivationQuant::kFp8TensorStatic);
+  EXPECT_EQ(plan->find(L + "self_attn.o_proj")->decided_by, "not in quantized_layers");
+}
+
 TEST(QuantScheme, KvCacheScales) {
   Tensors t = mixed_tensors();
   t.add(L + "self_attn.k_scale", DType::kBF16, {1}).add(L + "self_attn.v_scale", DType::kBF16, {1});
