@@ -165,3 +165,40 @@ def test_loading_errors_name_the_problem(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}))
     r = fx.run_cli(["--model", str(tmp_path), "--text", "x"])
     assert r.returncode == 1 and b"Unigram" in r.stderr, r.stderr
+
+
+def test_added_token_flags_match_hf():
+    # The Qwen tokenizers only use normalized=false, no-strip added tokens; this variant of the
+    # Qwen3 tokenizer.json turns on every flag HF supports, and adds normalized and overlapping
+    # tokens, so the matching rules are checked against the oracle, not only against our reading.
+    base = fx.model_dir("qwen3")
+    j = json.load(open(os.path.join(base, "tokenizer.json"), encoding="utf-8"))
+    flags = {"<think>": {"lstrip": True}, "</think>": {"rstrip": True}, "<tool_call>": {"single_word": True},
+             "</tool_call>": {"lstrip": True, "rstrip": True}, "<|im_end|>": {"rstrip": True}}
+    for t in j["added_tokens"]:
+        t.update(flags.get(t["content"], {}))
+    extra = [("caf\u00e9", True, False), ("\u03a9", True, False), (" hello", False, False),
+             ("<|im_start|>user", False, True), ("e\u0301t\u00e9", False, False), ("x_y", True, False)]
+    next_id = max(t["id"] for t in j["added_tokens"]) + 1
+    for i, (content, normalized, special) in enumerate(extra):
+        j["added_tokens"].append({"id": next_id + i, "content": content, "single_word": content == "x_y",
+                                  "lstrip": False, "rstrip": False, "normalized": normalized, "special": special})
+    model = os.path.join(fx.work_dir(), "qwen3_flags")
+    os.makedirs(model, exist_ok=True)
+    with open(os.path.join(model, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    hf = HfTokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    samples = [
+        "a  <think>b", "a\t\n <think>  b", "<think>", " </think>  \n x", "x</think>", "a<tool_call>b",
+        "a <tool_call> b", "<tool_call>", "_<tool_call>", "<tool_call>_", "\u4e2d<tool_call>", "x  </tool_call>  y",
+        "cafe\u0301 caf\u00e9 CAFE\u0301", "\u2126 \u03a9 \u2126\u2126", "say hello  hello", "<|im_start|>user\nhi",
+        "<|im_start|>assistant", "e\u0301t\u00e9 \u00e9t\u00e9", "x_y ax_y x_yb x_y_", "<|im_end|>\n\n<|im_start|>user",
+        "<think>  </think>  <tool_call> </tool_call>",
+    ]
+    texts = samples + [s + " " + l for s in samples for l in LINES[:200:7]] + LINES[:3000]
+    ours = fx.encode_batch_cli(model, texts, decode=True)
+    ref = [e.ids for e in hf.encode_batch(texts)]
+    bad = [describe(i, texts[i], o["ids"], r) for i, (o, r) in enumerate(zip(ours, ref)) if o["ids"] != r]
+    assert not bad, "%d texts differ:\n%s" % (len(bad), "\n".join(bad[:5]))
+    bad_decode = [i for i, (o, r) in enumerate(zip(ours, ref)) if o["text"] != hf.decode(r, skip_special_tokens=False)]
+    assert not bad_decode, "decode differs for %r" % texts[bad_decode[0]][:80]
