@@ -48,6 +48,7 @@ struct Expr {
   ExprPtr star_args;    // *args in a call
   ExprPtr star_kwargs;  // **kwargs in a call
   bool negated = false;
+  int depth = 1;  // height of this subtree; bounded so evaluation and destruction cannot overflow the stack
 };
 
 enum class StmtKind {

@@ -104,7 +104,22 @@ std::string Interpreter::render(const Body& body, const Value& context) {
   return out;
 }
 
+namespace {
+struct DepthScope {
+  int& depth;
+  DepthScope(int& d, int limit) : depth(d) {
+    if (++depth > limit) {
+      --depth;
+      throw_error("RecursionError", "maximum recursion depth exceeded (template evaluation nested deeper than " +
+                                        std::to_string(limit) + ")");
+    }
+  }
+  ~DepthScope() { --depth; }
+};
+}  // namespace
+
 Interpreter::Flow Interpreter::exec(const Body& body, const FramePtr& f, std::string& out) {
+  DepthScope guard(eval_depth_, limits_.max_eval_depth);
   for (const auto& s : body) {
     Flow r = exec_stmt(*s, f, out);
     if (r != Flow::Normal) return r;
@@ -677,6 +692,7 @@ Value Interpreter::eval_call(const Expr& e, const FramePtr& f) {
 }
 
 Value Interpreter::eval(const Expr& e, const FramePtr& f) {
+  DepthScope guard(eval_depth_, limits_.max_eval_depth);
   switch (e.kind) {
     case ExprKind::Const: return e.value;
     case ExprKind::Name: return lookup(e.name, f);

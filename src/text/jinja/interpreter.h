@@ -16,7 +16,8 @@ namespace sparkserve::jinja {
 struct RenderLimits {
   size_t max_output_bytes = 64u << 20;   // any string the template builds, and the output
   int max_call_depth = 100;              // nested macro calls
-  uint64_t max_steps = 50'000'000;       // statements + loop iterations: bounds runaway loops
+  int max_eval_depth = 1500;             // nested evaluation frames of any kind (stack safety)
+  uint64_t max_steps = 5'000'000;        // statements + loop iterations (~1 s): bounds runaway loops
 };
 
 struct Frame {
@@ -63,6 +64,7 @@ class Interpreter {
   RenderLimits limits_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  int eval_depth_ = 0;
   std::unordered_map<const Stmt*, std::vector<bool>> macro_uses_;  // varargs, kwargs, caller
 };
 

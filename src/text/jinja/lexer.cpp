@@ -79,12 +79,20 @@ class Lexer {
     throw_error("TemplateSyntaxError", "line " + std::to_string(line) + ", column " + std::to_string(col) + ": " + msg);
   }
 
+  // Tokens arrive in source order, so the column is counted on from the previous token's
+  // (counting from the line start every time is quadratic on long one-line templates).
   std::pair<int, int> position(size_t at) const {
     auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), at);
     size_t line = static_cast<size_t>(it - line_starts_.begin());
     size_t start = line_starts_[line - 1];
-    int col = static_cast<int>(utf8_length(std::string_view(src_).substr(start, at - start))) + 1;
-    return {static_cast<int>(line), col};
+    if (!(pos_cache_line_ == line && pos_cache_at_ <= at)) {
+      pos_cache_line_ = line;
+      pos_cache_at_ = start;
+      pos_cache_col_ = 1;
+    }
+    pos_cache_col_ += static_cast<int>(utf8_length(std::string_view(src_).substr(pos_cache_at_, at - pos_cache_at_)));
+    pos_cache_at_ = at;
+    return {static_cast<int>(line), pos_cache_col_};
   }
 
   void push(Tok t, std::string text, size_t at) {
@@ -207,10 +215,9 @@ class Lexer {
   size_t lex_tag(size_t i, bool variable) {
     const char* end = variable ? "}}" : "%}";
     std::vector<char> brackets;
-    size_t tag_start = i;
     while (true) {
       i = skip_space(i);
-      if (i >= src_.size()) fail(tag_start, std::string("unexpected end of template, expected '") + end + "'");
+      if (i >= src_.size()) fail(i, std::string("unexpected end of template, expected '") + end + "'");
       if (brackets.empty()) {
         size_t e = match_end(i, end);
         if (e) {
@@ -410,6 +417,9 @@ class Lexer {
   LexOptions opt_;
   std::vector<size_t> line_starts_;
   std::vector<Token> out_;
+  mutable size_t pos_cache_line_ = 0;
+  mutable size_t pos_cache_at_ = 0;
+  mutable int pos_cache_col_ = 1;
 };
 
 std::string normalize_newlines(const std::string& s) {

@@ -75,6 +75,25 @@ class Parser {
     e->column = at.column;
     return e;
   }
+  // Records the subtree height; left-leaning chains (1 + 1 + ..., x|f|f|..., a.b.c...) are built
+  // by loops, not recursion, so the nesting guard alone would not bound them.
+  ExprPtr finish(ExprPtr e) {
+    int d = 0;
+    for (const auto& c : e->children)
+      if (c) d = std::max(d, c->depth);
+    for (const auto& [k, c] : e->kwargs) d = std::max(d, c->depth);
+    if (e->star_args) d = std::max(d, e->star_args->depth);
+    if (e->star_kwargs) d = std::max(d, e->star_kwargs->depth);
+    e->depth = d + 1;
+    if (e->depth > opt_.max_nesting) {
+      Token at;
+      at.line = e->line;
+      at.column = e->column;
+      fail(at, "expression nested too deeply");
+    }
+    return e;
+  }
+
   StmtPtr stmt(StmtKind k, const Token& at) {
     auto s = std::make_unique<Stmt>();
     s->kind = k;
@@ -362,7 +381,7 @@ class Parser {
     }
     auto t = node(ExprKind::Tuple, at);
     t->children = std::move(items);
-    return t;
+    return finish(std::move(t));
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
@@ -377,7 +396,7 @@ class Parser {
       c->children.push_back(std::move(e));
       if (skip_name("else")) c->children.push_back(parse_expression(true));
       else c->children.push_back(nullptr);
-      e = std::move(c);
+      e = finish(std::move(c));
     }
     return e;
   }
@@ -387,7 +406,7 @@ class Parser {
     b->name = op;
     b->children.push_back(std::move(l));
     b->children.push_back(std::move(r));
-    return b;
+    return finish(std::move(b));
   }
 
   ExprPtr parse_or() {
@@ -409,7 +428,7 @@ class Parser {
       auto u = node(ExprKind::Unary, at);
       u->name = "not";
       u->children.push_back(parse_not());
-      return u;
+      return finish(std::move(u));
     }
     return parse_compare();
   }
@@ -439,7 +458,7 @@ class Parser {
     c->children.push_back(std::move(first));
     for (auto& r : rest) c->children.push_back(std::move(r));
     c->ops = std::move(ops);
-    return c;
+    return finish(std::move(c));
   }
   ExprPtr parse_math1() {
     const Token& at = cur();
@@ -457,7 +476,7 @@ class Parser {
     auto c = node(ExprKind::Concat, at);
     c->children.push_back(std::move(first));
     while (skip_op("~")) c->children.push_back(parse_math2());
-    return c;
+    return finish(std::move(c));
   }
   ExprPtr parse_math2() {
     const Token& at = cur();
@@ -485,6 +504,7 @@ class Parser {
       e = node(ExprKind::Unary, at);
       e->name = op;
       e->children.push_back(parse_unary(false));
+      e = finish(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -537,7 +557,7 @@ class Parser {
         l->children.push_back(parse_expression(true));
       }
       expect_op("]");
-      return l;
+      return finish(std::move(l));
     }
     if (skip_op("{")) {
       auto d = node(ExprKind::Dict, t);
@@ -549,7 +569,7 @@ class Parser {
         d->children.push_back(parse_expression(true));
       }
       expect_op("}");
-      return d;
+      return finish(std::move(d));
     }
     fail(t, "unexpected " + describe(t));
   }
@@ -563,20 +583,20 @@ class Parser {
           auto g = node(ExprKind::Getattr, at);
           g->children.push_back(std::move(e));
           g->name = next().text;
-          e = std::move(g);
+          e = finish(std::move(g));
         } else if (cur().type == Tok::Int) {
           auto g = node(ExprKind::Getitem, at);
           g->children.push_back(std::move(e));
           auto k = node(ExprKind::Const, cur());
           k->value = Value(next().int_value);
           g->children.push_back(std::move(k));
-          e = std::move(g);
+          e = finish(std::move(g));
         } else {
           fail(cur(), "expected name or number");
         }
       } else if (is_op("[")) {
         next();
-        e = parse_subscript(std::move(e), at);
+        e = finish(parse_subscript(std::move(e), at));
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
       } else {
@@ -665,7 +685,7 @@ class Parser {
     auto c = node(ExprKind::Call, cur());
     c->children.push_back(std::move(callee));
     parse_call_args(*c);
-    return c;
+    return finish(std::move(c));
   }
 
   std::string dotted_name() {
@@ -688,7 +708,7 @@ class Parser {
       if (opt_.has_filter && !opt_.has_filter(f->name)) fail(at, "No filter named '" + f->name + "'.");
       f->children.push_back(std::move(operand));
       if (is_op("(")) parse_call_args(*f);
-      operand = std::move(f);
+      operand = finish(std::move(f));
     }
     return operand;
   }
@@ -713,7 +733,7 @@ class Parser {
           if (is_name("is")) fail(cur(), "You cannot chain multiple tests with is");
           t->children.push_back(parse_postfix(parse_primary()));
         }
-        e = std::move(t);
+        e = finish(std::move(t));
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
       } else {

@@ -1,0 +1,141 @@
+// Engine features one by one. Expected strings were produced by Python jinja2 3.1.6 in the
+// transformers environment (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+// loopcontrols, json.dumps-based tojson) and pasted here; the Python conformance suite
+// (tests/python/test_chat_template_conformance.py) re-derives many more at test time.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "text/jinja/template.h"
+
+namespace sparkserve::jinja {
+namespace {
+
+const OrderedJson& ctx() {
+  static const OrderedJson c = OrderedJson::parse(R"({
+    "messages": [{"role": "user", "content": " hi "}],
+    "x": {"b": [1, 2.0, null, true], "a": "é\n"}})");
+  return c;
+}
+
+std::string render(const std::string& src, const OrderedJson& context = ctx()) {
+  auto t = Template::parse(src);
+  if (!t.ok()) return "PARSE ERROR: " + t.message();
+  auto out = t->render(context);
+  if (!out.ok()) return "RENDER ERROR: " + out.message();
+  return *out;
+}
+
+struct Case {
+  const char* src;
+  const char* want;
+};
+
+TEST(JinjaEngine, MatchesPythonJinja2) {
+  const Case cases[] = {
+      {"a\n  {% if true %}\n  b\n  {% endif %}\nc", "a\n  b\nc"},
+      {"{%- for m in messages -%} [{{ m.role }}:{{ m.content|trim }}] {%- endfor %}", "[user:hi]"},
+      {"{{ x|tojson }}|{{ x.b|string }}|{{ x.b[::-1] }}|{{ x.a|tojson(ensure_ascii=true) }}",
+       "{\"b\": [1, 2.0, null, true], \"a\": \"\xc3\xa9\\n\"}|[1, 2.0, None, True]|[True, None, 2.0, 1]|\"\\u00e9\\n\""},
+      {"{% set ns = namespace(n=0) %}{% for i in range(5) %}{% if i is odd %}{% set ns.n = ns.n + i %}{% endif %}"
+       "{% endfor %}{{ ns.n }}",
+       "4"},
+      {"{% macro greet(who, punct='!') %}Hello {{ who }}{{ punct }}{% endmacro %}{{ greet('you') }} "
+       "{{ greet('me', punct='?')|upper }}",
+       "Hello you! HELLO ME?"},
+      {"{% for k, v in x|dictsort %}{{ loop.index0 }}{{ k }}{{ v|length }}{{ '' if loop.last else ',' }}{% endfor %}",
+       "0a2,1b4"},
+      {"{{ '  a  '.strip() ~ '|' ~ 'a,b'.split(',')|join('+') ~ '|' ~ 'abc'.startswith('ab') }}", "a|a+b|True"},
+      {"{% raw %}{{ kept }}{% endraw %} {# gone #}", "{{ kept }} "},
+      {"{{ 7 // 2 }} {{ -7 % 3 }} {{ 2 ** 8 }} {{ 1 / 4 }} {{ 1e-05 }} {{ 1e16 }} {{ 0.1 + 0.2 }}",
+       "3 2 256 0.25 1e-05 1e+16 0.30000000000000004"},
+      {"{{ none }} {{ true }} {{ [none, false, 'it\\'s'] }} {{ {'k': (1,)} }}",
+       "None True [None, False, \"it's\"] {'k': (1,)}"},
+  };
+  for (const auto& c : cases) EXPECT_EQ(render(c.src), c.want) << "template: " << c.src;
+}
+
+TEST(JinjaEngine, RaiseExceptionCarriesTheMessageOnly) {
+  EXPECT_EQ(render("a{{ raise_exception('No user query found in messages.') }}"),
+            "RENDER ERROR: No user query found in messages.");
+}
+
+TEST(JinjaEngine, SyntaxErrorsGiveLineAndColumnAndWhatWasExpected) {
+  EXPECT_EQ(render("line one\n{% if true %}\n{{ 1 + }}\n{% endif %}"),
+            "PARSE ERROR: template syntax error: line 3, column 8: unexpected end of print statement");
+  EXPECT_EQ(render("{% for x in y %}\n  {% endif %}"),
+            "PARSE ERROR: template syntax error: line 2, column 6: Encountered unknown tag 'endif'.");
+  EXPECT_EQ(render("{% if a %}x"),
+            "PARSE ERROR: template syntax error: line 1, column 12: Unexpected end of template. Jinja was looking "
+            "for the following tags: 'elif' or 'else' or 'endif'.");
+  EXPECT_EQ(render("{{ x | nosuch }}"), "PARSE ERROR: template syntax error: line 1, column 8: No filter named 'nosuch'.");
+  EXPECT_EQ(render("{{ x is nosuch }}"), "PARSE ERROR: template syntax error: line 1, column 9: No test named 'nosuch'.");
+  EXPECT_EQ(render("{% set x = 1 %"),
+            "PARSE ERROR: template syntax error: line 1, column 15: unexpected end of template, expected '%}'");
+}
+
+TEST(JinjaEngine, UndefinedBehavesAsInPython) {
+  EXPECT_EQ(render("[{{ nope }}][{{ x.zzz }}][{{ x.zzz is defined }}][{{ nope|length }}]"), "[][][False][0]");
+  EXPECT_EQ(render("{{ nope.attr }}"), "RENDER ERROR: UndefinedError: 'nope' is undefined");
+  EXPECT_EQ(render("{{ x.zzz.y }}"), "RENDER ERROR: UndefinedError: 'dict object' has no attribute 'zzz'");
+  EXPECT_EQ(render("{{ x.b[9].y }}"), "RENDER ERROR: UndefinedError: list object has no element 9");
+}
+
+TEST(JinjaEngine, SandboxRefusesMutation) {
+  EXPECT_EQ(render("{{ x.b.append(1) }}"),
+            "RENDER ERROR: SecurityError: access to attribute 'append' of 'list' object is unsafe.");
+  EXPECT_EQ(render("{{ range(100001)|length }}"),
+            "RENDER ERROR: OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+}
+
+TEST(JinjaEngine, GenerationTagRendersItsBody) {
+  // transformers' AssistantTracker extension: {% generation %} only marks a span.
+  EXPECT_EQ(render("a{% generation %}b{{ 1 }}{% endgeneration %}c"), "ab1c");
+}
+
+TEST(JinjaEngine, HostileTemplatesEndWithAnError) {
+  EXPECT_NE(render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("template nesting too deep"),
+            std::string::npos);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 20000; ++i) chain += " + 1";
+  EXPECT_NE(render(chain + " }}").find("nested too deeply"), std::string::npos);
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 20000; ++i) filters += "|trim";
+  EXPECT_NE(render(filters + " }}").find("nested too deeply"), std::string::npos);
+  EXPECT_NE(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("RecursionError"), std::string::npos);
+  EXPECT_NE(render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").find("StepLimitError"),
+            std::string::npos);
+  EXPECT_NE(render("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find("OutputLimitError"),
+            std::string::npos);
+  EXPECT_NE(render("\xff\xfe{{ 1 }}").find("not valid UTF-8"), std::string::npos);
+}
+
+TEST(JinjaEngine, DeepInputIsRefusedNotACrash) {
+  std::string deep(100000, '[');
+  deep += std::string(100000, ']');
+  OrderedJson c = OrderedJson::object();
+  c["x"] = OrderedJson::parse(deep);
+  EXPECT_NE(render("{{ x|tojson }}", c).find("nested deeper than 512"), std::string::npos);
+}
+
+TEST(JinjaEngine, LimitsAreConfigurable) {
+  TemplateOptions opt;
+  opt.limits.max_output_bytes = 10;
+  auto t = Template::parse("{{ 'x' * 11 }}", opt);
+  ASSERT_TRUE(t.ok());
+  auto out = t->render(OrderedJson::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.message().find("OutputLimitError"), std::string::npos);
+}
+
+TEST(JinjaEngine, TemplateIsReusableAcrossRenders) {
+  auto t = Template::parse("{% set ns = namespace(n=0) %}{% set ns.n = ns.n + v %}{{ ns.n }}");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t->render(OrderedJson::parse(R"({"v": 2})")), "2");
+  EXPECT_EQ(*t->render(OrderedJson::parse(R"({"v": 5})")), "5");
+  EXPECT_FALSE(t->render(OrderedJson::array()).ok());
+}
+
+}  // namespace
+}  // namespace sparkserve::jinja
