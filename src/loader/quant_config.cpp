@@ -304,6 +304,13 @@ Expected<QuantConfig> parse_modelopt(const json& q, const std::string& src) {
       c.exclude_modules.insert(c.exclude_modules.end(), list.begin(), list.end());
     }
   }
+  // Newer exports describe the KV cache as kv_cache_scheme {num_bits: 8, type: "float", ...}.
+  if (q.contains("kv_cache_scheme") && q["kv_cache_scheme"].is_object()) {
+    SS_ASSIGN_OR_RETURN(QuantArgs kv, parse_args(q["kv_cache_scheme"], src + ".kv_cache_scheme"));
+    if (!kv.is_float || kv.num_bits != 8)
+      return make_error(src + ".kv_cache_scheme is " + args_text(kv) + ": only FP8 KV caches are supported");
+    c.kv_cache_quant_algo = "FP8";
+  }
   if (q.contains("kv_cache_quant_algo") && q["kv_cache_quant_algo"].is_string()) {
     c.kv_cache_quant_algo = q["kv_cache_quant_algo"].get<std::string>();
     if (c.kv_cache_quant_algo != "FP8")

@@ -198,6 +198,38 @@ struct Verdict {
   bool ignored = false;
 };
 
+// Names, aliases and parents of every module, for "matches no module" checks.
+std::unordered_set<std::string> names_and_parents(const std::vector<std::string>& modules) {
+  std::unordered_set<std::string> out;
+  for (const auto& name : modules)
+    for (const auto& a : module_name_aliases(name)) {
+      out.insert(a);
+      for (size_t p = a.find('.'); p != std::string::npos; p = a.find('.', p + 1)) out.insert(a.substr(0, p));
+    }
+  return out;
+}
+
+// One warning per entry that matches no module name or parent (at most 10, then a count).
+template <class Match>
+void report_unmatched(const std::vector<std::string>& entries, const std::vector<std::string>& modules, const char* what,
+                      Match matches, std::vector<std::string>& warnings) {
+  if (entries.empty()) return;
+  const auto names = names_and_parents(modules);
+  int reported = 0, more = 0;
+  for (const auto& e : entries) {
+    bool hit = names.count(e) > 0;
+    for (auto it = names.begin(); !hit && it != names.end(); ++it) hit = matches(e, *it);
+    if (hit) continue;
+    if (reported < 10) {
+      warnings.push_back(std::string(what) + " \"" + e + "\" matches no module");
+      ++reported;
+    } else {
+      ++more;
+    }
+  }
+  if (more > 0) warnings.push_back("... and " + std::to_string(more) + " more " + what + "s match no module");
+}
+
 // compressed-tensors targets and ignore list, with both tools' priority rules.
 class CtResolver {
  public:
@@ -294,10 +326,10 @@ class CtResolver {
     return Verdict{g.scheme, g.name + " target \"" + chosen.matcher.entry() + "\" (" + g.scheme.description + ")", false};
   }
 
-  // Warnings for groups and ignore entries that matched nothing. An exact ignore entry naming a parent of
-  // a module (e.g. "...linear_attn" whose in_proj_qkv exists) counts as matching: llm-compressor writes
-  // such entries for non-Linear modules.
-  void finish(const std::map<std::string, ModuleFormat>& modules, std::vector<std::string>& warnings) const {
+  // Warnings for groups and ignore entries that matched nothing. Entries are looked for among every
+  // module name (any class: llm-compressor also lists norms and GDN blocks) and its parents (an entry
+  // like "...linear_attn" names the parent of in_proj_qkv), under every alias.
+  void finish(const std::vector<std::string>& all_modules, std::vector<std::string>& warnings) const {
     for (size_t g = 0; g < group_used_.size(); ++g)
       if (!group_used_[g]) {
         std::string targets;
@@ -305,22 +337,14 @@ class CtResolver {
         warnings.push_back("config group " + config_->groups[g].name + " (targets " + targets +
                            ") matches no module that is not ignored");
       }
-    std::unordered_set<std::string> ancestors;
-    bool built = false;
-    for (size_t i = 0; i < ignore_.size(); ++i) {
-      if (ignore_used_[i]) continue;
-      bool parent = false;
-      if (!ignore_[i].is_regex()) {
-        if (!built) {
-          for (const auto& [name, m] : modules)
-            for (const auto& a : module_name_aliases(name))
-              for (size_t p = a.find('.'); p != std::string::npos; p = a.find('.', p + 1)) ancestors.insert(a.substr(0, p));
-          built = true;
-        }
-        parent = ancestors.count(config_->ignore[i]) > 0;
-      }
-      if (!parent) warnings.push_back("ignore entry \"" + config_->ignore[i] + "\" matches no module");
-    }
+    std::vector<std::string> unused;
+    for (size_t i = 0; i < ignore_.size(); ++i)
+      if (!ignore_used_[i]) unused.push_back(config_->ignore[i]);
+    report_unmatched(unused, all_modules, "ignore entry", [this](const std::string& entry, const std::string& name) {
+      for (const auto& m : ignore_)
+        if (m.entry() == entry) return m.matches_name(name);
+      return false;
+    }, warnings);
   }
 
  private:
@@ -364,10 +388,12 @@ class ModelOptResolver {
     return Verdict{config_->modelopt_scheme, "quant_algo " + config_->quant_algo, false};
   }
 
-  void finish(std::vector<std::string>& warnings) const {
+  void finish(const std::vector<std::string>& all_modules, std::vector<std::string>& warnings) const {
+    std::vector<std::string> unused;
     for (size_t i = 0; i < exclude_used_.size(); ++i)
-      if (!exclude_used_[i])
-        warnings.push_back("exclude_modules entry \"" + config_->exclude_modules[i] + "\" matches no module");
+      if (!exclude_used_[i]) unused.push_back(config_->exclude_modules[i]);
+    report_unmatched(unused, all_modules, "exclude_modules entry",
+                     [](const std::string& pattern, const std::string& name) { return fnmatch_name(pattern, name); }, warnings);
   }
 
  private:
@@ -480,8 +506,10 @@ Expected<QuantPlan> plan_module_formats(const std::map<std::string, TensorInfo>&
     }
     plan.modules.emplace(name, std::move(m));
   }
-  if (ct) ct->finish(plan.modules, plan.warnings);
-  if (mo) mo->finish(plan.warnings);
+  std::vector<std::string> all_modules;
+  for (const auto& [name, roles] : grouped) all_modules.push_back(name);
+  if (ct) ct->finish(all_modules, plan.warnings);
+  if (mo) mo->finish(all_modules, plan.warnings);
   const bool kv_configured = (config.method == QuantMethod::kCompressedTensors && config.kv_cache) ||
                              (config.method == QuantMethod::kModelOpt && !config.kv_cache_quant_algo.empty());
   if (kv_configured && !any_kv_scale)

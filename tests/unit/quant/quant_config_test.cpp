@@ -169,6 +169,10 @@ TEST(QuantConfig, ModelOptInConfigJsonAndAlgorithms) {
                            "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}}}})");
   ASSERT_TRUE(mixed.ok()) << mixed.message();
   ASSERT_EQ(mixed->quantized_layers.size(), 2u);
+  auto kv = parse(R"({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+      "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": false}}})");
+  ASSERT_TRUE(kv.ok()) << kv.message();
+  EXPECT_EQ(kv->kv_cache_quant_algo, "FP8");
   auto bad_algo = parse("", R"({"quantization": {"quant_algo": "INT4_AWQ"}})");
   ASSERT_FALSE(bad_algo.ok());
   EXPECT_THAT(bad_algo.message(), HasSubstr("\"INT4_AWQ\" is not supported"));

@@ -205,9 +205,11 @@ TEST(QuantScheme, MissingScaleIsAnErrorNamingTheTensor) {
 TEST(QuantScheme, IgnoreEntryMatchingNothingWarns) {
   const Tensors t = mixed_tensors();
   auto plan = plan_module_formats(t.map(), mixed_config(R"(["lm_head", "re:.*mlp\\.gate$", "model.language_model.layers.0.linear_attn",
+      "model.language_model.layers.0.input_layernorm", "re:.*input_layernorm$", "model.layers.0.linear_attn.A_log",
       "model.language_model.layers.7.mlp.gate", "re:.*vision_tower.*"])"));
   ASSERT_TRUE(plan.ok()) << plan.message();
-  // linear_attn is a parent of A_log: counts as matching (llm-compressor lists non-Linear modules).
+  // linear_attn is a parent of A_log, input_layernorm a norm, A_log under another prefix: all count as
+  // matching (llm-compressor lists non-Linear modules).
   EXPECT_THAT(plan->warnings, ::testing::UnorderedElementsAre(
                                   "ignore entry \"model.language_model.layers.7.mlp.gate\" matches no module",
                                   "ignore entry \"re:.*vision_tower.*\" matches no module"));
