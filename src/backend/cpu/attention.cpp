@@ -103,7 +103,7 @@ void CpuBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_p
       }
       std::memcpy(out.ptr<float>() + (row * nh + h) * hd, acc.data(), static_cast<size_t>(hd) * 4);
     }
-  });
+  }, cpu::min_chunk_for(2 * hd * (batch.seqs.empty() ? 1 : batch.seqs[0].start_pos + batch.seqs[0].num_tokens)));
 }
 
 }  // namespace sparkserve

@@ -16,7 +16,7 @@ void CpuBackend::embedding(const Tensor& out, const Tensor& ids, const Linear& t
       CHECK(id[t] >= 0 && id[t] < table.out_features);
       cpu::weight_row_to_f32(o + t * H, table.weight, table.format, static_cast<int64_t>(id[t]) * H, H);
     }
-  });
+  }, cpu::min_chunk_for(H));
 }
 
 void CpuBackend::silu_mul(const Tensor& out, const Tensor& gate_up) {

@@ -33,7 +33,7 @@ void CpuBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& 
         std::copy(window.end() - S, window.end(), state);
       }
     }
-  }, 64);
+  }, cpu::min_chunk_for(batch.total_rows * K));
 }
 
 void CpuBackend::gdn_gating(const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
@@ -118,7 +118,7 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
           for (int64_t j = 0; j < dv; ++j) o[j] += S[i * dv + j] * q[static_cast<size_t>(i)];
       }
     }
-  });
+  }, cpu::min_chunk_for(4 * dk * dv));  // per decode token
 }
 
 void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,

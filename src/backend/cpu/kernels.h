@@ -1,6 +1,7 @@
 // Small inner-loop helpers shared by the CPU op files.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,13 @@ inline void weight_row_to_f32(float* dst, const Tensor& w, WeightFormat format, 
     default:
       CHECK_MSG(false, "weight format not implemented by the CPU backend");
   }
+}
+
+// Items per parallel chunk so that a chunk holds at least ~32K multiply-adds: smaller jobs run
+// on the calling thread, where waking a worker would cost more than the work.
+inline int64_t min_chunk_for(int64_t macs_per_item) {
+  constexpr int64_t kMinMacsPerChunk = 1 << 15;
+  return macs_per_item >= kMinMacsPerChunk ? 1 : (kMinMacsPerChunk + macs_per_item - 1) / std::max<int64_t>(1, macs_per_item);
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }

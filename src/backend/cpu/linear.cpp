@@ -108,7 +108,7 @@ void matmul_rows(ThreadPool& pool, float* out, const float* x, int64_t T, int64_
           for (int64_t t = 0; t < T; ++t) out[t * N + n0 + r] = dot(x + t * K, &rows[static_cast<size_t>(r * K)], K);
       }
     }
-  }, 1);
+  }, min_chunk_for(T * K * kRows));
 }
 
 }  // namespace cpu

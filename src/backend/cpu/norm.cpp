@@ -27,7 +27,7 @@ void CpuBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, fl
       float s = inv_rms(px + r * D, D, eps);
       for (int64_t i = 0; i < D; ++i) po[r * D + i] = px[r * D + i] * s * (1.0f + pw[i]);
     }
-  }, 16);
+  }, cpu::min_chunk_for(2 * D));
 }
 
 void CpuBackend::add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& delta,
@@ -51,7 +51,7 @@ void CpuBackend::gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor&
       for (int64_t i = 0; i < D; ++i)
         po[r * D + i] = px[r * D + i] * s * pw[i] * cpu::silu(pz[r * D + i]);
     }
-  }, 16);
+  }, cpu::min_chunk_for(2 * D));
 }
 
 }  // namespace sparkserve

@@ -106,7 +106,7 @@ void check_linear(int64_t T, int64_t K, int64_t N, DType dt) {
 
 TEST(CpuOps, LinearBf16AndF32SeveralShapes) {
   for (DType dt : {DType::kBF16, DType::kF32})
-    for (auto [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 7, 1}, {3, 64, 33}, {17, 100, 5}, {1, 256, 130}})
+    for (auto [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 7, 1}, {3, 64, 33}, {17, 100, 5}, {1, 256, 130}, {40, 512, 300}})
       check_linear(T, K, N, dt);
 }
 
