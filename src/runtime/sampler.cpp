@@ -118,12 +118,23 @@ int32_t argmax_lowest(std::span<const float> logits) {
   return best;
 }
 
-std::vector<Candidate> truncated_distribution(std::span<const float> logits, float temperature,
-                                              int32_t top_k, float top_p, float min_p) {
-  struct Item {
-    float s;  // logit / temperature
-    int32_t id;
-  };
+namespace {
+
+struct Item {
+  float s;  // logit / temperature
+  int32_t id;
+};
+
+// The kept tokens in id order with their unnormalized weights exp(s - max s) and their sum.
+struct Truncation {
+  std::vector<Item> items;
+  std::vector<double> w;
+  double total = 0.0;
+};
+
+Truncation truncate(std::span<const float> logits, float temperature, int32_t top_k, float top_p,
+                    float min_p) {
+  Truncation t;
   // Pass 1: the maximum scaled logit and how many tokens are possible at all.
   float mx_f = kNegInf;
   size_t finite = 0;
@@ -132,7 +143,7 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, flo
     mx_f = std::max(mx_f, l / temperature);
     ++finite;
   }
-  if (finite == 0) return {};
+  if (finite == 0) return t;
   const double mx = mx_f;
   // top_k in logit space, as vLLM: keep every s >= the k-th largest s (ties kept). A size-k heap
   // (worst kept on top) finds that value in one pass. min_p and top_k commute (each keeps an
@@ -159,7 +170,7 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, flo
   // min_p: keep w = exp(s - max) = p / p_max >= min_p. Entries far below the cut are dropped
   // without the exp (exp(d) < min_p * e^-1e-6 there, far beyond exp's rounding error).
   const double min_p_cut = min_p > 0.0f ? std::log(static_cast<double>(min_p)) - 1e-6 : 0.0;
-  std::vector<Item> items;
+  std::vector<Item>& items = t.items;
   items.reserve(top_k > 0 ? std::min(finite, static_cast<size_t>(top_k) + 16) : finite);
   for (size_t i = 0; i < logits.size(); ++i) {
     if (!(logits[i] > kNegInf)) continue;
@@ -171,50 +182,64 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, flo
     }
     items.push_back({sc, static_cast<int32_t>(i)});
   }
-  std::vector<double> w(items.size());
+  std::vector<double>& w = t.w;
+  w.resize(items.size());
   double total = 0.0;
   for (size_t i = 0; i < items.size(); ++i) total += w[i] = std::exp(static_cast<double>(items[i].s) - mx);
+  t.total = total;
+  if (top_p >= 1.0f) return t;
 
-  std::vector<size_t> kept;  // indices into items
-  if (top_p < 1.0f) {
-    // The minimal prefix in (w desc, id asc) order whose mass reaches top_p * total, found by
-    // sorting a growing head of the order only (the tail of a 248k vocabulary is never sorted).
-    std::vector<size_t> order(items.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    auto before = [&](size_t a, size_t b) {
-      return w[a] > w[b] || (w[a] == w[b] && items[a].id < items[b].id);
-    };
-    const double target = static_cast<double>(top_p) * total;
-    double cum = 0.0;
-    size_t done = 0, keep = 0;
-    bool reached = false;
-    for (size_t m = std::min<size_t>(order.size(), 64); !reached; m = std::min(order.size(), m * 4)) {
-      if (m < order.size())
-        std::nth_element(order.begin() + static_cast<std::ptrdiff_t>(done),
-                         order.begin() + static_cast<std::ptrdiff_t>(m), order.end(), before);
-      std::sort(order.begin() + static_cast<std::ptrdiff_t>(done),
-                order.begin() + static_cast<std::ptrdiff_t>(m), before);
-      for (; done < m; ++done) {
-        if (cum >= target) {
-          reached = true;
-          break;
-        }
-        cum += w[order[done]];
-        keep = done + 1;
-      }
-      if (done == order.size()) reached = true;
-    }
-    kept.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(std::max<size_t>(keep, 1)));
-    total = 0.0;
-    for (size_t i : kept) total += w[i];
-  } else {
-    kept.resize(items.size());
-    std::iota(kept.begin(), kept.end(), size_t{0});
+  // top_p: the minimal prefix in (w desc, id asc) order whose mass reaches top_p * total. Tokens
+  // are bucketed by (max - s) in 1/16 nat steps (one order-preserving pass); whole buckets above
+  // the one where the mass crosses the target are kept, and only that bucket is sorted.
+  constexpr size_t kPerNat = 16, kBuckets = kPerNat * 64 + 1;  // the last bucket: w < e^-64
+  auto bucket = [&](size_t i) {
+    double d = mx - static_cast<double>(items[i].s);
+    return d >= 64.0 ? kBuckets - 1 : static_cast<size_t>(d * kPerNat);
+  };
+  std::vector<double> mass(kBuckets, 0.0);
+  for (size_t i = 0; i < items.size(); ++i) mass[bucket(i)] += w[i];
+  const double target = static_cast<double>(top_p) * total;
+  double cum = 0.0;
+  size_t cross = 0;
+  while (cross < kBuckets && cum + mass[cross] < target) cum += mass[cross++];
+  if (cross == kBuckets) return t;  // rounding kept the target out of reach: keep everything
+  std::vector<uint8_t> keep(items.size(), 0);
+  std::vector<size_t> head;
+  for (size_t i = 0; i < items.size(); ++i) {
+    size_t b = bucket(i);
+    if (b < cross) keep[i] = 1;
+    else if (b == cross) head.push_back(i);
   }
+  std::sort(head.begin(), head.end(), [&](size_t a, size_t b) {
+    return w[a] > w[b] || (w[a] == w[b] && items[a].id < items[b].id);
+  });
+  for (size_t i : head) {
+    if (cum >= target) break;
+    cum += w[i];
+    keep[i] = 1;
+  }
+  size_t n = 0;
+  t.total = 0.0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!keep[i]) continue;
+    items[n] = items[i];
+    w[n] = w[i];
+    t.total += w[n++];
+  }
+  items.resize(n);
+  w.resize(n);
+  return t;
+}
+
+}  // namespace
+
+std::vector<Candidate> truncated_distribution(std::span<const float> logits, float temperature,
+                                              int32_t top_k, float top_p, float min_p) {
+  Truncation t = truncate(logits, temperature, top_k, top_p, min_p);
   std::vector<Candidate> out;
-  out.reserve(kept.size());
-  if (top_p < 1.0f) std::sort(kept.begin(), kept.end());  // back to id order (items are)
-  for (size_t i : kept) out.push_back({items[i].id, w[i] / total});
+  out.reserve(t.items.size());
+  for (size_t i = 0; i < t.items.size(); ++i) out.push_back({t.items[i].id, t.w[i] / t.total});
   return out;
 }
 
@@ -228,18 +253,17 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   if (params.greedy()) {
     result.token = argmax_lowest(work);
   } else {
-    std::vector<Candidate> cands =
-        truncated_distribution(work, params.temperature, params.top_k, params.top_p, params.min_p);
-    if (cands.empty()) {
+    Truncation t = truncate(work, params.temperature, params.top_k, params.top_p, params.min_p);
+    if (t.items.empty()) {
       result.token = argmax_lowest(work);  // everything masked: nothing better to do
     } else {
-      double u = uniform_for_step(params.seed, output.size());
+      const double target = uniform_for_step(params.seed, output.size()) * t.total;
       double cum = 0.0;
-      result.token = cands.back().token;  // covers rounding when u is just below 1
-      for (const Candidate& c : cands) {
-        cum += c.prob;
-        if (u < cum) {
-          result.token = c.token;
+      result.token = t.items.back().id;  // covers rounding when u is just below 1
+      for (size_t i = 0; i < t.items.size(); ++i) {
+        cum += t.w[i];
+        if (target < cum) {
+          result.token = t.items[i].id;
           break;
         }
       }
