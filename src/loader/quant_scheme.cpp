@@ -134,7 +134,9 @@ bool read_format(const std::string& name, const Roles& roles, ModuleFormat& m, s
     return true;
   }
   if (!weight) {
-    return fail("has scale tensors but no weight or weight_packed");
+    std::string roles_text;
+    for (const auto& [role, info] : roles) roles_text += (roles_text.empty() ? "" : ", ") + role;
+    return fail("has " + roles_text + " but no weight or weight_packed");
   }
   m.tensors.weight = weight;
   if (weight->dtype == DType::kU8) {

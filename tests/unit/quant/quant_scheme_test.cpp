@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "loader/quant_scheme.h"
 
 namespace sparkserve {
@@ -356,6 +358,34 @@ TEST(QuantScheme, KvCacheScales) {
   ASSERT_EQ(plan->kv_scales.count(L + "self_attn"), 1u);
   EXPECT_NE(plan->kv_scales.at(L + "self_attn").k_scale, nullptr);
   EXPECT_THAT(plan->warnings, ::testing::ElementsAre(HasSubstr("k_scale/v_scale tensors but no KV-cache quantization")));
+}
+
+TEST(QuantScheme, RandomTensorSetsNeverCrash) {
+  // Random role/dtype/shape soups: the decision returns a plan or an error, never crashes, and every
+  // error line names a module.
+  std::mt19937 rng(9);
+  const char* roles[] = {"weight", "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale",
+                         "weight_scale_2", "input_scale", "k_scale", "bias", "weight_zero_point"};
+  const DType dtypes[] = {DType::kBF16, DType::kF32, DType::kU8, DType::kF8E4M3, DType::kI32};
+  const QuantConfig configs[] = {QuantConfig{}, mixed_config(), modelopt_config(R"(["lm_head"])")};
+  for (int trial = 0; trial < 300; ++trial) {
+    Tensors t;
+    const int modules = 1 + static_cast<int>(rng() % 4);
+    for (int m = 0; m < modules; ++m) {
+      const std::string name = L + (m % 2 ? "mlp.experts." + std::to_string(m) + ".up_proj" : "self_attn.q_proj" + std::to_string(m));
+      const int n = 1 + static_cast<int>(rng() % 4);
+      for (int r = 0; r < n; ++r) {
+        std::vector<int64_t> shape;
+        const int rank = static_cast<int>(rng() % 4);
+        for (int d = 0; d < rank; ++d) shape.push_back(static_cast<int64_t>(rng() % 40));
+        t.add(name + "." + roles[rng() % 10], dtypes[rng() % 5], shape);
+      }
+    }
+    for (const auto& c : configs) {
+      auto plan = plan_module_formats(t.map(), c);
+      if (!plan.ok()) EXPECT_THAT(plan.message(), HasSubstr(L)) << plan.message();
+    }
+  }
 }
 
 }  // namespace
