@@ -55,9 +55,9 @@ Expected<GenerationDefaults> parse_generation_defaults(const nlohmann::json& con
     d.temperature = 0.0;  // HF: do_sample=false means greedy whatever temperature says
   if (auto it = config.find("eos_token_id"); it != config.end() && !it->is_null()) {
     auto read_id = [&](const nlohmann::json& v) -> Status {
-      if (!v.is_number_integer())
-        return make_error("generation_config.json: \"eos_token_id\" must be an integer or a list "
-                          "of integers, got " + it->dump());
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        return make_error("generation_config.json: \"eos_token_id\" must be a token id or a list "
+                          "of token ids, got " + it->dump());
       d.eos_token_ids.push_back(v.get<int32_t>());
       return Status::Ok();
     };

@@ -399,10 +399,12 @@ ApiResult<int64_t> check_context_length(int64_t prompt_tokens, std::optional<int
                            " input tokens, which leaves no room for a completion. Please reduce "
                            "the length of the input.",
                        "messages");
-  if (max_tokens && prompt_tokens + *max_tokens > max_model_len)
+  // Compared as a difference and summed unsigned: max_tokens may be near INT64_MAX.
+  if (max_tokens && *max_tokens > max_model_len - prompt_tokens)
     return bad_request("This model's maximum context length is " + std::to_string(max_model_len) +
                            " tokens. However, you requested " +
-                           std::to_string(prompt_tokens + *max_tokens) + " tokens (" +
+                           std::to_string(static_cast<uint64_t>(prompt_tokens) +
+                                          static_cast<uint64_t>(*max_tokens)) + " tokens (" +
                            std::to_string(prompt_tokens) + " in the input, " +
                            std::to_string(*max_tokens) + " in the completion). Please reduce the "
                            "length of the input or of max_tokens.",

@@ -120,6 +120,11 @@ TEST(ContextLength, FitsOrSaysByHowMuch) {
             std::string::npos)
       << over.error().message;
 
+  auto huge = check_context_length(10, INT64_MAX, 4096);  // no signed overflow in the check
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.error().message.find("you requested 9223372036854775817 tokens"), std::string::npos)
+      << huge.error().message;
+
   auto too_long = check_context_length(5000, std::nullopt, 4096);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.error().message.find("your request has 5000 input tokens"), std::string::npos);
