@@ -72,6 +72,10 @@ std::string decode_utf8_replace(const std::string& bytes, bool final, std::strin
 StreamingDetokenizer::StreamingDetokenizer(TokenBytes token_bytes, IsSpecial is_special,
                                            DetokenizerOptions options)
     : token_bytes_(std::move(token_bytes)), is_special_(std::move(is_special)), options_(std::move(options)) {
+  // Stop strings are matched against decoded text, so they are decoded the same way: with valid
+  // UTF-8 on both sides a match can only start and end on character boundaries, and the text
+  // emitted around it stays valid UTF-8 (a request's JSON strings are valid already).
+  for (auto& s : options_.stop) s = decode_utf8_replace(s, true);
   options_.stop.erase(std::remove(options_.stop.begin(), options_.stop.end(), std::string()),
                       options_.stop.end());
 }

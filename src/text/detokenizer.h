@@ -19,7 +19,8 @@
 namespace sparkserve {
 
 struct DetokenizerOptions {
-  std::vector<std::string> stop;          // stop strings (empty ones are ignored)
+  std::vector<std::string> stop;          // stop strings (empty ones ignored; invalid UTF-8 in
+                                          // them is replaced with U+FFFD like the text)
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
 };

@@ -186,5 +186,17 @@ TEST(DetokenizerTest, EmptyStopStringsIgnoredAndNothingAfterStop) {
   EXPECT_FALSE(d.finish().stopped);
 }
 
+TEST(DetokenizerTest, InvalidUtf8StopStringNeverSplitsACharacter) {
+  // Found by fuzz_detokenizer: a stop string starting with a continuation byte matched inside
+  // "é" and the half character was emitted. Stop strings are now decoded like the text.
+  FakeVocab v;
+  DetokenizerOptions o;
+  o.stop = {"\xA9\xF0\x9F"};
+  auto d = v.make(o);
+  std::vector<std::string> steps = run(d, {16, 2, 3, 4, 5, 6});
+  for (const auto& s : steps) EXPECT_TRUE(valid_utf8(s));
+  EXPECT_EQ(joined(steps), "café😀");
+}
+
 }  // namespace
 }  // namespace sparkserve
