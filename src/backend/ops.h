@@ -8,7 +8,11 @@
 // - Tensors passed to ops live in the backend's memory (alloc/upload); `out` may alias an input
 //   only where the op says so.
 // - Per-sequence state ops (conv/recurrent state, KV cache) take a BatchLayout: host-side metadata
-//   saying which rows belong to which sequence, where it starts, and where its state lives.
+//   saying which rows belong to which sequence, where it starts, and where its state lives. A
+//   device backend copies what it needs (span offsets, block tables) to the device itself, once per
+//   forward; the model passes the same BatchLayout to every layer.
+// - Spans of several tokens go to gdn_chunked and single decode tokens to gdn_recurrent, so a
+//   device backend can use a prefill kernel and a decode kernel; attention takes any mix.
 #pragma once
 
 #include <cstdint>

@@ -33,6 +33,10 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
     T += static_cast<int64_t>(in.tokens.size());
   }
   if (T == 0) return make_error("empty batch");
+  for (size_t s = 0; s < batch.size(); ++s)
+    for (size_t r = 0; r < s; ++r)
+      if (batch[s].state == batch[r].state || batch[s].state->gdn_slot == batch[r].state->gdn_slot)
+        return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " share one state");
   std::vector<std::vector<int32_t>> old_tables;
   for (auto& in : batch) old_tables.push_back(in.state->block_table);
   for (size_t s = 0; s < batch.size(); ++s) {

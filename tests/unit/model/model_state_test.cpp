@@ -246,6 +246,15 @@ TEST(ModelState, ErrorsLeaveStateUntouched) {
   EXPECT_EQ(seq->num_tokens, 6);
   EXPECT_EQ(seq->block_table.size(), 2u);
 
+  // One sequence twice in a batch.
+  std::vector<SequenceInput> twice(2);
+  twice[0].state = twice[1].state = &*seq;
+  twice[0].tokens = twice[1].tokens = {1};
+  r = l.model->forward(twice, st);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("share one state"), std::string::npos) << r.message();
+  EXPECT_EQ(seq->num_tokens, 6);
+
   // The second sequence finds no GDN slot.
   auto other = st.open_sequence();
   ASSERT_FALSE(other.ok());
