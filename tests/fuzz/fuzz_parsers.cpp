@@ -2,12 +2,14 @@
 // tools), the second seeds how the rest is cut into streamed pieces. Checks, beyond "no crash":
 // the streamed deltas add up to the one-shot parse, every call's arguments are JSON, a call's
 // first delta alone carries id/name, and the parameter converters accept any value text.
+// Input bytes are decoded as UTF-8 with replacement first: the parsers get detokenizer output.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "text/detokenizer.h"
 #include "text/output_parser.h"
 #include "text/python_literal.h"
 
@@ -43,7 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t flags = data[0];
   uint32_t rng = data[1] * 2654435761u + 1;
-  std::string_view text(reinterpret_cast<const char*>(data + 2), size - 2);
+  // The parsers' input contract is valid UTF-8 (what the detokenizer emits), so the bytes are
+  // decoded the same way first.
+  const std::string decoded =
+      decode_utf8_replace(std::string(reinterpret_cast<const char*>(data + 2), size - 2), true);
+  std::string_view text = decoded;
 
   ParsedOutput one = parse_output(text, make_options(flags));
 
