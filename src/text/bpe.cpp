@@ -35,8 +35,9 @@ Expected<BpeModel> BpeModel::from_json(const nlohmann::json& spec) {
   const auto& vocab = spec["vocab"];
   TokenId max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
-      return make_error("tokenizer.json: vocab entry '" + it.key() + "' has no valid integer id");
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= kMaxTokenId)
+      return make_error("tokenizer.json: vocab entry '" + it.key() + "' has no integer id in [0, " +
+                        std::to_string(kMaxTokenId) + ")");
     max_id = std::max(max_id, it.value().get<TokenId>());
   }
   m.id_to_token_.resize(static_cast<size_t>(max_id + 1));

@@ -15,6 +15,8 @@
 namespace sparkserve {
 
 using TokenId = int32_t;
+// Token ids must lie below this (tables are indexed by id; real vocabularies are far smaller).
+inline constexpr int64_t kMaxTokenId = int64_t{1} << 24;
 
 class BpeModel {
  public:

@@ -82,10 +82,20 @@ Expected<Tokenizer> Tokenizer::load(const std::string& model_dir) {
 }
 
 Expected<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json, std::string_view config_json) {
+  // Any JSON access that meets an unexpected type (a string where a number belongs, ...) throws;
+  // a malformed file is an Error, never an exception escaping to the caller.
+  try {
+    return from_json_text_unchecked(tokenizer_json, config_json);
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(std::string("tokenizer.json / tokenizer_config.json has an unexpected value: ") + e.what());
+  }
+}
+
+Expected<Tokenizer> Tokenizer::from_json_text_unchecked(std::string_view tokenizer_json, std::string_view config_json) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(tokenizer_json);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     return make_error(std::string("tokenizer.json is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return make_error("tokenizer.json: top level is not a JSON object");
@@ -109,8 +119,11 @@ Expected<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json, s
         !a["content"].is_string())
       return make_error("tokenizer.json: an added_tokens entry lacks an integer \"id\" or a string \"content\"");
     AddedToken tok;
-    tok.id = a["id"].get<TokenId>();
-    if (tok.id < 0) return make_error("tokenizer.json: added token with negative id");
+    const int64_t id = a["id"].get<int64_t>();
+    if (id < 0 || id >= kMaxTokenId)
+      return make_error("tokenizer.json: added token id " + std::to_string(id) + " is out of range [0, " +
+                        std::to_string(kMaxTokenId) + ")");
+    tok.id = static_cast<TokenId>(id);
     tok.content = a["content"].get<std::string>();
     if (find_invalid_utf8(tok.content)) return make_error("tokenizer.json: added token content is not UTF-8");
     auto flag = [&](const char* k, bool d) { return a.contains(k) && a[k].is_boolean() ? a[k].get<bool>() : d; };
@@ -139,7 +152,7 @@ Expected<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json, s
   if (!config_json.empty()) {
     try {
       t.config_ = nlohmann::json::parse(config_json);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       return make_error(std::string("tokenizer_config.json is not valid JSON: ") + e.what());
     }
     if (!t.config_.is_object()) return make_error("tokenizer_config.json: top level is not a JSON object");

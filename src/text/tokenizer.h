@@ -75,6 +75,7 @@ class Tokenizer {
   const nlohmann::json& config() const { return config_; }
 
  private:
+  static Expected<Tokenizer> from_json_text_unchecked(std::string_view tokenizer_json, std::string_view config_json);
   Status encode_fragment(std::string_view raw, std::vector<TokenId>& out) const;
   Status encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
 

@@ -220,6 +220,26 @@ TEST(Errors, LoadingProblemsAreNamed) {
   ASSERT_FALSE(bad_decoder.ok());
   EXPECT_NE(bad_decoder.message().find("decoder type 'WordPiece'"), std::string::npos) << bad_decoder.message();
 
+  // Found by fuzz_tokenizer: a number too large for a double, values of the wrong JSON type,
+  // and ids that would make the id tables huge are errors, not exceptions or crashes.
+  auto huge_number = Tokenizer::from_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 2e999}, "merges": []}})");
+  ASSERT_FALSE(huge_number.ok());
+  auto k2 = testing::tiny_tokenizer_json(TinySpec{});
+  k2["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 7;
+  auto wrong_type = Tokenizer::from_json_text(k2.dump());
+  ASSERT_FALSE(wrong_type.ok());
+  EXPECT_NE(wrong_type.message().find("unexpected value"), std::string::npos) << wrong_type.message();
+  auto k3 = testing::tiny_tokenizer_json(TinySpec{});
+  k3["model"]["vocab"]["zz"] = 2000000000;
+  auto huge_id = Tokenizer::from_json_text(k3.dump());
+  ASSERT_FALSE(huge_id.ok());
+  EXPECT_NE(huge_id.message().find("'zz'"), std::string::npos) << huge_id.message();
+  auto k4 = testing::tiny_tokenizer_json(TinySpec{});
+  k4["added_tokens"] = {testing::added_token(2000000000, "<x>", true)};
+  auto huge_added = Tokenizer::from_json_text(k4.dump());
+  ASSERT_FALSE(huge_added.ok());
+  EXPECT_NE(huge_added.message().find("out of range"), std::string::npos) << huge_added.message();
+
   auto no_model = Tokenizer::from_json_text("{}");
   ASSERT_FALSE(no_model.ok());
   EXPECT_NE(no_model.message().find("model"), std::string::npos);
