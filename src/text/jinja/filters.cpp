@@ -79,6 +79,7 @@ Value min_max(Interpreter& in, const Value& v, CallArgs& a, bool is_max) {
   Value best_key = key(items[0]);
   for (size_t i = 1; i < items.size(); ++i) {
     Value k = key(items[i]);
+    check_orderable(k, best_key, is_max ? ">" : "<");
     if (is_max ? py_less(best_key, k) : py_less(k, best_key)) {
       best = i;
       best_key = k;
@@ -180,7 +181,9 @@ Value do_indent(const Value& v, CallArgs& a) {
   std::string ind = p[0] && p[0]->is_string() ? p[0]->str() : std::string(static_cast<size_t>(std::max<int64_t>(0, arg_int(p[0], 4, "width"))), ' ');
   bool first = arg_true(p[1]);
   bool blank = arg_true(p[2]);
-  std::string s = py_str(v) + "\n";
+  if (v.is_undefined()) fail_undefined(v);
+  if (!v.is_string()) type_error("unsupported operand type(s) for +=: '" + py_type_name(v) + "' and 'str'");
+  std::string s = v.str() + "\n";
   auto lines = py_splitlines(s, false);
   std::string rv;
   if (blank) {
@@ -222,15 +225,24 @@ Value do_reverse(const Value& v) {
     std::reverse(u.begin(), u.end());
     return Value(utf8_encode(u), v.is_markup());
   }
+  if (!(v.is_list() || v.is_dict() || v.is_undefined() || v.is_loop()))
+    throw_error("FilterArgumentError", "argument must be iterable");
+  // reversed(x) where Python can, else list(x) reversed.
+  std::string type = v.is_sequence_list() ? (v.is_tuple() ? "reversed" : "list_reverseiterator")
+                     : v.is_dict()        ? "dict_reversekeyiterator"
+                     : v.is_undefined()   ? "reversed"
+                                          : "";
   std::vector<Value> items = iterate(v);
   std::reverse(items.begin(), items.end());
-  return Value::list(std::move(items));
+  return type.empty() ? Value::list(std::move(items)) : Value::iterator(std::move(items), type);
 }
 
 Value do_length(const Value& v) {
   switch (v.kind()) {
     case Kind::String: return Value(static_cast<int64_t>(utf8_length(v.str())));
-    case Kind::List: return Value(static_cast<int64_t>(v.items().size()));
+    case Kind::List:
+      if (v.is_iterator()) type_error("object of type '" + py_type_name(v) + "' has no len()");
+      return Value(static_cast<int64_t>(v.items().size()));
     case Kind::Dict: return Value(static_cast<int64_t>(v.dict_data().items.size()));
     case Kind::Undefined: return Value(static_cast<int64_t>(0));
     case Kind::Loop: return Value(static_cast<int64_t>(v.loop_data().items->items.size()));
@@ -242,6 +254,7 @@ Value do_int(const Value& v, CallArgs& a) {
   auto p = bind_args("int", a, {"default", "base"});
   Value def = p[0] ? *p[0] : Value(static_cast<int64_t>(0));
   int base = static_cast<int>(arg_int(p[1], 10, "base"));
+  if (v.is_undefined()) fail_undefined(v);  // int(Undefined) raises UndefinedError
   switch (v.kind()) {
     case Kind::Int: case Kind::Bool: return Value(v.as_int());
     case Kind::Float: {
@@ -265,6 +278,7 @@ Value do_int(const Value& v, CallArgs& a) {
 Value do_float(const Value& v, CallArgs& a) {
   auto p = bind_args("float", a, {"default"});
   Value def = p[0] ? *p[0] : Value(0.0);
+  if (v.is_undefined()) fail_undefined(v);
   if (v.is_number()) return Value(v.as_double());
   if (v.is_string()) {
     if (auto f = py_float_of_string(v.str())) return Value(*f);
@@ -332,7 +346,7 @@ Value do_batch_or_slice(const Value& v, CallArgs& a, bool is_batch) {
         while (static_cast<int64_t>(chunk.size()) < n) chunk.push_back(*p[1]);
       out.push_back(Value::list(std::move(chunk)));
     }
-    return Value::list(std::move(out));
+    return Value::iterator(std::move(out));
   }
   if (n <= 0) throw_error("ZeroDivisionError", "integer division or modulo by zero");
   size_t len = items.size();
@@ -346,7 +360,7 @@ Value do_batch_or_slice(const Value& v, CallArgs& a, bool is_batch) {
     if (fill && i >= extra) chunk.push_back(*p[1]);
     out.push_back(Value::list(std::move(chunk)));
   }
-  return Value::list(std::move(out));
+  return Value::iterator(std::move(out));
 }
 
 Value do_groupby(Interpreter& in, const Value& v, CallArgs& a) {
@@ -411,11 +425,11 @@ const std::unordered_map<std::string, FilterFn>& builtin_filters() {
     };
     m["length"] = m["count"] = [](Interpreter&, const Value& v, CallArgs&) { return do_length(v); };
     m["items"] = [](Interpreter&, const Value& v, CallArgs&) {
-      if (v.is_undefined()) return Value::list({});
+      if (v.is_undefined()) return Value::iterator({});
       if (!v.is_dict()) type_error("Can only get item pairs from a mapping.");
       std::vector<Value> out;
       for (const auto& [k, x] : v.dict_data().items) out.push_back(Value::list({k, x}, true));
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     m["list"] = [](Interpreter&, const Value& v, CallArgs&) { return Value::list(iterate(v)); };
     m["lower"] = [](Interpreter&, const Value& v, CallArgs&) {
@@ -464,11 +478,14 @@ const std::unordered_map<std::string, FilterFn>& builtin_filters() {
       return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
     };
     m["last"] = [](Interpreter&, const Value& v, CallArgs&) {
+      if (!(v.is_sequence_list() || v.is_dict() || v.is_string() || v.is_undefined()))
+        type_error("'" + py_type_name(v) + "' object is not reversible");
       auto items = iterate(v);
       return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
     };
     m["map"] = [](Interpreter& in, const Value& v, CallArgs& a) {
       std::vector<Value> out;
+      if (!truthy(v)) return Value::iterator({});  // jinja2 maps only `if value:` (None maps to nothing)
       if (a.args.empty()) {
         std::optional<Value> attr, def;
         for (auto& [k, x] : a.kwargs) {
@@ -489,18 +506,19 @@ const std::unordered_map<std::string, FilterFn>& builtin_filters() {
           out.push_back(in.filter(name, item, copy));
         }
       }
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
-    m["select"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::list(select_or_reject(in, v, a, true, false)); };
-    m["reject"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::list(select_or_reject(in, v, a, false, false)); };
-    m["selectattr"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::list(select_or_reject(in, v, a, true, true)); };
-    m["rejectattr"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::list(select_or_reject(in, v, a, false, true)); };
+    m["select"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::iterator(select_or_reject(in, v, a, true, false)); };
+    m["reject"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::iterator(select_or_reject(in, v, a, false, false)); };
+    m["selectattr"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::iterator(select_or_reject(in, v, a, true, true)); };
+    m["rejectattr"] = [](Interpreter& in, const Value& v, CallArgs& a) { return Value::iterator(select_or_reject(in, v, a, false, true)); };
     m["dictsort"] = [](Interpreter&, const Value& v, CallArgs& a) {
       auto p = bind_args("dictsort", a, {"case_sensitive", "by", "reverse"});
       bool cs = arg_true(p[0]);
       std::string by = p[1] ? py_str(*p[1]) : "key";
       if (by != "key" && by != "value") throw_error("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
-      if (!v.is_dict()) type_error("'" + py_type_name(v) + "' object has no attribute 'items'");
+      if (v.is_undefined()) fail_undefined(v);
+      if (!v.is_dict()) throw_error("AttributeError", "'" + py_type_name(v) + "' object has no attribute 'items'");
       std::vector<Value> items;
       for (const auto& [k, x] : v.dict_data().items) items.push_back(Value::list({k, x}, true));
       size_t pos = by == "key" ? 0 : 1;
@@ -550,7 +568,7 @@ const std::unordered_map<std::string, FilterFn>& builtin_filters() {
         seen.push_back(k);
         out.push_back(item);
       }
-      return Value::list(std::move(out));
+      return Value::iterator(std::move(out));
     };
     m["min"] = [](Interpreter& in, const Value& v, CallArgs& a) { return min_max(in, v, a, false); };
     m["max"] = [](Interpreter& in, const Value& v, CallArgs& a) { return min_max(in, v, a, true); };

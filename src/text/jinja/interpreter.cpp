@@ -447,7 +447,7 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
       break;
     case Kind::List:
     case Kind::String: {
-      if (key.is_int() || key.is_bool()) {
+      if ((key.is_int() || key.is_bool()) && !obj.is_iterator()) {
         int64_t i = key.as_int();
         if (obj.is_list()) {
           int64_t n = static_cast<int64_t>(obj.items().size());
@@ -485,8 +485,9 @@ Value Interpreter::slice(const Value& obj, const Value& start_v, const Value& st
     if (v.is_int() || v.is_bool()) return v.as_int();
     type_error("slice indices must be integers or None or have an __index__ method");
   };
-  if (!obj.is_list() && !obj.is_string())
-    return Value::undefined(object_type_repr(obj) + " has no element slice");
+  // jinja2 compiles slices to a plain Python subscript, so non-sequences raise.
+  if (obj.is_dict()) type_error("unhashable type: 'slice'");
+  if (!obj.is_sequence_list() && !obj.is_string()) type_error("'" + py_type_name(obj) + "' object is not subscriptable");
   bool has_start, has_stop, has_step;
   int64_t step = as_index(step_v, has_step);
   if (!has_step) step = 1;
@@ -554,12 +555,12 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
       check_size(a.str().size() + b.str().size());
       return Value(a.str() + b.str(), a.is_markup());
     }
-    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    if (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()) {
       std::vector<Value> r = a.items();
       r.insert(r.end(), b.items().begin(), b.items().end());
       return Value::list(std::move(r), a.is_tuple());
     }
-    if (a.is_string() || a.is_list())
+    if (a.is_string() || a.is_sequence_list())
       type_error("can only concatenate " + py_type_name(a) + " (not \"" + py_type_name(b) + "\") to " + py_type_name(a));
     unsupported();
   }
@@ -581,8 +582,8 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     if (nums) return Value(a.as_double() * b.as_double());
     const Value* seq = nullptr;
     const Value* times = nullptr;
-    if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) { seq = &a; times = &b; }
-    if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) { seq = &b; times = &a; }
+    if ((a.is_string() || a.is_sequence_list()) && (b.is_int() || b.is_bool())) { seq = &a; times = &b; }
+    if ((b.is_string() || b.is_sequence_list()) && (a.is_int() || a.is_bool())) { seq = &b; times = &a; }
     if (seq) {
       int64_t n = std::max<int64_t>(0, times->as_int());
       if (seq->is_string()) {
@@ -596,8 +597,8 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
       for (int64_t i = 0; i < n; ++i) r.insert(r.end(), seq->items().begin(), seq->items().end());
       return Value::list(std::move(r), seq->is_tuple());
     }
-    if ((a.is_string() || a.is_list()) && b.is_float()) type_error("can't multiply sequence by non-int of type 'float'");
-    if ((b.is_string() || b.is_list()) && a.is_float()) type_error("can't multiply sequence by non-int of type 'float'");
+    if (a.is_string() || a.is_sequence_list()) type_error("can't multiply sequence by non-int of type '" + py_type_name(b) + "'");
+    if (b.is_string() || b.is_sequence_list()) type_error("can't multiply sequence by non-int of type '" + py_type_name(a) + "'");
     unsupported();
   }
   if (op == "/") {
@@ -658,8 +659,9 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
 bool Interpreter::compare(const std::string& op, const Value& a, const Value& b) {
   if (op == "==") return py_equal(a, b);
   if (op == "!=") return !py_equal(a, b);
+  if (op == "<" || op == ">" || op == "<=" || op == ">=") check_orderable(a, b, op.c_str());
   if (op == "<") return py_less(a, b, "<");
-  if (op == ">") return py_less(b, a, ">") ;
+  if (op == ">") return py_less(b, a, ">");
   if (op == "<=") return py_less(a, b, "<=") || py_equal(a, b);
   if (op == ">=") return py_less(b, a, ">=") || py_equal(a, b);
   bool negate = op == "notin";
@@ -672,7 +674,7 @@ bool Interpreter::compare(const std::string& op, const Value& a, const Value& b)
       found = b.str().find(a.str()) != std::string::npos;
       break;
     case Kind::List:
-      for (const auto& x : b.items())
+      for (const auto& x : iterate(b))
         if (py_equal(x, a)) { found = true; break; }
       break;
     case Kind::Dict: found = b.dict_data().find(a) != nullptr; break;

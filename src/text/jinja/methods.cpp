@@ -13,8 +13,9 @@ namespace {
 
 using Method = std::function<Value(Interpreter&, const Value& self, CallArgs&)>;
 
-std::string need_str(const std::optional<Value>& v, const char* what) {
-  if (!v || !v->is_string()) type_error(std::string(what) + " must be str, not " + (v ? py_type_name(*v) : "None"));
+// `prefix` is Python's message up to the offending type name ("must be str, not ").
+std::string need_str(const std::optional<Value>& v, const char* prefix) {
+  if (!v || !v->is_string()) type_error(std::string(prefix) + (v ? py_type_name(*v) : "NoneType"));
   return v->str();
 }
 
@@ -151,25 +152,25 @@ const std::unordered_map<std::string, Method>& str_methods() {
       {"endswith", [](Interpreter&, const Value& s, CallArgs& a) { return Value(affix_match(s, a, false)); }},
       {"strip", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("strip", a, {"chars"});
-         return Value(py_strip(s.str(), opt_str(p[0], "strip arg"), true, true), s.is_markup());
+         return Value(py_strip(s.str(), opt_str(p[0], "strip arg must be None or str, not "), true, true), s.is_markup());
        }},
       {"lstrip", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("lstrip", a, {"chars"});
-         return Value(py_strip(s.str(), opt_str(p[0], "lstrip arg"), true, false), s.is_markup());
+         return Value(py_strip(s.str(), opt_str(p[0], "lstrip arg must be None or str, not "), true, false), s.is_markup());
        }},
       {"rstrip", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("rstrip", a, {"chars"});
-         return Value(py_strip(s.str(), opt_str(p[0], "rstrip arg"), false, true), s.is_markup());
+         return Value(py_strip(s.str(), opt_str(p[0], "rstrip arg must be None or str, not "), false, true), s.is_markup());
        }},
       {"split", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("split", a, {"sep", "maxsplit"});
-         auto sep = opt_str(p[0], "must be str or None, not");
+         auto sep = opt_str(p[0], "must be str or None, not ");
          if (sep && sep->empty()) throw_error("ValueError", "empty separator");
          return str_list(py_split(s.str(), sep, opt_int(p[1], -1), false));
        }},
       {"rsplit", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("rsplit", a, {"sep", "maxsplit"});
-         auto sep = opt_str(p[0], "must be str or None, not");
+         auto sep = opt_str(p[0], "must be str or None, not ");
          if (sep && sep->empty()) throw_error("ValueError", "empty separator");
          return str_list(py_split(s.str(), sep, opt_int(p[1], -1), true));
        }},
@@ -179,7 +180,7 @@ const std::unordered_map<std::string, Method>& str_methods() {
        }},
       {"replace", [](Interpreter& in, const Value& s, CallArgs& a) {
          auto p = bind_args("replace", a, {"old", "new", "count"});
-         std::string r = py_replace(s.str(), need_str(p[0], "replace() argument 1"), need_str(p[1], "replace() argument 2"),
+         std::string r = py_replace(s.str(), need_str(p[0], "replace() argument 1 must be str, not "), need_str(p[1], "replace() argument 2 must be str, not "),
                                     opt_int(p[2], -1));
          in.check_size(r.size());
          return Value(std::move(r), s.is_markup());
@@ -207,21 +208,21 @@ const std::unordered_map<std::string, Method>& str_methods() {
          auto p = bind_args("find", a, {"sub", "start", "end"});
          size_t off;
          std::string sub = clamp_slice(s.str(), p[1], p[2], &off);
-         long r = py_find(sub, need_str(p[0], "must be str, not"), false);
+         long r = py_find(sub, need_str(p[0], "must be str, not "), false);
          return Value(static_cast<int64_t>(r < 0 ? -1 : r + static_cast<long>(utf8_length(s.str().substr(0, off)))));
        }},
       {"rfind", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("rfind", a, {"sub", "start", "end"});
          size_t off;
          std::string sub = clamp_slice(s.str(), p[1], p[2], &off);
-         long r = py_find(sub, need_str(p[0], "must be str, not"), true);
+         long r = py_find(sub, need_str(p[0], "must be str, not "), true);
          return Value(static_cast<int64_t>(r < 0 ? -1 : r + static_cast<long>(utf8_length(s.str().substr(0, off)))));
        }},
       {"index", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("index", a, {"sub", "start", "end"});
          size_t off;
          std::string sub = clamp_slice(s.str(), p[1], p[2], &off);
-         long r = py_find(sub, need_str(p[0], "must be str, not"), false);
+         long r = py_find(sub, need_str(p[0], "must be str, not "), false);
          if (r < 0) throw_error("ValueError", "substring not found");
          return Value(static_cast<int64_t>(r + static_cast<long>(utf8_length(s.str().substr(0, off)))));
        }},
@@ -229,7 +230,7 @@ const std::unordered_map<std::string, Method>& str_methods() {
          auto p = bind_args("count", a, {"sub", "start", "end"});
          size_t off;
          std::string sub = clamp_slice(s.str(), p[1], p[2], &off);
-         return Value(static_cast<int64_t>(py_count(sub, need_str(p[0], "must be str, not"))));
+         return Value(static_cast<int64_t>(py_count(sub, need_str(p[0], "must be str, not "))));
        }},
       {"isdigit", [](Interpreter&, const Value& s, CallArgs&) {
          auto u = utf8_decode(s.str());
@@ -269,35 +270,35 @@ const std::unordered_map<std::string, Method>& str_methods() {
          auto p = bind_args("center", a, {"width", "fillchar"});
          long w = opt_int(p[0], 0);
          in.check_size(static_cast<size_t>(std::max(0L, w)));
-         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "fillchar") : " ", 0));
+         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "The fill character must be a unicode character, not ") : " ", 0));
        }},
       {"ljust", [](Interpreter& in, const Value& s, CallArgs& a) {
          auto p = bind_args("ljust", a, {"width", "fillchar"});
          long w = opt_int(p[0], 0);
          in.check_size(static_cast<size_t>(std::max(0L, w)));
-         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "fillchar") : " ", 1));
+         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "The fill character must be a unicode character, not ") : " ", 1));
        }},
       {"rjust", [](Interpreter& in, const Value& s, CallArgs& a) {
          auto p = bind_args("rjust", a, {"width", "fillchar"});
          long w = opt_int(p[0], 0);
          in.check_size(static_cast<size_t>(std::max(0L, w)));
-         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "fillchar") : " ", 2));
+         return Value(pad(s.str(), w, p[1] ? need_str(p[1], "The fill character must be a unicode character, not ") : " ", 2));
        }},
       {"removeprefix", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("removeprefix", a, {"prefix"});
-         std::string pre = need_str(p[0], "removeprefix() argument");
+         std::string pre = need_str(p[0], "removeprefix() argument must be str, not ");
          return Value(s.str().compare(0, pre.size(), pre) == 0 ? s.str().substr(pre.size()) : s.str());
        }},
       {"removesuffix", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("removesuffix", a, {"suffix"});
-         std::string suf = need_str(p[0], "removesuffix() argument");
+         std::string suf = need_str(p[0], "removesuffix() argument must be str, not ");
          const std::string& x = s.str();
          bool m = !suf.empty() && x.size() >= suf.size() && x.compare(x.size() - suf.size(), suf.size(), suf) == 0;
          return Value(m ? x.substr(0, x.size() - suf.size()) : x);
        }},
       {"partition", [](Interpreter&, const Value& s, CallArgs& a) {
          auto p = bind_args("partition", a, {"sep"});
-         std::string sep = need_str(p[0], "must be str, not");
+         std::string sep = need_str(p[0], "must be str, not ");
          if (sep.empty()) throw_error("ValueError", "empty separator");
          size_t f = s.str().find(sep);
          if (f == std::string::npos) return Value::list({Value(s.str()), Value(""), Value("")}, true);
@@ -362,7 +363,7 @@ bool is_unsafe(const Value& obj, const std::string& name) {
   static const char* dict_mut[] = {"clear", "pop", "popitem", "setdefault", "update"};
   static const char* list_mut[] = {"append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove"};
   if (obj.is_dict()) return std::find(std::begin(dict_mut), std::end(dict_mut), name) != std::end(dict_mut);
-  if (obj.is_list() && !obj.is_tuple())
+  if (obj.is_sequence_list() && !obj.is_tuple())
     return std::find(std::begin(list_mut), std::end(list_mut), name) != std::end(list_mut);
   return false;
 }
@@ -374,7 +375,7 @@ std::optional<Value> builtin_method(const Value& obj, const std::string& name, b
   const std::unordered_map<std::string, Method>* table = nullptr;
   if (obj.is_string()) table = &str_methods();
   else if (obj.is_dict()) table = &dict_methods();
-  else if (obj.is_list()) table = &list_methods();
+  else if (obj.is_sequence_list()) table = &list_methods();
   if (!table) return std::nullopt;
   auto it = table->find(name);
   if (it == table->end()) {

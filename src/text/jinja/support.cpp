@@ -86,6 +86,7 @@ struct JsonWriter {
       case Kind::Float: out += json_float(v.as_double()); return;
       case Kind::String: out += quote_json(v.str(), opt.ensure_ascii); return;
       case Kind::List: {
+        if (v.is_iterator()) not_serializable(v);
         const auto& items = v.items();
         if (items.empty()) { out += "[]"; return; }
         out += '[';
@@ -222,6 +223,9 @@ std::optional<double> py_float_of_string(const std::string& raw) {
 std::string percent_format(const std::string& fmt, const Value& args) {
   std::vector<Value> list;
   const Value* mapping = nullptr;
+  // Python treats any non-tuple argument with __getitem__ (dict, list) as a possible mapping:
+  // it is still the single %s argument, but unused it raises nothing.
+  bool mapping_like = args.is_dict() || args.is_sequence_list() && !args.is_tuple();
   if (args.is_tuple()) list = args.items();
   else if (args.is_dict()) mapping = &args;
   else list.push_back(args);
@@ -307,7 +311,7 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         throw_error("ValueError", std::string("unsupported format character '") + conv + "'");
     }
   }
-  if (!mapping && next < list.size()) type_error("not all arguments converted during string formatting");
+  if (!mapping && !mapping_like && next < list.size()) type_error("not all arguments converted during string formatting");
   return out;
 }
 

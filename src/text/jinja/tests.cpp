@@ -21,6 +21,7 @@ Value py_mod(Interpreter& in, const Value& v, const Value& m) {
   CallArgs none;
   (void)none;
   if (v.is_undefined()) fail_undefined(v);
+  if (v.is_string()) return Value(percent_format(v.str(), m));  // str % x is formatting in Python
   if (!v.is_number() || !m.is_number())
     type_error("unsupported operand type(s) for %: '" + py_type_name(v) + "' and '" + py_type_name(m) + "'");
   if (!v.is_float() && !m.is_float()) {
@@ -59,7 +60,7 @@ const std::unordered_map<std::string, TestFn>& builtin_tests() {
     };
     // len() and __getitem__: strings, lists, tuples, dicts, and undefined.
     m["sequence"] = [](Interpreter&, const Value& v, CallArgs&) {
-      return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+      return v.is_string() || v.is_sequence_list() || v.is_dict() || v.is_undefined();
     };
     m["callable"] = [](Interpreter&, const Value& v, CallArgs&) {
       return v.is_callable() || v.is_undefined() ;
@@ -88,14 +89,24 @@ const std::unordered_map<std::string, TestFn>& builtin_tests() {
     };
     TestFn eq = [](Interpreter&, const Value& v, CallArgs& a) { return py_equal(v, one_arg(a, "eq")); };
     TestFn ne = [](Interpreter&, const Value& v, CallArgs& a) { return !py_equal(v, one_arg(a, "ne")); };
-    TestFn lt = [](Interpreter&, const Value& v, CallArgs& a) { return py_less(v, one_arg(a, "lt"), "<"); };
-    TestFn gt = [](Interpreter&, const Value& v, CallArgs& a) { return py_less(one_arg(a, "gt"), v, ">"); };
+    TestFn lt = [](Interpreter&, const Value& v, CallArgs& a) {
+      Value o = one_arg(a, "lt");
+      check_orderable(v, o, "<");
+      return py_less(v, o, "<");
+    };
+    TestFn gt = [](Interpreter&, const Value& v, CallArgs& a) {
+      Value o = one_arg(a, "gt");
+      check_orderable(v, o, ">");
+      return py_less(o, v, ">");
+    };
     TestFn le = [](Interpreter&, const Value& v, CallArgs& a) {
       Value o = one_arg(a, "le");
+      check_orderable(v, o, "<=");
       return py_less(v, o, "<=") || py_equal(v, o);
     };
     TestFn ge = [](Interpreter&, const Value& v, CallArgs& a) {
       Value o = one_arg(a, "ge");
+      check_orderable(v, o, ">=");
       return py_less(o, v, ">=") || py_equal(v, o);
     };
     for (const char* n : {"eq", "==", "equalto"}) m[n] = eq;
@@ -121,7 +132,7 @@ const std::unordered_map<std::string, TestFn>& builtin_tests() {
           return seq.str().find(v.str()) != std::string::npos;
         case Kind::Dict: return seq.dict_data().find(v) != nullptr;
         case Kind::List:
-          for (const auto& x : seq.items())
+          for (const auto& x : iterate(seq))
             if (py_equal(x, v)) return true;
           return false;
         case Kind::Undefined: return false;

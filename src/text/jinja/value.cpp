@@ -52,6 +52,12 @@ Value Value::list(std::vector<Value> items, bool is_tuple) {
   v.obj_ = std::move(d);
   return v;
 }
+Value Value::iterator(std::vector<Value> items, std::string type_name) {
+  Value v = list(std::move(items));
+  std::static_pointer_cast<ListData>(v.obj_)->iterator_type = std::move(type_name);
+  return v;
+}
+
 Value Value::dict(DictData data) {
   Value v;
   v.kind_ = Kind::Dict;
@@ -125,7 +131,7 @@ bool truthy(const Value& v) {
     case Kind::Int: return v.as_int() != 0;
     case Kind::Float: return v.as_double() != 0.0;
     case Kind::String: return !v.str().empty();
-    case Kind::List: return !v.items().empty();
+    case Kind::List: return v.is_iterator() || !v.items().empty();
     case Kind::Dict: return !v.dict_data().items.empty();
     default: return true;
   }
@@ -191,6 +197,7 @@ std::string py_repr(const Value& v) {
       return v.is_markup() ? "Markup(" + py_repr_string(v.str()) + ")" : py_repr_string(v.str());
     case Kind::List: {
       const auto& d = v.list_data();
+      if (!d.iterator_type.empty()) return "<" + d.iterator_type + " object>";
       std::string out = d.is_tuple ? "(" : "[";
       for (size_t i = 0; i < d.items.size(); ++i) {
         if (i) out += ", ";
@@ -240,6 +247,7 @@ bool py_equal(const Value& a, const Value& b) {
     case Kind::List: {
       const auto& x = a.list_data();
       const auto& y = b.list_data();
+      if (a.is_iterator() || b.is_iterator()) return &x == &y;
       if (x.is_tuple != y.is_tuple || x.items.size() != y.items.size()) return false;
       for (size_t i = 0; i < x.items.size(); ++i)
         if (!py_equal(x.items[i], y.items[i])) return false;
@@ -262,6 +270,16 @@ bool py_equal(const Value& a, const Value& b) {
   }
 }
 
+void check_orderable(const Value& a, const Value& b, const char* op) {
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  if ((a.is_number() && b.is_number()) || (a.is_string() && b.is_string()) ||
+      (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()))
+    return;
+  type_error(std::string("'") + op + "' not supported between instances of '" + py_type_name(a) + "' and '" +
+             py_type_name(b) + "'");
+}
+
 bool py_less(const Value& a, const Value& b, const char* op) {
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
@@ -270,7 +288,7 @@ bool py_less(const Value& a, const Value& b, const char* op) {
     return a.as_int() < b.as_int();
   }
   if (a.is_string() && b.is_string()) return a.str() < b.str();  // UTF-8 byte order == code point order
-  if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+  if (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()) {
     const auto& x = a.items();
     const auto& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -291,7 +309,7 @@ std::string py_type_name(const Value& v) {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::String: return v.is_markup() ? "Markup" : "str";
-    case Kind::List: return v.is_tuple() ? "tuple" : "list";
+    case Kind::List: return v.is_iterator() ? v.list_data().iterator_type : v.is_tuple() ? "tuple" : "list";
     case Kind::Dict: return "dict";
     case Kind::Callable: {
       auto k = v.callable_data().kind;
@@ -319,7 +337,13 @@ std::string object_type_repr(const Value& v) {
 std::vector<Value> iterate(const Value& v) {
   switch (v.kind()) {
     case Kind::Undefined: return {};
-    case Kind::List: return v.items();
+    case Kind::List: {
+      const auto& d = v.list_data();
+      if (d.iterator_type.empty()) return d.items;
+      if (d.consumed) return {};
+      d.consumed = true;
+      return d.items;
+    }
     case Kind::Dict: {
       std::vector<Value> keys;
       keys.reserve(v.dict_data().items.size());

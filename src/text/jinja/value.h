@@ -22,6 +22,10 @@ enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Callabl
 struct ListData {
   std::vector<Value> items;
   bool is_tuple = false;
+  // A one-shot Python iterator (what map/select/unique/... return in jinja2): always truthy, no
+  // len(), not subscriptable, empty once iterated. `iterator_type` is its Python type name.
+  std::string iterator_type;
+  mutable bool consumed = false;
 };
 
 // Insertion-ordered, as Python dicts are. Keys compare with Python == (1 == 1.0 == True).
@@ -66,6 +70,7 @@ class Value {
   Value(const char* s) : Value(std::string(s)) {}   // NOLINT
   static Value list(std::vector<Value> items, bool is_tuple = false);
   static Value dict(DictData data);
+  static Value iterator(std::vector<Value> items, std::string type_name = "generator");
   static Value callable(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn,
                         CallableKind kind = CallableKind::Builtin);
   static Value namespace_(DictData attrs);
@@ -83,6 +88,8 @@ class Value {
   bool is_string() const { return kind_ == Kind::String; }
   bool is_list() const { return kind_ == Kind::List; }
   bool is_tuple() const { return kind_ == Kind::List && list_data().is_tuple; }
+  bool is_iterator() const { return kind_ == Kind::List && !list_data().iterator_type.empty(); }
+  bool is_sequence_list() const { return kind_ == Kind::List && list_data().iterator_type.empty(); }
   bool is_dict() const { return kind_ == Kind::Dict; }
   bool is_callable() const { return kind_ == Kind::Callable; }
   bool is_namespace() const { return kind_ == Kind::Namespace; }
@@ -119,6 +126,8 @@ std::string py_repr_string(const std::string& s);
 bool py_equal(const Value& a, const Value& b);
 // a < b, raising TypeError as Python does for unorderable types.
 bool py_less(const Value& a, const Value& b, const char* op = "<");
+// Raises Python's TypeError for `a op b` when the two cannot be ordered (message in that order).
+void check_orderable(const Value& a, const Value& b, const char* op);
 // Python's type name, as used in its error messages ("str", "int", "NoneType", ...).
 std::string py_type_name(const Value& v);
 // jinja2's object_type_repr, used in undefined-attribute messages ("dict object", "None").
