@@ -6,6 +6,15 @@ JOBS ?= $(shell nproc)
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 MODEL ?= tests/fixtures/qwen35-moe-tiny
+# Seconds each fuzz target runs in `make test` (a smoke run; longer runs: tests/fuzz/run_fuzz.sh N).
+FUZZ_SECONDS ?= 10
+# The CUDA backend is compiled wherever nvcc exists (CI has nvcc but no GPU; GPU tests then skip).
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(NVCC),)
+CUDA_FLAGS := -DSPARKSERVE_CUDA=OFF
+else
+CUDA_FLAGS := -DSPARKSERVE_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC)
+endif
 APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
@@ -36,12 +45,13 @@ py-deps: $(VENV)/.stamp
 deps: apt-deps py-deps
 
 $(BUILD_DIR)/build.ninja: CMakeLists.txt | apt-deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPARKSERVE_PYTHON=$(PY)
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSPARKSERVE_PYTHON=$(PY) $(CUDA_FLAGS)
 
 build: apt-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 test: deps build
+	tests/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
 	cd $(BUILD_DIR) && ctest -j $(JOBS) --output-on-failure
 
 serve: build
