@@ -26,18 +26,41 @@
 namespace sparkserve {
 
 // How a matrix weight is stored: WeightFormat (loader/weight_format.h) names the checkpoint
-// formats. The backends implement kF32 and kBf16 today; quantized formats (issue 4: NVFP4, FP8)
-// add their scale tensors to Linear below and a case in each backend's linear / moe_experts
-// kernel, without changing the model code.
+// formats. Quantized weights stay quantized in backend memory, with their scales below; each
+// backend's linear / moe_experts kernel dequantizes inside its inner loop (docs/quantized-model.md).
 // A matrix used as y = x W^T. For stacked expert weights the tensor has a leading expert dim
 // ([E, out, in]) and `out_features`/`in_features` describe one expert.
+//
+// Quantized formats (the scale fields stay empty for kBf16 / kF32 / kF16). A Linear fused from
+// several checkpoint modules (gate_proj rows then up_proj rows; per-expert modules stacked) keeps
+// each module's own global / input scales: `partitions` equal row blocks of out_features/partitions
+// rows each, per expert. Nothing is collapsed to one scale.
+//   kNvfp4 (compressed-tensors) / kNvfp4ModelOpt:
+//     weight        U8 [(E,) out, in/2]      E2M1 codes, lower in-index in the low nibble
+//     weight_scale  F8_E4M3 [(E,) out, in/16] one block scale per 16 inputs
+//     global_scale  F32 [(E,) partitions]   kNvfp4: weight_global_scale (W = e2m1·fp8(s) / gs);
+//                                           kNvfp4ModelOpt: weight_scale_2 (W = e2m1·fp8(s) · ws2)
+//     input_scale   F32 [(E,) partitions]   activation == kNvfp4 only. kNvfp4: input_global_scale
+//                                           (quantize direction); kNvfp4ModelOpt: input_scale
+//                                           (= 1/input_global_scale, the quantizer uses 1/input_scale)
+//   kFp8Channel / kFp8Tensor:
+//     weight        F8_E4M3 [(E,) out, in]
+//     weight_scale  F32 [(E,) out]          dequant multiplier per output row (a per-tensor scale is
+//                                           repeated over its partition's rows: same products)
+//     input_scale   F32 [(E,) partitions]   activation == kFp8TensorStatic only
+// activation says how x is quantized at run time before the product (ActivationQuant):
+//   kNone (W4A16 / W8A16 / unquantized), kNvfp4 (per 16 inputs, static global scale),
+//   kFp8TokenDynamic (per token s = max(amax/448, 1/(448·512))), kFp8TensorStatic.
 struct Linear {
   WeightFormat format = WeightFormat::kBf16;
-  Tensor weight;  // [out, in] or [E, out, in]
-  // (issue 4) Tensor scale;         // e.g. [out, in/16] F8_E4M3 for NVFP4, [out, 1] for FP8-channel
-  // (issue 4) Tensor global_scale;  // [1] f32
+  Tensor weight;  // [out, in] or [E, out, in] (packed / code layouts above for quantized formats)
   int64_t out_features = 0;
   int64_t in_features = 0;
+  ActivationQuant activation = ActivationQuant::kNone;
+  Tensor weight_scale;
+  Tensor global_scale;
+  Tensor input_scale;
+  int64_t partitions = 1;
 };
 
 // One sequence's share of a batch: rows [row_begin, row_begin + num_tokens) of every activation

@@ -1,9 +1,13 @@
 #include "loader/weights.h"
 
+#include <cmath>
 #include <cstring>
 #include <set>
 
+#include "core/nvfp4.h"
 #include "core/tensor.h"
+#include "loader/quant_config.h"
+#include "loader/quant_scheme.h"
 
 namespace sparkserve {
 
@@ -17,6 +21,7 @@ std::vector<std::string> LoadReport::notes() const {
                   " multi-token-prediction tensors (mtp.*) recognised, not used yet");
   for (const auto& name : unexpected)
     out.push_back("warning: checkpoint tensor '" + name + "' is not used by the model");
+  for (const auto& line : quant_warnings) out.push_back("warning: " + line);
   return out;
 }
 
@@ -31,8 +36,8 @@ bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kBF16 || t
 
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ckpt, Backend& backend, ModelWeights& w)
-      : ckpt_(ckpt), backend_(backend), w_(w) {}
+  WeightLoader(const Checkpoint& ckpt, const QuantPlan& plan, Backend& backend, ModelWeights& w)
+      : ckpt_(ckpt), plan_(plan), backend_(backend), w_(w) {}
 
   std::set<std::string>& used() { return used_; }
 
@@ -68,7 +73,21 @@ class WeightLoader {
   // Concatenates the parts along their first dim into one matrix weight of `shape` (out/in
   // features describe one expert for stacked [E, out, in] weights). BF16 and F32 stay as stored
   // when every part agrees; anything else (F16, mixed dtypes) becomes F32.
-  Expected<Linear> matrix(const std::vector<Part>& parts, std::vector<int64_t> shape) {
+  Expected<Linear> matrix(const std::vector<Part>& parts, std::vector<int64_t> shape, bool allow_quantized = true) {
+    std::vector<const ModuleFormat*> modules;
+    bool any_quantized = false;
+    for (const Part& p : parts) {
+      const ModuleFormat* m = plan_.find(split_module_role(p.name).first);
+      modules.push_back(m);
+      if (m && is_quantized(m->format)) any_quantized = true;
+    }
+    if (any_quantized) {
+      if (!allow_quantized)
+        return make_error(ckpt_.dir().string() + ": module '" + split_module_role(parts[0].name).first +
+                          "' is stored " + std::string(weight_format_name(modules[0]->format)) +
+                          ", but this weight must be BF16/F16/F32 (quantized embeddings are not supported)");
+      return quantized_matrix(parts, modules, shape);
+    }
     std::vector<const TensorInfo*> infos;
     for (const Part& p : parts) {
       SS_ASSIGN_OR_RETURN(const TensorInfo* info, require(p));
@@ -103,12 +122,139 @@ class WeightLoader {
     return lin;
   }
 
-  Expected<Linear> linear(const std::string& name, int64_t out, int64_t in) {
-    return matrix({{name, {out, in}}}, {out, in});
+  Expected<Linear> linear(const std::string& name, int64_t out, int64_t in, bool allow_quantized = true) {
+    return matrix({{name, {out, in}}}, {out, in}, allow_quantized);
   }
 
  private:
+  // Quantized parts (each one checkpoint module [n, K]) stacked into one Linear of `shape`
+  // ([N, K] or [E, N, K]); each part keeps its own global / input scale (Linear::partitions).
+  Expected<Linear> quantized_matrix(const std::vector<Part>& parts, const std::vector<const ModuleFormat*>& modules,
+                                    const std::vector<int64_t>& shape) {
+    const std::string where = ckpt_.dir().string() + ": module '";
+    const ModuleFormat* first = modules[0];
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const std::string mod = split_module_role(parts[i].name).first;
+      const ModuleFormat* m = modules[i];
+      if (!m)
+        return make_error(where + mod + "' is missing (config.json needs it, expected shape " +
+                          shape_to_string(parts[i].shape) + ")");
+      if (m->format != first->format || m->activation != first->activation)
+        return make_error(where + mod + "' is " + std::string(weight_format_name(m->format)) + " (activations " +
+                          std::string(activation_quant_name(m->activation)) + ") but '" + first->name + "' is " +
+                          std::string(weight_format_name(first->format)) + " (activations " +
+                          std::string(activation_quant_name(first->activation)) +
+                          "): they form one weight here and must share a format");
+      if (parts[i].shape.size() != 2 || m->shape != parts[i].shape)
+        return make_error(where + mod + "' has shape " + shape_to_string(m->shape) + ", expected " +
+                          shape_to_string(parts[i].shape) + " from config.json" +
+                          (parts[i].shape.size() != 2 ? " (quantized fused 3-D experts are not supported)" : ""));
+      if (parts[i].shape[0] != parts[0].shape[0])
+        return make_error(where + mod + "': quantized parts of one weight must have equal row counts");
+    }
+    const WeightFormat fmt = first->format;
+    const bool nvfp4 = is_nvfp4(fmt);
+    const int64_t E = shape.size() == 3 ? shape[0] : 1, N = shape[shape.size() - 2], K = shape.back();
+    const int64_t num_parts = static_cast<int64_t>(parts.size());
+    if (num_parts % E != 0 || parts[0].shape[0] * (num_parts / E) != N)
+      return make_error(where + first->name + "': parts do not tile the weight");  // a caller bug, reported
+    if (nvfp4 && K % kNvfp4BlockSize != 0)
+      return make_error(where + first->name + "': NVFP4 needs in_features divisible by 16, got " + std::to_string(K));
+    const int64_t rows = parts[0].shape[0];
+    Linear lin;
+    lin.format = fmt;
+    lin.activation = first->activation;
+    lin.out_features = N;
+    lin.in_features = K;
+    lin.partitions = num_parts / E;
+    std::vector<int64_t> lead;
+    if (shape.size() == 3) lead.push_back(E);
+    auto dims = [&](std::vector<int64_t> tail) {
+      std::vector<int64_t> d = lead;
+      d.insert(d.end(), tail.begin(), tail.end());
+      return d;
+    };
+    const int64_t wcols = nvfp4 ? K / 2 : K;
+    std::vector<uint8_t> wbytes(static_cast<size_t>(E * N * wcols));
+    std::vector<uint8_t> block_scales(nvfp4 ? static_cast<size_t>(E * N * (K / kNvfp4BlockSize)) : 0);
+    std::vector<float> row_scales(nvfp4 ? 0 : static_cast<size_t>(E * N));
+    std::vector<float> global(static_cast<size_t>(num_parts), 1.0f), input(static_cast<size_t>(num_parts), 1.0f);
+    const bool needs_input = lin.activation == ActivationQuant::kNvfp4 || lin.activation == ActivationQuant::kFp8TensorStatic;
+    for (int64_t i = 0; i < num_parts; ++i) {
+      const ModuleFormat& m = *modules[static_cast<size_t>(i)];
+      const ModuleTensors& t = m.tensors;
+      auto fail = [&](const std::string& why) { return make_error(where + m.name + "': " + why); };
+      if (!t.weight) return fail("has no weight tensor");
+      if (!t.weight_scale) return fail("has no weight_scale tensor (a quantized weight needs its scales)");
+      const int64_t row0 = i * rows;  // rows of all parts are stacked in order, experts included
+      if (t.weight->nbytes != static_cast<uint64_t>(rows * wcols))
+        return fail("tensor '" + t.weight->name + "' holds " + std::to_string(t.weight->nbytes) + " bytes, expected " +
+                    std::to_string(rows * wcols));
+      SS_RETURN_IF_ERROR(ckpt_.read(*t.weight, wbytes.data() + row0 * wcols));
+      if (nvfp4) {
+        const int64_t nb = rows * (K / kNvfp4BlockSize);
+        if (t.weight_scale->dtype != DType::kF8E4M3 || t.weight_scale->numel() != nb)
+          return fail("tensor '" + t.weight_scale->name + "' must be F8_E4M3 with " + std::to_string(nb) +
+                      " values, got " + std::string(dtype_name(t.weight_scale->dtype)) + " " +
+                      shape_to_string(t.weight_scale->shape));
+        uint8_t* dst = block_scales.data() + row0 * (K / kNvfp4BlockSize);
+        SS_RETURN_IF_ERROR(ckpt_.read(*t.weight_scale, dst));
+        for (int64_t j = 0; j < nb; ++j)
+          if ((dst[j] & 0x7F) == 0x7F) return fail("tensor '" + t.weight_scale->name + "' holds a NaN block scale");
+        if (!t.global_scale)
+          return fail(std::string("has no ") + (fmt == WeightFormat::kNvfp4 ? "weight_global_scale" : "weight_scale_2") +
+                      " tensor");
+        SS_ASSIGN_OR_RETURN(float g, scalar(*t.global_scale, m.name));
+        global[static_cast<size_t>(i)] = g;
+      } else {
+        SS_ASSIGN_OR_RETURN(std::vector<float> ws, ckpt_.read_f32(*t.weight_scale));
+        if (ws.size() != 1 && static_cast<int64_t>(ws.size()) != rows)
+          return fail("tensor '" + t.weight_scale->name + "' has " + std::to_string(ws.size()) +
+                      " values, expected 1 (per tensor) or " + std::to_string(rows) + " (per channel)");
+        for (int64_t r = 0; r < rows; ++r) {
+          const float v = ws[ws.size() == 1 ? 0 : static_cast<size_t>(r)];
+          if (!std::isfinite(v)) return fail("tensor '" + t.weight_scale->name + "' holds a non-finite scale");
+          row_scales[static_cast<size_t>(row0 + r)] = v;
+        }
+      }
+      if (needs_input) {
+        if (!t.input_scale)
+          return fail(std::string("has no ") + (fmt == WeightFormat::kNvfp4 ? "input_global_scale" : "input_scale") +
+                      " tensor (its activations are quantized with a static scale)");
+        SS_ASSIGN_OR_RETURN(float s, scalar(*t.input_scale, m.name));
+        input[static_cast<size_t>(i)] = s;
+      }
+      for (const TensorInfo* ti : {t.weight, t.weight_scale, t.global_scale, t.input_scale})
+        if (ti) used_.insert(ti->name);
+    }
+    lin.weight = upload(nvfp4 ? DType::kU8 : DType::kF8E4M3, dims({N, wcols}), wbytes.data());
+    lin.weight_scale = nvfp4 ? upload(DType::kF8E4M3, dims({N, K / kNvfp4BlockSize}), block_scales.data())
+                             : upload(DType::kF32, dims({N}), row_scales.data());
+    if (nvfp4) lin.global_scale = upload(DType::kF32, {E, lin.partitions}, global.data());
+    if (needs_input) lin.input_scale = upload(DType::kF32, {E, lin.partitions}, input.data());
+    return lin;
+  }
+
+  // A one-value scale tensor, which must be finite and positive (it divides or multiplies every value).
+  Expected<float> scalar(const TensorInfo& info, const std::string& module) {
+    if (info.numel() != 1)
+      return make_error(info.file.string() + ": tensor '" + info.name + "' of module '" + module + "' has shape " +
+                        shape_to_string(info.shape) + ", expected one value");
+    SS_ASSIGN_OR_RETURN(std::vector<float> v, ckpt_.read_f32(info));
+    if (!std::isfinite(v[0]) || v[0] <= 0.0f)
+      return make_error(info.file.string() + ": tensor '" + info.name + "' of module '" + module + "' is " +
+                        std::to_string(v[0]) + ", expected a finite positive scale");
+    return v[0];
+  }
+
+  Tensor upload(DType dtype, std::vector<int64_t> shape, const void* host) {
+    w_.storage.emplace_back(&backend_, dtype, std::move(shape));
+    backend_.upload(w_.storage.back().tensor(), host);
+    return w_.storage.back().tensor();
+  }
+
   const Checkpoint& ckpt_;
+  const QuantPlan& plan_;
   Backend& backend_;
   ModelWeights& w_;
   std::set<std::string> used_;
@@ -145,7 +291,8 @@ Status load_moe(WeightLoader& L, const Checkpoint& ckpt, const ModelConfig& c, c
   const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   const int64_t Is = c.shared_expert_intermediate_size;
   SS_ASSIGN_OR_RETURN(m.router, L.linear(P + "gate.weight", E, H));
-  if (ckpt.find(P + "experts.gate_up_proj") || !ckpt.find(P + "experts.0.gate_proj.weight")) {
+  const bool has_expert0 = ckpt.find(P + "experts.0.gate_proj.weight") || ckpt.find(P + "experts.0.gate_proj.weight_packed");
+  if (ckpt.find(P + "experts.gate_up_proj") || !has_expert0) {
     SS_ASSIGN_OR_RETURN(m.experts_gate_up, L.matrix({{P + "experts.gate_up_proj", {E, 2 * I, H}}}, {E, 2 * I, H}));
     SS_ASSIGN_OR_RETURN(m.experts_down, L.matrix({{P + "experts.down_proj", {E, H, I}}}, {E, H, I}));
   } else {
@@ -176,11 +323,34 @@ Status load_mlp(WeightLoader& L, const ModelConfig& c, const std::string& P, Mlp
   return Status::Ok();
 }
 
+bool has_quantized_tensors(const Checkpoint& ckpt) {
+  for (const auto& [name, info] : ckpt.tensors()) {
+    if (info.dtype == DType::kU8 || info.dtype == DType::kF8E4M3 || info.dtype == DType::kF8E5M2) return true;
+    const std::string role = split_module_role(name).second;
+    if (role == "weight_packed" || role == "weight_scale" || role == "weight_global_scale" ||
+        role == "input_global_scale" || role == "weight_scale_2" || role == "input_scale")
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c, Backend& backend) {
   ModelWeights w;
-  WeightLoader L(ckpt, backend, w);
+  // Every module's format is decided from its tensors and checked against the quantization config
+  // first: a module with no consistent reading fails the load here, by name.
+  SS_ASSIGN_OR_RETURN(QuantConfig quant_config, load_quant_config(ckpt.dir()));
+  auto plan = plan_module_formats(ckpt.tensors(), quant_config);
+  if (!plan.ok()) {
+    // A plain checkpoint (no quantization config, no quantized tensor) keeps the per-tensor
+    // messages below ("tensor 'x' has dtype I32, expected F32, BF16 or F16"), which name the file.
+    if (quant_config.method != QuantMethod::kNone || has_quantized_tensors(ckpt))
+      return make_error(ckpt.dir().string() + ": " + plan.message());
+    plan = QuantPlan{};
+  }
+  w.report.quant_warnings = plan->warnings;
+  WeightLoader L(ckpt, *plan, backend, w);
   std::string prefix;
   if (ckpt.find("model.language_model.embed_tokens.weight")) {
     prefix = "model.language_model.";
@@ -193,7 +363,7 @@ Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
   }
   w.report.prefix = prefix;
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  SS_ASSIGN_OR_RETURN(w.embed, L.linear(prefix + "embed_tokens.weight", V, H));
+  SS_ASSIGN_OR_RETURN(w.embed, L.linear(prefix + "embed_tokens.weight", V, H, /*allow_quantized=*/false));
   if (static_cast<int>(c.layer_types.size()) != c.num_hidden_layers)
     return make_error("config.json: layer_types has " + std::to_string(c.layer_types.size()) +
                       " entries for num_hidden_layers " + std::to_string(c.num_hidden_layers));

@@ -67,6 +67,7 @@ struct LoadReport {
   int visual_tensors = 0;    // model.visual.* (vision tower: not used yet)
   int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
   std::vector<std::string> unexpected;  // anything else the model does not know
+  std::vector<std::string> quant_warnings;  // QuantPlan::warnings (overlapping targets, unmatched ignores ...)
   // One line each, for stderr.
   std::vector<std::string> notes() const;
 };
@@ -80,7 +81,10 @@ struct ModelWeights {
   std::vector<Buffer> storage;  // owns every tensor above
 };
 
-// Loads and validates every tensor the config needs. Errors name the file (or the checkpoint
+// Loads and validates every tensor the config needs. The quantization config (config.json
+// quantization_config / hf_quant_config.json in ckpt.dir()) and plan_module_formats decide each
+// module's format; quantized modules stay quantized (NVFP4 / FP8, see Linear in backend/ops.h).
+// Errors name the file (or the checkpoint
 // folder, for a missing tensor) and the tensor: missing, shape disagreeing with the config
 // (expected vs found), or a dtype that is not a float type this backend can use.
 Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 
 #include "backend/ops.h"
 #include "core/dtype.h"
@@ -57,5 +58,16 @@ namespace cpu {
 // (one expert of a stacked tensor, or a whole matrix). x: [T, K] f32 -> out: [T, N] f32.
 void matmul_rows(ThreadPool& pool, float* out, const float* x, int64_t T, int64_t K, int64_t N,
                  const Tensor& w, WeightFormat format, int64_t w_offset);
+// Fills rows [n0, n0 + nr) of a weight as f32 into dst ([nr, K]); called from worker threads.
+using RowDecoder = std::function<void(float* dst, int64_t n0, int64_t nr)>;
+// out[t * ldo + n] = x[t, :] . decode(n) for n < N. x: [T, K] f32 -> out: [T, ldo] f32 (first N cols).
+// The same tiles and sums as matmul_rows, whatever the decoder.
+void matmul_rows_decoded(ThreadPool& pool, float* out, int64_t ldo, const float* x, int64_t T, int64_t K,
+                         int64_t N, const RowDecoder& decode);
+// y = x W_e^T for expert `expert` of w (0 for a plain matrix), any WeightFormat: BF16/F32 go to
+// matmul_rows; NVFP4 / FP8 to the quantized path (quant_linear.cpp), which quantizes x as
+// w.activation says and dequantizes the weight rows inside the loop.
+// x: [T, in] f32 -> out: [T, out] f32
+void linear_rows(ThreadPool& pool, float* out, const float* x, int64_t T, const Linear& w, int64_t expert);
 }  // namespace cpu
 }  // namespace sparkserve

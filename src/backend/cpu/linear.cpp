@@ -3,6 +3,7 @@
 // The inner kernel computes a 4 (weight rows) x 2 (tokens) tile so each loaded value is used
 // several times; every output element is still the same 8-lane sum as cpu::dot, so results do not
 // depend on T, the tiling or the thread split (batched == alone, bit for bit).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -88,27 +89,34 @@ void tile_rows(float* out, int64_t N, const float* x, int64_t T, int64_t K, cons
 
 }  // namespace
 
-void matmul_rows(ThreadPool& pool, float* out, const float* x, int64_t T, int64_t K, int64_t N,
-                 const Tensor& w, WeightFormat format, int64_t w_offset) {
+void matmul_rows_decoded(ThreadPool& pool, float* out, int64_t ldo, const float* x, int64_t T, int64_t K,
+                         int64_t N, const RowDecoder& decode) {
   const int64_t groups = (N + kRows - 1) / kRows;
   pool.parallel_for(groups, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> rows;
     rows.resize(static_cast<size_t>(kRows * K));
     for (int64_t g = b; g < e; ++g) {
       const int64_t n0 = g * kRows, nr = std::min<int64_t>(kRows, N - n0);
-      if (format == WeightFormat::kBf16) {  // nr consecutive rows are contiguous in memory
-        bf16_rows_to_f32(rows.data(), w.ptr<const uint16_t>() + w_offset + n0 * K, nr * K);
-      } else {
-        weight_row_to_f32(rows.data(), w, format, w_offset + n0 * K, nr * K);
-      }
+      decode(rows.data(), n0, nr);
       if (nr == kRows) {
-        tile_rows(out + n0, N, x, T, K, rows.data());
+        tile_rows(out + n0, ldo, x, T, K, rows.data());
       } else {  // the last, partial group
         for (int64_t r = 0; r < nr; ++r)
-          for (int64_t t = 0; t < T; ++t) out[t * N + n0 + r] = dot(x + t * K, &rows[static_cast<size_t>(r * K)], K);
+          for (int64_t t = 0; t < T; ++t) out[t * ldo + n0 + r] = dot(x + t * K, &rows[static_cast<size_t>(r * K)], K);
       }
     }
   }, min_chunk_for(T * K * kRows));
+}
+
+void matmul_rows(ThreadPool& pool, float* out, const float* x, int64_t T, int64_t K, int64_t N,
+                 const Tensor& w, WeightFormat format, int64_t w_offset) {
+  matmul_rows_decoded(pool, out, N, x, T, K, N, [&](float* rows, int64_t n0, int64_t nr) {
+    if (format == WeightFormat::kBf16) {  // nr consecutive rows are contiguous in memory
+      bf16_rows_to_f32(rows, w.ptr<const uint16_t>() + w_offset + n0 * K, nr * K);
+    } else {
+      weight_row_to_f32(rows, w, format, w_offset + n0 * K, nr * K);
+    }
+  });
 }
 
 }  // namespace cpu
@@ -116,7 +124,7 @@ void matmul_rows(ThreadPool& pool, float* out, const float* x, int64_t T, int64_
 void CpuBackend::linear(const Tensor& out, const Tensor& x, const Linear& w) {
   const int64_t K = w.in_features, N = w.out_features, T = x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N);
-  cpu::matmul_rows(pool_, out.ptr<float>(), x.ptr<const float>(), T, K, N, w.weight, w.format, 0);
+  cpu::linear_rows(pool_, out.ptr<float>(), x.ptr<const float>(), T, w, 0);
 }
 
 }  // namespace sparkserve

@@ -1,5 +1,6 @@
 // Sparse MoE (model-qwen35.md §2.7): router top-k and the routed SiLU-gated experts.
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -57,14 +58,14 @@ void CpuBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& i
       std::memcpy(&xs[static_cast<size_t>(i * H)], x.ptr<const float>() + (sl[static_cast<size_t>(i)] / k) * H,
                   static_cast<size_t>(H) * 4);
     gu.resize(static_cast<size_t>(n * 2 * I));
-    cpu::matmul_rows(pool_, gu.data(), xs.data(), n, H, 2 * I, gate_up.weight, gate_up.format, e * 2 * I * H);
+    cpu::linear_rows(pool_, gu.data(), xs.data(), n, gate_up, e);
     act.resize(static_cast<size_t>(n * I));
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < I; ++j)
         act[static_cast<size_t>(i * I + j)] =
             cpu::silu(gu[static_cast<size_t>(i * 2 * I + j)]) * gu[static_cast<size_t>(i * 2 * I + I + j)];
     ys.resize(static_cast<size_t>(n * H));
-    cpu::matmul_rows(pool_, ys.data(), act.data(), n, I, H, down.weight, down.format, e * H * I);
+    cpu::linear_rows(pool_, ys.data(), act.data(), n, down, e);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(&y[static_cast<size_t>(sl[static_cast<size_t>(i)] * H)], &ys[static_cast<size_t>(i * H)],
                   static_cast<size_t>(H) * 4);
