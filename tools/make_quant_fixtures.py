@@ -600,7 +600,10 @@ def transformers_crosscheck(folder, ids, base):
         hq = getattr(m, "hf_quantizer", None)
         if hq is not None and hasattr(m, "ct_decompress_hook"):
             hq.compressor.decompress_model(m)  # what its first forward would do, done before casting
-        m = m.float().eval()  # compressed-tensors decompresses to BF16
+        for prm in m.parameters():  # compressed-tensors decompresses to BF16; transformers refuses .float()
+            if prm.dtype == torch.bfloat16:
+                prm.data = prm.data.float()
+        m.eval()
         got = forward_logits(m, ids)
         return {"max_abs_diff_vs_reference": float((got - base).abs().max()),
                 "max_abs_reference": float(base.abs().max()),

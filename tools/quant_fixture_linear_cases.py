@@ -92,10 +92,7 @@ def main():
             with torch.no_grad():
                 y = mods[name](x)  # the wrapped forward: compressed-tensors fake-quant of x, dequantized weight
             prefix = name + "."
-            if layout == "modelopt-nvfp4":
-                y_emul, y_wo, _ = q.emulate_linear(tensors, prefix, x)
-            else:
-                y_emul, y_wo, _ = q.emulate_linear(tensors, prefix, x)
+            y_emul, y_wo, _ = q.emulate_linear(tensors, prefix, x)
             np.save(os.path.join(folder, f"linear_{k}_input.npy"), x.numpy().astype("<f4"))
             np.save(os.path.join(folder, f"linear_{k}_output.npy"), y.numpy().astype("<f4"))
             cases.append({"module": name, "format": "nvfp4" if prefix + "weight_packed" in tensors else "fp8",
