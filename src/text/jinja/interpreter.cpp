@@ -480,7 +480,7 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
 Value Interpreter::slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) {
   if (obj.is_undefined()) fail_undefined(obj);
   auto as_index = [](const Value& v, bool& present) -> int64_t {
-    present = !(v.is_none() || (v.is_undefined() && v.str() == "\x01absent"));
+    present = !(v.is_none() || (v.is_undefined() && v.str() == "\x01" "absent"));
     if (!present) return 0;
     if (v.is_int() || v.is_bool()) return v.as_int();
     type_error("slice indices must be integers or None or have an __index__ method");
@@ -654,6 +654,7 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     return Value(std::pow(a.as_double(), b.as_double()));
   }
   unsupported();
+  return Value();  // unreachable: unsupported() throws
 }
 
 bool Interpreter::compare(const std::string& op, const Value& a, const Value& b) {
@@ -719,12 +720,12 @@ Value Interpreter::eval(const Expr& e, const FramePtr& f) {
     case ExprKind::Getitem: return getitem(eval(*e.children[0], f), eval(*e.children[1], f));
     case ExprKind::Slice: {
       Value obj = eval(*e.children[0], f);
-      Value absent = Value::undefined("\x01absent");
+      Value absent = Value::undefined("\x01" "absent");
       Value start = e.children[1] ? eval(*e.children[1], f) : absent;
       Value stop = e.children[2] ? eval(*e.children[2], f) : absent;
       Value stp = e.children[3] ? eval(*e.children[3], f) : absent;
       for (const Value* v : {&start, &stop, &stp})
-        if (v->is_undefined() && v->str() != "\x01absent")
+        if (v->is_undefined() && v->str() != "\x01" "absent")
           type_error("slice indices must be integers or None or have an __index__ method");
       return slice(obj, start, stop, stp);
     }
