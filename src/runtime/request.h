@@ -1,0 +1,57 @@
+// One generation request as the engine sees it, and the channel its results travel back on.
+// The HTTP side creates the request, submits it, and drains `out`; the engine thread only ever
+// pushes to `out` (never blocks on a client) and reads `cancelled` at the start of every step.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "runtime/sampling_params.h"
+
+namespace sparkserve {
+
+// What the engine reports: one generated token, or the end of the request (never both).
+struct EngineEvent {
+  bool finished = false;
+  int32_t token = -1;
+  SampleResult sample;          // logprob fields filled when params.num_logprobs >= 0
+  std::string finish_reason;    // "stop" | "length" | "abort" | "error" (finished only)
+  std::optional<int32_t> stop_token;  // the request stop id that ended it
+  std::string error;            // finish_reason "error": what went wrong
+};
+
+// A thread-safe queue: the engine pushes, one HTTP thread pops.
+class OutputChannel {
+ public:
+  void push(EngineEvent e);
+  // Waits up to `timeout` for events; returns everything queued (empty on timeout).
+  std::vector<EngineEvent> pop_all(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineEvent> q_;
+};
+
+struct EngineRequest {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  // TEST-ONLY (serve --test-forced-output): emit these tokens in order instead of sampling
+  // (the model still runs on them), then finish with "stop".
+  std::optional<std::vector<int32_t>> forced_tokens;
+  std::atomic<bool> cancelled{false};  // set by the HTTP side (disconnect, timeout, stop string)
+  OutputChannel out;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+};
+
+}  // namespace sparkserve

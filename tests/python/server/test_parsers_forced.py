@@ -1,0 +1,92 @@
+"""Reasoning, tool calls and stop strings through the output parser, with the server's TEST-ONLY
+--test-forced-output flag (random weights never write a tool call): every request emits the
+tokens of conftest.FORCED_TOOL_TEXT. The model still runs on each token."""
+import json
+
+import httpx
+import pytest
+
+from conftest import MODEL_NAME
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather forecast",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+REASONING = "The user wants the weather, so I call the tool.\n"
+
+
+@pytest.fixture
+def fclient(forced_server):
+    import openai
+    return openai.OpenAI(base_url=forced_server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_tool_call_non_streaming(fclient):
+    r = fclient.chat.completions.create(model=MODEL_NAME, messages=MSGS, tools=TOOLS, max_tokens=200)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.reasoning_content.strip() == REASONING.strip()
+    assert not c.message.content
+    (call,) = c.message.tool_calls
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
+    assert call.id.startswith("call_")
+
+
+def test_tool_call_streaming(fclient):
+    stream = fclient.chat.completions.create(model=MODEL_NAME, messages=MSGS, tools=TOOLS, max_tokens=200,
+                                             stream=True)
+    reasoning, content, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    entry["id"] = tc.id
+                if tc.function and tc.function.name:
+                    entry["name"] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    entry["arguments"] += tc.function.arguments
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls"
+    assert reasoning.strip() == REASONING.strip()
+    assert content.strip() == ""
+    assert list(calls) == [0]
+    assert calls[0]["name"] == "get_weather"
+    assert calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_tool_choice_none_leaves_text_as_content(fclient):
+    r = fclient.chat.completions.create(model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice="none",
+                                        max_tokens=200)
+    c = r.choices[0]
+    assert c.finish_reason == "stop"
+    assert not c.message.tool_calls
+    assert "<function=get_weather>" in c.message.content
+
+
+def test_tool_choice_required_is_refused_clearly(forced_server):
+    r = httpx.post(forced_server.url + "/v1/chat/completions",
+                   json={"model": MODEL_NAME, "messages": MSGS, "tools": TOOLS, "tool_choice": "required"})
+    assert r.status_code == 400
+    assert "not supported" in r.json()["error"]["message"]
+
+
+def test_stop_string(fclient):
+    r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=200, stop=["so I"])
+    c = r.choices[0]
+    assert c.text == "The user wants the weather, "
+    assert c.finish_reason == "stop"
+    assert c.model_extra.get("stop_reason") == "so I"
+
+
+def test_max_tokens_cuts_forced_output(fclient):
+    r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 3

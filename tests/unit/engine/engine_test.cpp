@@ -1,0 +1,302 @@
+// The engine's scheduler, driven step by step: token budget and chunked prefill, decodes first,
+// the sequence cap, preemption when KV blocks run out (outputs unchanged, nothing lost),
+// cancellation freeing everything at once, refusal of a request larger than the pool, the
+// threaded loop, and greedy batch invariance through the engine on the tiny real model.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "loader/hf_config.h"
+#include "model/load.h"
+#include "runtime/engine.h"
+
+namespace sparkserve::test {
+namespace {
+
+const std::filesystem::path kTiny = std::filesystem::path(SPARKSERVE_SOURCE_DIR) / "tests/fixtures/qwen35-moe-tiny";
+constexpr int64_t kFakeVocab = 50;
+
+// Next token = (last input token + 1) % vocab, as a one-hot row; reserves KV blocks and advances
+// num_tokens as the real model does, and refuses the whole batch when a block is missing.
+class FakeModel : public StepModel {
+ public:
+  std::vector<std::vector<int64_t>> batches;  // per step: tokens per sequence
+  std::chrono::microseconds delay{0};         // per forward, to keep a request running
+  Expected<Logits> forward(std::vector<SequenceInput>& batch, ModelState& state) override {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    std::vector<int64_t> sizes;
+    for (auto& in : batch) {
+      if (in.state->gdn_slot < 0) return make_error("sequence without a GDN slot");
+      Status st = state.kv().reserve(in.state->block_table, in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
+      if (!st.ok()) return make_error(st.message());
+      sizes.push_back(static_cast<int64_t>(in.tokens.size()));
+    }
+    batches.push_back(sizes);
+    Logits l;
+    l.rows = static_cast<int64_t>(batch.size());
+    l.vocab = kFakeVocab;
+    l.data.assign(static_cast<size_t>(l.rows * l.vocab), 0.0f);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].state->num_tokens += static_cast<int64_t>(batch[i].tokens.size());
+      l.data[i * kFakeVocab + static_cast<size_t>((batch[i].tokens.back() + 1) % kFakeVocab)] = 10.0f;
+    }
+    return l;
+  }
+};
+
+struct Rig {
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  ModelConfig config;
+  std::unique_ptr<ModelState> state;
+  FakeModel model;
+  std::unique_ptr<Engine> engine;
+  Rig(int32_t slots, int32_t blocks, int64_t block_size, int64_t budget, int32_t max_seqs = 64) {
+    auto c = load_model_config(kTiny);
+    EXPECT_TRUE(c.ok()) << c.message();
+    config = *c;
+    StateLimits lim{slots, blocks, block_size};
+    state = std::make_unique<ModelState>(*backend, config, lim);
+    EngineConfig ec;
+    ec.max_num_seqs = max_seqs;
+    ec.max_num_batched_tokens = budget;
+    ec.max_model_len = 4096;
+    ec.vocab_size = kFakeVocab;
+    engine = std::make_unique<Engine>(model, *state, slots, ec);
+  }
+  void run_all(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && engine->step(); ++i) {}
+  }
+};
+
+std::shared_ptr<EngineRequest> greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  auto r = std::make_shared<EngineRequest>();
+  r->prompt = std::move(prompt);
+  r->params.temperature = 0.0f;
+  r->params.max_tokens = max_tokens;
+  return r;
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string finish_reason;
+  int finishes = 0;
+};
+Collected collect(EngineRequest& r) {
+  Collected c;
+  for (auto& e : r.out.pop_all(std::chrono::milliseconds(0))) {
+    if (e.finished) {
+      c.finish_reason = e.finish_reason;
+      ++c.finishes;
+    } else {
+      c.tokens.push_back(e.token);
+    }
+  }
+  return c;
+}
+
+std::vector<int32_t> expected_fake(int32_t last, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(last = static_cast<int32_t>((last + 1) % kFakeVocab));
+  return out;
+}
+
+std::vector<int32_t> iota_prompt(int n, int32_t start = 0) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((start + i) % kFakeVocab));
+  return p;
+}
+
+TEST(Engine, ChunkedPrefillStaysUnderTheTokenBudget) {
+  Rig rig(4, 64, 4, /*budget=*/8);
+  auto r = greedy_request(iota_prompt(20), 3);
+  rig.engine->submit(r);
+  rig.run_all();
+  // 20 prompt tokens in chunks of 8, 8, 4 (the last one samples), then 2 decodes.
+  std::vector<std::vector<int64_t>> want = {{8}, {8}, {4}, {1}, {1}};
+  EXPECT_EQ(rig.model.batches, want);
+  Collected c = collect(*r);
+  EXPECT_EQ(c.tokens, expected_fake(19, 3));
+  EXPECT_EQ(c.finish_reason, "length");
+  EXPECT_EQ(c.finishes, 1);
+}
+
+TEST(Engine, DecodesComeFirstThenPrefillChunks) {
+  Rig rig(4, 64, 4, /*budget=*/6);
+  auto a = greedy_request(iota_prompt(3), 6);
+  rig.engine->submit(a);
+  rig.engine->step();  // a's prefill (3 tokens)
+  auto b = greedy_request(iota_prompt(12, 7), 2);
+  rig.engine->submit(b);
+  rig.run_all();
+  // Every step after the first: a's decode (1) first, then b's chunk in the 5 tokens left.
+  ASSERT_GE(rig.model.batches.size(), 4u);
+  EXPECT_EQ(rig.model.batches[1], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(rig.model.batches[2], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(rig.model.batches[3], (std::vector<int64_t>{1, 2}));
+  for (const auto& b2 : rig.model.batches) {
+    int64_t sum = 0;
+    for (auto n : b2) sum += n;
+    EXPECT_LE(sum, 6);
+  }
+  EXPECT_EQ(collect(*a).tokens, expected_fake(2, 6));
+  EXPECT_EQ(collect(*b).tokens, expected_fake(18 % kFakeVocab, 2));
+}
+
+TEST(Engine, SequenceCapAndSlotsLimitAdmission) {
+  Rig rig(/*slots=*/2, 64, 4, 64, /*max_seqs=*/2);
+  std::vector<std::shared_ptr<EngineRequest>> rs;
+  for (int i = 0; i < 5; ++i) {
+    rs.push_back(greedy_request(iota_prompt(4, i), 4));
+    rig.engine->submit(rs.back());
+  }
+  rig.run_all();
+  for (const auto& b : rig.model.batches) EXPECT_LE(b.size(), 2u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(collect(*rs[i]).tokens, expected_fake((i + 3) % kFakeVocab, 4)) << i;
+  EXPECT_EQ(rig.state->gdn().num_free(), 2);
+  EXPECT_EQ(rig.state->kv().allocator().num_free(), 64);
+}
+
+TEST(Engine, PreemptsTheNewestWhenBlocksRunOutAndRecomputes) {
+  // 6 blocks of 4 tokens; two requests of 8 + 12 tokens need 5 blocks each: one must yield.
+  Rig rig(4, /*blocks=*/6, /*block_size=*/4, 64);
+  auto a = greedy_request(iota_prompt(8), 12);
+  auto b = greedy_request(iota_prompt(8, 20), 12);
+  rig.engine->submit(a);
+  rig.engine->submit(b);
+  rig.run_all();
+  EXPECT_GT(rig.engine->stats().preemptions, 0u);
+  Collected ca = collect(*a), cb = collect(*b);
+  EXPECT_EQ(ca.tokens, expected_fake(7, 12));
+  EXPECT_EQ(cb.tokens, expected_fake(27, 12));
+  EXPECT_EQ(ca.finishes, 1);
+  EXPECT_EQ(cb.finishes, 1);
+  EXPECT_EQ(rig.state->kv().allocator().num_free(), 6);
+  EXPECT_EQ(rig.state->gdn().num_free(), 4);
+}
+
+TEST(Engine, CancellationFreesEverythingAtTheNextStep) {
+  Rig rig(4, 32, 4, 64);
+  auto a = greedy_request(iota_prompt(10), 100);
+  auto b = greedy_request(iota_prompt(10), 3);
+  rig.engine->submit(a);
+  rig.engine->submit(b);
+  rig.engine->step();
+  rig.engine->step();
+  EXPECT_LT(rig.state->kv().allocator().num_free(), 32);
+  a->cancelled.store(true);
+  rig.run_all();
+  Collected ca = collect(*a);
+  EXPECT_EQ(ca.finish_reason, "abort");
+  EXPECT_EQ(ca.finishes, 1);
+  EXPECT_EQ(collect(*b).tokens, expected_fake(9, 3));
+  EXPECT_EQ(rig.state->kv().allocator().num_free(), 32);
+  EXPECT_EQ(rig.state->gdn().num_free(), 4);
+  EXPECT_EQ(rig.engine->stats().running, 0);
+}
+
+TEST(Engine, CancelledWhileWaitingNeverRuns) {
+  Rig rig(1, 32, 4, 64, 1);
+  auto a = greedy_request(iota_prompt(4), 5);
+  auto b = greedy_request(iota_prompt(4), 5);
+  rig.engine->submit(a);
+  rig.engine->submit(b);
+  rig.engine->step();
+  b->cancelled.store(true);
+  rig.run_all();
+  EXPECT_EQ(collect(*b).finish_reason, "abort");
+  EXPECT_EQ(collect(*a).tokens.size(), 5u);
+}
+
+TEST(Engine, RequestLargerThanThePoolIsRefusedNotStuck) {
+  Rig rig(2, /*blocks=*/2, /*block_size=*/4, 64);
+  auto r = greedy_request(iota_prompt(12), 4);
+  rig.engine->submit(r);
+  rig.run_all(100);
+  Collected c = collect(*r);
+  EXPECT_EQ(c.finish_reason, "error");
+  EXPECT_FALSE(rig.engine->step());
+}
+
+TEST(Engine, StopTokenAndForcedOutput) {
+  Rig rig(2, 32, 4, 64);
+  auto s = greedy_request({5}, 10);
+  s->params.stop_token_ids = {8};
+  auto f = greedy_request({5}, 10);
+  f->forced_tokens = std::vector<int32_t>{40, 41, 42};
+  rig.engine->submit(s);
+  rig.engine->submit(f);
+  rig.run_all();
+  Collected cs = collect(*s), cf = collect(*f);
+  EXPECT_EQ(cs.tokens, (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ(cs.finish_reason, "stop");
+  EXPECT_EQ(cf.tokens, (std::vector<int32_t>{40, 41, 42}));
+  EXPECT_EQ(cf.finish_reason, "stop");
+}
+
+TEST(Engine, ThreadedLoopServesConcurrentSubmissionsAndShutdownAborts) {
+  Rig rig(8, 256, 4, 32, 8);
+  rig.engine->start();
+  std::vector<std::shared_ptr<EngineRequest>> rs;
+  for (int i = 0; i < 16; ++i) {
+    rs.push_back(greedy_request(iota_prompt(5, i), 6));
+    rig.engine->submit(rs.back());
+  }
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int32_t> toks;
+    bool done = false;
+    for (int w = 0; w < 200 && !done; ++w)
+      for (auto& e : rs[i]->out.pop_all(std::chrono::milliseconds(50))) {
+        if (e.finished) done = true;
+        else toks.push_back(e.token);
+      }
+    EXPECT_TRUE(done);
+    EXPECT_EQ(toks, expected_fake((i + 4) % kFakeVocab, 6)) << i;
+  }
+  rig.model.delay = std::chrono::milliseconds(1);  // the late request runs ~1000 steps at most
+  auto late = greedy_request(iota_prompt(5), 1000000);
+  rig.engine->submit(late);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  rig.engine->shutdown();
+  bool aborted = false;
+  for (auto& e : late->out.pop_all(std::chrono::milliseconds(1000)))
+    if (e.finished) aborted = e.finish_reason == "abort";
+  EXPECT_TRUE(aborted);
+}
+
+// The real tiny model: a greedy request gives the same tokens alone and batched with others
+// whose prompts differ (the CPU model is batch-invariant; the engine must keep it so).
+TEST(Engine, TinyModelGreedyBatchInvariance) {
+  auto backend = make_cpu_backend(2);
+  auto model = load_qwen35(kTiny, *backend);
+  ASSERT_TRUE(model.ok()) << model.message();
+  Qwen35StepModel step(**model);
+  auto run = [&](const std::vector<std::vector<int32_t>>& prompts, int64_t budget) {
+    StateLimits lim{8, 64, 16};
+    ModelState state(*backend, (*model)->config(), lim);
+    EngineConfig ec;
+    ec.max_num_batched_tokens = budget;
+    ec.vocab_size = (*model)->config().vocab_size;
+    Engine engine(step, state, 8, ec);
+    std::vector<std::shared_ptr<EngineRequest>> rs;
+    for (const auto& p : prompts) {
+      rs.push_back(greedy_request(p, 8));
+      rs.back()->params.ignore_eos = true;
+      engine.submit(rs.back());
+    }
+    while (engine.step()) {}
+    std::vector<std::vector<int32_t>> outs;
+    for (auto& r : rs) outs.push_back(collect(*r).tokens);
+    return outs;
+  };
+  const std::vector<int32_t> p0 = {1, 17, 300, 42, 999, 5, 5, 77};
+  auto alone = run({p0}, 2048)[0];
+  ASSERT_EQ(alone.size(), 8u);
+  auto batched = run({{3, 4, 5}, p0, {900, 901, 902, 903, 904, 905, 906, 907, 908, 909, 910}}, 2048);
+  EXPECT_EQ(batched[1], alone);
+}
+
+}  // namespace
+}  // namespace sparkserve::test
