@@ -374,9 +374,11 @@ void test_moe(Harness& h) {
     record("moe_route_topk", "ids " + sz({T, E, k}), ic == ig ? 0.0 : 1.0, kExact);
     record("moe_route_topk", "weights " + sz({T, E, k}), h.err(w), kFp32);
   }
+  // Slots <= experts take the per-slot GEMV path, more take the grouped GEMM (several 64-row tiles
+  // per expert in the last case).
   for (bool bf16 : {false, true})
     for (auto [T, E, k, H, I] : std::vector<std::array<int64_t, 5>>{
-             {1, 8, 3, 64, 40}, {5, 16, 4, 256, 128}, {40, 64, 8, 512, 96}}) {
+             {1, 8, 3, 64, 40}, {5, 16, 4, 256, 128}, {40, 64, 8, 512, 96}, {300, 4, 2, 64, 48}}) {
       Weight gu = make_weight(h, {E, 2 * I, H}, bf16, 1.0f / std::sqrt(static_cast<float>(H)));
       Weight dn = make_weight(h, {E, H, I}, bf16, 1.0f / std::sqrt(static_cast<float>(I)));
       std::vector<int32_t> ids;
