@@ -153,6 +153,10 @@ class WeightLoader {
         return make_error(where + mod + "': quantized parts of one weight must have equal row counts");
     }
     const WeightFormat fmt = first->format;
+    // Until a device backend implements the quantized kernels, refuse instead of failing inside one.
+    if (backend_.device() != Device::kCpu)
+      return make_error(where + first->name + "' is " + std::string(weight_format_name(fmt)) + ": the " +
+                        backend_.name() + " backend does not run quantized weights yet (use --device cpu)");
     const bool nvfp4 = is_nvfp4(fmt);
     const int64_t E = shape.size() == 3 ? shape[0] : 1, N = shape[shape.size() - 2], K = shape.back();
     const int64_t num_parts = static_cast<int64_t>(parts.size());
