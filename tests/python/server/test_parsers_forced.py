@@ -27,7 +27,7 @@ def test_tool_call_non_streaming(fclient):
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
     assert c.message.reasoning_content.strip() == REASONING.strip()
-    assert not c.message.content
+    assert (c.message.content or "").strip() == ""  # vLLM keeps the "\n\n" before <tool_call>
     (call,) = c.message.tool_calls
     assert call.type == "function"
     assert call.function.name == "get_weather"
