@@ -246,6 +246,7 @@ class Malformed : public ::testing::Test {
     rewrite(src_->path, d.path, edit, read_json(src_->path / "config.json"));
     auto r = run(d.path, 0);
     EXPECT_FALSE(r.ok());
+    if (!r.ok()) std::printf("[message] %s\n", r.message().c_str());
     return r.ok() ? std::string() : r.message();
   }
   static Dir* src_;
@@ -335,6 +336,29 @@ TEST_F(Malformed, GateAndUpInDifferentFormats) {
     return true;
   });
   EXPECT_THAT(msg, HasSubstr(gate));
+}
+
+TEST_F(Malformed, GateAndUpInDifferentFormatsThatTheConfigAllows) {
+  // The config ignores that one gate_proj, so each module alone is consistent (BF16 gate, NVFP4 up),
+  // but the experts form one stacked weight here: the loader refuses, naming the odd module.
+  const std::string gate = "model.language_model.layers.0.mlp.experts.2.gate_proj";
+  nlohmann::json config = read_json(src_->path / "config.json");
+  config["quantization_config"]["ignore"].push_back(gate);
+  Dir d("mixed_gate_up");
+  rewrite(src_->path, d.path, [&](Raw& r) {
+    if (r.name.rfind(gate + ".", 0) != 0) return true;
+    if (r.name != gate + ".weight_packed") return false;
+    r.name = gate + ".weight";
+    r.dtype = DType::kBF16;
+    r.shape = {r.shape[0], r.shape[1] * 2};
+    r.bytes.assign(r.bytes.size() * 4, 0);
+    return true;
+  }, config);
+  auto r = run(d.path, 0);
+  ASSERT_FALSE(r.ok());
+  std::printf("[message] %s\n", r.message().c_str());
+  EXPECT_THAT(r.message(), HasSubstr(gate));
+  EXPECT_THAT(r.message(), HasSubstr("must share a format"));
 }
 
 }  // namespace
