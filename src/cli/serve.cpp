@@ -209,7 +209,7 @@ void register_serve(CLI::App& root, int& exit_code) {
   cmd->add_option("--model", o->model, "Model folder (config.json, *.safetensors, tokenizer.json, chat template)")->required();
   cmd->add_option("--host", o->host, "Address to listen on")->default_val("127.0.0.1");
   cmd->add_option("--port", o->port, "Port (0: any free port)")->default_val(8000);
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or env SPARKSERVE_API_KEY)");
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health and /metrics (or env SPARKSERVE_API_KEY)");
   cmd->add_option("--served-model-name", o->served_model_name, "Model name clients send (default: --model)");
   cmd->add_option("--max-model-len", o->max_model_len, "Context length (default: max_position_embeddings, capped by the KV cache)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once (GDN state slots)")->default_val(64);
