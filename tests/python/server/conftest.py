@@ -43,8 +43,12 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
-        cmd = [BIN, "serve", "--model", model, "--port", str(self.port), "--served-model-name", MODEL_NAME,
-               "--threads", "2", "--max-model-len", "512", "--max-body-bytes", "65536", "--kv-cache-mb", "32", *extra]
+        defaults = {"--threads": "2", "--max-model-len": "512", "--max-body-bytes": "65536", "--kv-cache-mb": "32"}
+        cmd = [BIN, "serve", "--model", model, "--port", str(self.port), "--served-model-name", MODEL_NAME]
+        for k, v in defaults.items():
+            if k not in extra:
+                cmd += [k, v]
+        cmd += list(extra)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         deadline = time.time() + 120
