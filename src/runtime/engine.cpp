@@ -126,13 +126,16 @@ int32_t Engine::blocks_needed(const Seq& s, int64_t new_tokens) const {
 }
 
 void Engine::drop_cancelled() {
-  EngineEvent abort;
-  abort.finish_reason = "abort";
+  auto end_of = [](const Seq& s) {
+    EngineEvent e;
+    e.finish_reason = s.req->stopped_by_string.load() ? "stop" : "abort";
+    return e;
+  };
   for (auto& s : running_)
-    if (s.req->cancelled.load()) finish(s, abort);
+    if (s.req->cancelled.load()) finish(s, end_of(s));
   std::erase_if(running_, [](const Seq& s) { return !s.req; });
   for (auto& s : waiting_)
-    if (s.req->cancelled.load()) finish(s, abort);
+    if (s.req->cancelled.load()) finish(s, end_of(s));
   std::erase_if(waiting_, [](const Seq& s) { return !s.req; });
 }
 

@@ -50,6 +50,9 @@ struct EngineRequest {
   // (the model still runs on them), then finish with "stop".
   std::optional<std::vector<int32_t>> forced_tokens;
   std::atomic<bool> cancelled{false};  // set by the HTTP side (disconnect, timeout, stop string)
+  // Set (before `cancelled`) when the HTTP side ended the request on a stop string: the engine
+  // then counts it as finished with "stop", not "abort".
+  std::atomic<bool> stopped_by_string{false};
   OutputChannel out;
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };

@@ -102,7 +102,8 @@ void pump(Generation& g, const Tokenizer& tok, double timeout_s, std::chrono::mi
       DetokenizerStep st = g.detok->push(ev.token);
       add_text(g, st.text, p);
       if (st.stopped) {
-        g.er->cancelled.store(true);  // the engine frees it; its "abort" event is ignored
+        g.er->stopped_by_string.store(true);
+        g.er->cancelled.store(true);  // the engine frees it; its final event is ignored
         g.finish_reason = "stop";
         g.stop_reason = st.stop_string;
         end_text(g, p);

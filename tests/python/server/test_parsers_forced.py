@@ -78,12 +78,21 @@ def test_tool_choice_required_is_refused_clearly(forced_server):
     assert "not supported" in r.json()["error"]["message"]
 
 
-def test_stop_string(fclient):
+def test_stop_string(fclient, forced_server):
+    stops_before = forced_server.metric("sparkserve:request_success_total")
     r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=200, stop=["so I"])
     c = r.choices[0]
     assert c.text == "The user wants the weather, "
     assert c.finish_reason == "stop"
     assert c.model_extra.get("stop_reason") == "so I"
+    # The engine frees the request and counts it once, as "stop" (not "abort").
+    import time
+    for _ in range(100):
+        if forced_server.metric("sparkserve:request_success_total") == stops_before + 1:
+            break
+        time.sleep(0.05)
+    text = __import__("httpx").get(forced_server.url + "/metrics").text
+    assert 'finished_reason="abort"} 0' in text
 
 
 def test_max_tokens_cuts_forced_output(fclient):
