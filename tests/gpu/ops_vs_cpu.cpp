@@ -33,6 +33,8 @@
 #include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
+#include "core/fp8_quant.h"
+#include "core/nvfp4.h"
 #include "core/npy.h"
 #include "model/load.h"
 
@@ -403,6 +405,114 @@ void test_moe(Harness& h) {
     }
 }
 
+// ---- quantized linear / experts -------------------------------------------------------------
+// A quantized Linear [E, N, K] with `parts` partitions, each (expert, partition) block quantized on
+// its own as compressed-tensors does (own global scale), the same bytes on both backends.
+struct QWeight {
+  Pair w, ws, gs, is;
+  Linear cpu_lin, gpu_lin;
+};
+QWeight make_qweight(Harness& h, int64_t E, int64_t N, int64_t K, int64_t parts, WeightFormat fmt,
+                     ActivationQuant act, float x_amax) {
+  const int64_t Np = N / parts;
+  const bool nvfp4 = is_nvfp4(fmt);
+  std::vector<uint8_t> codes, scales8;
+  std::vector<float> scales32, gsv, isv;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t p = 0; p < parts; ++p) {
+      // Different magnitudes per block so the per-partition scales matter.
+      auto v = randn(Np * K, (1.0f + static_cast<float>(p + e % 3)) / std::sqrt(static_cast<float>(K)));
+      if (nvfp4) {
+        auto q = nvfp4_quantize_weight(v.data(), Np, K);
+        codes.insert(codes.end(), q.packed.begin(), q.packed.end());
+        scales8.insert(scales8.end(), q.scales.begin(), q.scales.end());
+        const bool mo = fmt == WeightFormat::kNvfp4ModelOpt;
+        gsv.push_back(mo ? 1.0f / q.global_scale : q.global_scale);
+        const float igs = 448.0f * 6.0f / (x_amax * (1.0f + 0.25f * static_cast<float>(p)));
+        isv.push_back(mo ? 1.0f / igs : igs);
+      } else {
+        const bool channel = fmt == WeightFormat::kFp8Channel;
+        auto q = fp8_quantize_weight(v.data(), Np, K, channel, true);
+        codes.insert(codes.end(), q.q.begin(), q.q.end());
+        for (int64_t n = 0; n < Np; ++n) scales32.push_back(q.scales[channel ? static_cast<size_t>(n) : 0]);
+        isv.push_back(x_amax / 448.0f * (1.0f + 0.25f * static_cast<float>(p)));
+        gsv.push_back(1.0f);
+      }
+    }
+  QWeight w;
+  if (nvfp4) {
+    w.w = h.make(DType::kU8, {E, N, K / 2}, codes.data());
+    w.ws = h.make(DType::kF8E4M3, {E, N, K / 16}, scales8.data());
+    w.gs = h.make(DType::kF32, {E, parts}, gsv.data());
+  } else {
+    w.w = h.make(DType::kF8E4M3, {E, N, K}, codes.data());
+    w.ws = h.make(DType::kF32, {E, N}, scales32.data());
+  }
+  w.is = h.make(DType::kF32, {E, parts}, isv.data());
+  for (int side = 0; side < 2; ++side) {
+    Linear& l = side == 0 ? w.cpu_lin : w.gpu_lin;
+    l.format = fmt;
+    l.activation = act;
+    l.out_features = N;
+    l.in_features = K;
+    l.partitions = parts;
+    l.weight = side == 0 ? w.w.cpu() : w.w.gpu();
+    l.weight_scale = side == 0 ? w.ws.cpu() : w.ws.gpu();
+    if (nvfp4) l.global_scale = side == 0 ? w.gs.cpu() : w.gs.gpu();
+    if (act != ActivationQuant::kNone) l.input_scale = side == 0 ? w.is.cpu() : w.is.gpu();
+  }
+  return w;
+}
+
+// Every format x activation the loader produces, linear and experts, decode and prefill sizes.
+// Bound kFp32: the weight decode and the activation quantization are the same f32 operations as
+// the CPU's (bit-identical x̂ and Ŵ), only the f32 summation order differs.
+void test_quant(Harness& h) {
+  struct Case {
+    WeightFormat fmt;
+    ActivationQuant act;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4-ct w4a4"},
+      {WeightFormat::kNvfp4, ActivationQuant::kNone, "nvfp4-ct w4a16"},
+      {WeightFormat::kNvfp4ModelOpt, ActivationQuant::kNvfp4, "nvfp4-mo w4a4"},
+      {WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, "fp8-ch dyn"},
+      {WeightFormat::kFp8Tensor, ActivationQuant::kFp8TensorStatic, "fp8-t static"},
+      {WeightFormat::kFp8Channel, ActivationQuant::kNone, "fp8-ch w8a16"},
+  };
+  for (const auto& c : cases) {
+    for (auto [T, K, N, P] : std::vector<std::array<int64_t, 4>>{
+             {1, 1024, 512, 1}, {3, 256, 96, 2}, {40, 512, 256, 2}, {1, 64, 48, 3}}) {
+      const float amax = 4.0f;
+      QWeight w = make_qweight(h, 1, N, K, P, c.fmt, c.act, amax);
+      Pair x = h.f32({T, K}, randn(T * K)), o = h.out({T, N});
+      h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
+      h.gpu->linear(o.gpu(), x.gpu(), w.gpu_lin);
+      record("quant_linear", std::string(c.name) + " TxKxNxP " + sz({T, K, N, P}), h.err(o), kFp32);
+    }
+    for (auto [T, E, k, H, I] : std::vector<std::array<int64_t, 5>>{{1, 8, 3, 256, 64}, {20, 16, 4, 128, 96}}) {
+      QWeight gu = make_qweight(h, E, 2 * I, H, 2, c.fmt, c.act, 4.0f);
+      QWeight dn = make_qweight(h, E, H, I, 1, c.fmt, c.act, 1.0f);
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> all(static_cast<size_t>(E));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), g_rng);
+        for (int64_t j = 0; j < k; ++j) {
+          ids.push_back(all[static_cast<size_t>(j)]);
+          wts.push_back(1.0f / static_cast<float>(k));
+        }
+      }
+      Pair x = h.f32({T, H}, randn(T * H)), id = h.i32({T, k}, ids), wt = h.f32({T, k}, wts), o = h.out({T, H});
+      h.cpu->moe_experts(o.cpu(), x.cpu(), id.cpu(), wt.cpu(), gu.cpu_lin, dn.cpu_lin);
+      h.gpu->moe_experts(o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin);
+      record("quant_moe", std::string(c.name) + " TxExkxHxI " + sz({T, E, k, H, I}), h.err(o), kFp32);
+    }
+  }
+}
+
 // ---- model tests ------------------------------------------------------------------------------
 
 std::filesystem::path fixtures_root() {
@@ -564,6 +674,7 @@ int main(int argc, char** argv) {
     test_attention(h);
     test_gdn(h);
     test_moe(h);
+    test_quant(h);
   }
   if (models) test_models(*cpu, **gpu);
   // Summary: worst error per group.

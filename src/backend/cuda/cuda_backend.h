@@ -112,6 +112,9 @@ class CudaBackend final : public Backend {
     ~Scratch();
     template <class T> T* as() const { return static_cast<T*>(ptr); }
   };
+  // Quantized (NVFP4 / FP8) out[r, n] = x[r / x_div] . W_e[n], e = ids[r] (expert 0 when ids is null);
+  // quant_linear.cu. x: [*, K] f32 (device), ids: [R] i32 (device) -> out: [R, N] f32.
+  void quant_matmul(float* out, const float* x, int64_t R, int64_t x_div, const int32_t* ids, const Linear& w);
   // Copies a small host array to fresh device scratch (stream-ordered).
   Scratch upload_scratch(const void* host, size_t bytes);
   // inv_freq of rotate-half RoPE computed on the host exactly as the CPU backend does, cached.

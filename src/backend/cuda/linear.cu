@@ -127,6 +127,10 @@ void launch_matmul(cudaStream_t s, float* out, const float* x, int64_t T, int64_
 void CudaBackend::linear(const Tensor& out, const Tensor& x, const Linear& w) {
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N);
+  if (is_quantized(w.format)) {
+    quant_matmul(out.ptr<float>(), x.ptr<const float>(), T, 1, nullptr, w);
+    return;
+  }
   launch_matmul(stream_, out.ptr<float>(), x.ptr<const float>(), T, K, N, w.weight.data, weight_is_bf16(w), 0);
 }
 

@@ -235,7 +235,8 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   // slots by expert so each 64-row tile reads an expert's weights once. The SIMT tiles waste most of
   // their work on experts with 1-2 rows (measured slower than the GEMVs at batch 64 of a 256-expert
   // model), hence the switch at 4 rows per expert on average.
-  const bool grouped = slots > 4 * E;
+  const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
+  const bool grouped = slots > 4 * E && !quantized;
   const int64_t max_tiles = (slots + kTileRows - 1) / kTileRows + E;
   Scratch meta(this, grouped ? static_cast<size_t>(E + slots + 3 * max_tiles + 1) * 4 : 0);
   int32_t* counts = meta.as<int32_t>();
@@ -253,6 +254,10 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   }
   // out[slot] = x[slot / x_div] W_e^T for the expert of each slot. x: [*, K] -> out: [slots, N].
   auto expert_matmul = [&](float* o, const float* xin, int64_t x_div, const Linear& w, int64_t K, int64_t N) {
+    if (is_quantized(w.format)) {
+      quant_matmul(o, xin, slots, x_div, ids.ptr<const int32_t>(), w);
+      return;
+    }
     const bool bf16 = weight_is_bf16(w);
     if (grouped) {
       const dim3 grid(blocks_for(N, kTileCols), static_cast<unsigned>(max_tiles));
