@@ -44,6 +44,16 @@ for fx in sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json"))
         c = logits(fx, pr["prompt_ids"], "cpu")
         if g is None or c is None or g.shape != r.shape:
             fails += 1; print("FAIL", fx.name, pr["name"], "logits run"); continue
+        if "quant" in fx.name:
+            # W4A4 / W8A8 quantization is discontinuous (see gpu_ops' test_quant_model): row 0 <= 1e-4 and
+            # rows 0-4 <= 1e-3 vs the CPU backend, flipped rows (> 1e-4) counted; no greedy-exact check.
+            d = np.max(np.abs(g.astype(np.float64) - c), axis=1) / np.max(np.abs(c))
+            flips = int(np.sum(d > 1e-4))
+            ok = d[0] <= 1e-4 and np.max(d[:5]) <= 1e-3
+            fails += not ok
+            print(f"{'ok' if ok else 'FAIL'} {fx.name}/{pr['name']}: cuda vs cpu row0 {d[0]:.3e}, rows0-4 {np.max(d[:5]):.3e}, "
+                  f"{flips}/{len(d)} rows over 1e-4, cuda vs ref row0 {rel(g[:1], r[:1]):.3e}")
+            continue
         e_ref, e_cpu = rel(g, r), rel(g, c)
         worst_ref, worst_cpu = max(worst_ref, e_ref), max(worst_cpu, e_cpu)
         p = subprocess.run([bin_, "generate", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
