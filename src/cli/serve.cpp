@@ -4,6 +4,7 @@
 // what is running, exit 0).
 #include <atomic>
 #include <csignal>
+#include <malloc.h>
 #include <pthread.h>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,14 @@ int run_serve(const ServeOptions& o) {
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
   if (o.http_threads < 1 || o.http_threads > 4096) return fail("--http-threads must be in [1, 4096]");
+
+  // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
+  // concurrent streams): logits buffers of varying size (rows x vocab floats) fall under the
+  // dynamically raised mmap threshold and fragment the heap, and each HTTP thread may get its own
+  // arena. A fixed 1 MiB threshold (big buffers always mmapped, returned on free) and 2 arenas
+  // kept RSS flat in the same run (bench/soak.py; docs/serving-engine.md).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_ARENA_MAX, 2);
 
   // Block the stop signals in every thread; one thread waits for them (sigwait).
   sigset_t stop_signals;
