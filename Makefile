@@ -5,7 +5,12 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-MODEL ?= tests/fixtures/qwen35-moe-tiny
+# The built-in default model for `make serve`: tiny random MoE weights with the real Qwen3.5
+# tokenizer (248k vocab) and chat template, generated into the build folder on first use.
+MODEL ?= $(BUILD_DIR)/serve-tiny
+SERVED_MODEL_NAME ?= sparkserve-tiny
+HOST ?= 127.0.0.1
+PORT ?= 8000
 # Seconds each fuzz target runs in `make test` (a smoke run; longer runs: tests/fuzz/run_fuzz.sh N).
 FUZZ_SECONDS ?= 10
 # The CUDA backend is compiled wherever nvcc exists (CI has nvcc but no GPU; GPU tests then skip).
@@ -55,7 +60,9 @@ test: deps build
 	cd $(BUILD_DIR) && ctest -j $(JOBS) --output-on-failure
 
 serve: build
-	$(BUILD_DIR)/sparkserve generate --model $(MODEL) --prompt-ids 1,2,3,4,5 --max-tokens 16
+	@if [ "$(MODEL)" = "$(BUILD_DIR)/serve-tiny" ]; then \
+	  python3 tests/fixtures/serve-tiny/make_model.py $(BUILD_DIR)/sparkserve $(BUILD_DIR)/serve-tiny; fi
+	$(BUILD_DIR)/sparkserve serve --model $(MODEL) --served-model-name $(SERVED_MODEL_NAME) --host $(HOST) --port $(PORT)
 
 bench: build
 	@echo "see bench/README.md"
