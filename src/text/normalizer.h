@@ -1,4 +1,4 @@
-// tokenizer.json "normalizer": null, NFC/NFD/NFKC/NFKD (utf8proc), or a Sequence of those.
+// tokenizer.json "normalizer": null, NFC (HF tokenizers' NFC, see normalizer.cpp)/NFD/NFKC/NFKD (utf8proc), or a Sequence.
 #pragma once
 
 #include <nlohmann/json.hpp>
