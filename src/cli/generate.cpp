@@ -55,11 +55,7 @@ int run_generate(const GenerateOptions& o) {
   if (total > max_pos)
     return fail("prompt + max tokens = " + std::to_string(total) + " exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  StateLimits limits;
-  limits.max_sequences = 1;
-  limits.block_size = 16;
-  limits.num_kv_blocks = static_cast<int32_t>((total + limits.block_size - 1) / limits.block_size);
-  ModelState state(*backend, c, limits);
+  ModelState state(*backend, c, one_sequence_limits(total));
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
 

@@ -42,11 +42,7 @@ int run_logits(const LogitsOptions& o) {
   if (T > max_pos)
     return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  StateLimits limits;
-  limits.max_sequences = 1;
-  limits.block_size = 16;
-  limits.num_kv_blocks = static_cast<int32_t>((T + limits.block_size - 1) / limits.block_size);
-  ModelState state(*backend, c, limits);
+  ModelState state(*backend, c, one_sequence_limits(T));
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
   std::vector<SequenceInput> batch(1);

@@ -6,8 +6,19 @@
 #include <vector>
 
 #include "core/status.h"
+#include "runtime/model_state.h"
 
 namespace sparkserve::cli {
+
+// State for one sequence of up to `positions` tokens (generate / logits): 16-token KV blocks, exactly
+// as many as the sequence needs.
+inline StateLimits one_sequence_limits(int64_t positions) {
+  StateLimits limits;
+  limits.max_sequences = 1;
+  limits.block_size = 16;
+  limits.num_kv_blocks = static_cast<int32_t>((positions + limits.block_size - 1) / limits.block_size);
+  return limits;
+}
 
 // More worker threads than this is a typo, not a machine.
 inline constexpr int kMaxThreads = 1024;
