@@ -154,7 +154,7 @@ class WeightLoader {
     }
     const WeightFormat fmt = first->format;
     // Until a device backend implements the quantized kernels, refuse instead of failing inside one.
-    if (backend_.device() != Device::kCpu)
+    if (backend_.device() != Device::kCpu && backend_.device() != Device::kCuda)
       return make_error(where + first->name + "' is " + std::string(weight_format_name(fmt)) + ": the " +
                         backend_.name() + " backend does not run quantized weights yet (use --device cpu)");
     const bool nvfp4 = is_nvfp4(fmt);
