@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -97,6 +98,15 @@ struct AttentionDims {
   int64_t head_dim = 0;
   int64_t block_size = 0;
   float scale = 1.0f;        // softmax scale, head_dim^-0.5
+};
+
+// A sequence of ops recorded once and replayed as a whole (a CUDA graph): each replay runs the same
+// kernels on the same buffers, so whatever changes between replays must be written into those
+// buffers (not passed as host arguments) before replay().
+class Recording {
+ public:
+  virtual ~Recording() = default;
+  virtual void replay() = 0;
 };
 
 class Backend {
@@ -188,6 +198,22 @@ class Backend {
   // x: [T, H] f32, gate_up: [E, 2I, H] (gate rows first), down: [E, H, I] -> out: [T, H] f32.
   virtual void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids,
                            const Tensor& weights, const Linear& gate_up, const Linear& down) = 0;
+
+  // ---- recorded forward passes (CUDA graphs; the CPU backend runs every op as it comes) --------
+  // The ops `body` issues, recorded instead of run; null where the backend cannot record. Inside
+  // body, ops must not upload, download or synchronize, and state ops must read a fixed layout.
+  virtual bool can_record() const { return false; }
+  virtual std::unique_ptr<Recording> record(const std::function<void()>& body) { return nullptr; }
+  // A BatchLayout at a fixed device address: pack_layout writes `batch` (every span with at most
+  // max_blocks KV blocks) as layout_words(spans, rows, max_blocks) int32 words whose positions depend
+  // only on those three numbers, so one recording serves every step of that shape. While
+  // set_fixed_layout(words, spans, rows, max_len) holds (until clear_fixed_layout), a state op given
+  // a batch of `spans` spans and `rows` rows reads its layout from `words` (a device i32 buffer the
+  // caller refills before each replay); max_len bounds start_pos + num_tokens of every span.
+  virtual int64_t layout_words(int64_t spans, int64_t rows, int64_t max_blocks) const { return 0; }
+  virtual void pack_layout(const BatchLayout& batch, int64_t max_blocks, int32_t* words) const {}
+  virtual void set_fixed_layout(const Tensor& words, int64_t spans, int64_t rows, int64_t max_len) {}
+  virtual void clear_fixed_layout() {}
 };
 
 // A backend buffer freed when the owner goes away.

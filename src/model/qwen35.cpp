@@ -1,6 +1,9 @@
 #include "model/qwen35.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace sparkserve {
@@ -9,13 +12,41 @@ namespace sparkserve {
 // them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
 struct Qwen35Model::Layout {
   BatchLayout all, prefill, decode;
-  Buffer positions;  // [T] i32
+  Tensor positions;  // [T] i32, device
+  Buffer positions_storage;
+};
+
+// One recorded decode step of `batch` sequences. Its inputs live in one device buffer refreshed by a
+// single host->device copy per step: token ids [B] | positions [B] | the packed layout, which has
+// room for max_blocks KV blocks per sequence (a longer sequence means recording again).
+struct Qwen35Model::DecodeGraph {
+  int64_t batch = 0;
+  int64_t max_blocks = 0;
+  Buffer inputs;  // i32 [2B + layout words]
+  std::vector<int32_t> staging;
+  std::unique_ptr<Recording> recording;  // null: the batch size was seen once, ran op by op
 };
 
 Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights)
     : backend_(backend), config_(std::move(config)), w_(std::move(weights)) {
   int gdn = 0, attn = 0;
   for (LayerType t : config_.layer_types) layer_slot_.push_back(t == LayerType::kLinearAttention ? gdn++ : attn++);
+  const char* env = std::getenv("SPARKSERVE_CUDA_GRAPHS");
+  graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
+}
+
+Qwen35Model::~Qwen35Model() = default;
+
+void Qwen35Model::set_graphs_enabled(bool on) {
+  graphs_enabled_ = on;
+  if (!on) drop_graphs();
+}
+
+void Qwen35Model::drop_graphs() {
+  if (graphs_.empty() && !graph_logits_.tensor().data) return;
+  graphs_.clear();  // each recording waits for its queued replays
+  graph_logits_ = Buffer();
+  graph_state_key_.clear();
 }
 
 Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelState& state) {
@@ -54,6 +85,7 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
 
   // Rows, spans, positions.
   Layout layout;
+  bool decode_only = true;
   std::vector<int32_t> ids, pos;
   std::vector<int64_t> logit_rows;
   for (auto& in : batch) {
@@ -71,16 +103,37 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
     }
     layout.all.seqs.push_back(span);
     (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
+    decode_only = decode_only && span.num_tokens == 1;
   }
   layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
-  layout.positions = buffer({T}, DType::kI32);
+
+  if (decode_only && graphs_enabled_ && backend_.can_record()) {
+    std::optional<Logits> out = forward_recorded(layout, ids, pos, state);
+    if (out) {
+      for (auto& in : batch) in.state->num_tokens += 1;
+      return std::move(*out);
+    }
+  }
+
+  layout.positions_storage = buffer({T}, DType::kI32);
+  layout.positions = layout.positions_storage.tensor();
   backend_.upload(layout.positions, pos.data());
   Buffer tok = buffer({T}, DType::kI32);
   backend_.upload(tok, ids.data());
+  Buffer h = buffer({T, c.hidden_size});
+  trunk(h, tok, layout, state);
+  for (auto& in : batch) in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
 
+  Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), c.hidden_size});
+  backend_.gather_rows(last, h, logit_rows);
+  return lm_head(last);
+}
+
+void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout, ModelState& state) {
+  const ModelConfig& c = config_;
+  const int64_t T = tok.numel(), H = c.hidden_size;
   // Residual stream x, normalised hidden h, block output d.
-  const int64_t H = c.hidden_size;
-  Buffer x = buffer({T, H}), h = buffer({T, H}), d = buffer({T, H});
+  Buffer x = buffer({T, H}), d = buffer({T, H});
   backend_.embedding(x, tok, w_.embed);
   backend_.rmsnorm(h, x, w_.layers[0].input_norm, c.rms_norm_eps);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -99,11 +152,95 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
     const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
     backend_.add_rmsnorm(x, h, d, next_norm, c.rms_norm_eps);  // h = final norm after the last layer
   }
-  for (auto& in : batch) in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
+}
 
-  Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), H});
-  backend_.gather_rows(last, h, logit_rows);
-  return lm_head(last);
+std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
+                                                    const std::vector<int32_t>& pos, ModelState& state) {
+  const ModelConfig& c = config_;
+  const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), V = c.vocab_size;
+
+  // A recording writes the state pools it was recorded with: other pools mean recording again.
+  std::vector<uintptr_t> key;
+  key.push_back(static_cast<uintptr_t>(state.kv().block_size()));
+  int64_t slots = B;
+  for (size_t l = 0; l < c.layer_types.size(); ++l) {
+    if (c.layer_types[l] == LayerType::kLinearAttention) {
+      key.push_back(reinterpret_cast<uintptr_t>(state.gdn().conv_pool(layer_slot_[l]).data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.gdn().recurrent_pool(layer_slot_[l]).data));
+      slots = std::max(slots, state.gdn().recurrent_pool(layer_slot_[l]).dim(0));
+    } else {
+      key.push_back(reinterpret_cast<uintptr_t>(state.kv().k_pool(layer_slot_[l]).data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.kv().v_pool(layer_slot_[l]).data));
+    }
+  }
+  if (key != graph_state_key_ || graph_logits_.tensor().dim(0) < B) {
+    drop_graphs();
+    graph_state_key_ = std::move(key);
+    // Logits rows for the largest possible batch (one per GDN slot), shared by every recording so
+    // that many batch sizes do not each hold [B, V] floats.
+    graph_logits_ = buffer({slots, V});
+  }
+
+  std::unique_ptr<DecodeGraph>& g = graphs_[B];
+  if (!g) {
+    // First sight of this batch size: run it op by op, which also loads every kernel this shape
+    // uses and fills the backend's host-computed tables before anything is recorded.
+    g = std::make_unique<DecodeGraph>();
+    g->batch = B;
+    return std::nullopt;
+  }
+  int64_t need_blocks = 1;
+  for (const SeqSpan& s : layout.all.seqs) need_blocks = std::max(need_blocks, s.num_blocks);
+  const bool record = !g->recording || need_blocks > g->max_blocks;
+  if (record) {
+    // Room for twice the current need (at least 16 blocks), so a growing sequence records again
+    // only at each doubling.
+    int64_t cap = 16;
+    while (cap < need_blocks) cap *= 2;
+    g->recording.reset();
+    g->max_blocks = cap;
+    g->inputs = buffer({2 * B + backend_.layout_words(B, B, cap)}, DType::kI32);
+    g->staging.assign(static_cast<size_t>(g->inputs.tensor().numel()), 0);
+  }
+  int32_t* words = g->staging.data();
+  std::copy(ids.begin(), ids.end(), words);
+  std::copy(pos.begin(), pos.end(), words + B);
+  backend_.pack_layout(layout.all, g->max_blocks, words + 2 * B);
+  backend_.upload(g->inputs, words);
+
+  const Tensor logits = graph_logits_.tensor().rows(0, B);
+  if (record) {
+    const Tensor& in = g->inputs.tensor();
+    const Tensor tok(in.ptr<int32_t>(), DType::kI32, {B}, in.device);
+    Layout fixed;
+    fixed.all = layout.all;
+    fixed.decode = layout.decode;
+    fixed.prefill.total_rows = B;
+    fixed.positions = Tensor(in.ptr<int32_t>() + B, DType::kI32, {B}, in.device);
+    const Tensor packed(in.ptr<int32_t>() + 2 * B, DType::kI32, {in.numel() - 2 * B}, in.device);
+    backend_.set_fixed_layout(packed, B, B, g->max_blocks * state.kv().block_size());
+    g->recording = backend_.record([&] {
+      Buffer h = buffer({B, c.hidden_size});
+      trunk(h, tok, fixed, state);
+      backend_.linear(logits, h, w_.lm_head);  // decode: every row is a logits row
+    });
+    backend_.clear_fixed_layout();
+    if (!g->recording) {
+      // The backend could not record (it said why): op by op from now on.
+      graphs_enabled_ = false;
+      drop_graphs();
+      return std::nullopt;
+    }
+    ++graph_stats_.recorded;
+  }
+  g->recording->replay();
+  ++graph_stats_.replayed;
+  Logits out;
+  out.rows = B;
+  out.vocab = V;
+  out.data.resize(static_cast<size_t>(B * V));
+  backend_.download(out.data.data(), logits);
+  return out;
 }
 
 void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/ops.h"
@@ -32,6 +35,7 @@ struct Logits {
 class Qwen35Model {
  public:
   Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights);
+  ~Qwen35Model();
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
@@ -39,10 +43,33 @@ class Qwen35Model {
   // Runs every sequence's new tokens through the model, appends them to its state (KV blocks are
   // reserved here; num_tokens advances) and returns the requested logits. Errors (token id out of
   // range, KV cache full, a sequence without a GDN slot) leave every state untouched.
+  // On a backend that can record (CUDA), a batch of B single-token (decode) spans replays a forward
+  // recorded for B once B has been seen before: one host->device copy of the step's inputs, one graph
+  // launch, one copy of the logits back. Same kernels on the same data: the logits are bitwise those
+  // of running the ops one by one.
   Expected<Logits> forward(std::vector<SequenceInput>& batch, ModelState& state);
+
+  // Recorded decode steps are on unless the environment says SPARKSERVE_CUDA_GRAPHS=0 at construction.
+  void set_graphs_enabled(bool on);
+  bool graphs_enabled() const { return graphs_enabled_; }
+  struct GraphStats {
+    int64_t recorded = 0;  // decode steps recorded (a new batch size, more KV blocks, new state pools)
+    int64_t replayed = 0;  // forwards that replayed a recording (recording steps included)
+  };
+  GraphStats graph_stats() const { return graph_stats_; }
 
  private:
   struct Layout;  // the batch as rows and spans, see qwen35.cpp
+  struct DecodeGraph;  // one recorded decode step, see qwen35.cpp
+
+  // The layers: tok [T] i32 -> h [T, H] f32, the final-normalised hidden rows.
+  void trunk(const Tensor& h, const Tensor& tok, const Layout& layout, ModelState& state);
+  // A pure-decode batch through its recording (recording it first where needed); nullopt when the
+  // step has to run op by op (first sight of this batch size, or the backend could not record).
+  // ids, pos: the batch's token ids and positions, one per span.
+  std::optional<Logits> forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
+                                         const std::vector<int32_t>& pos, ModelState& state);
+  void drop_graphs();
 
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
   void gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int gdn_index,
@@ -62,6 +89,12 @@ class Qwen35Model {
   ModelConfig config_;
   ModelWeights w_;
   std::vector<int> layer_slot_;  // per layer: its index among GDN layers or among attention layers
+
+  bool graphs_enabled_ = true;
+  GraphStats graph_stats_;
+  std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by batch size
+  std::vector<uintptr_t> graph_state_key_;  // block size and the state pools the recordings write
+  Buffer graph_logits_;                        // [slots, V]: every recording's logits rows
 };
 
 }  // namespace sparkserve

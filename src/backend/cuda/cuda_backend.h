@@ -98,8 +98,17 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
 
+  // CUDA graphs (graph.cu): stream capture of the ops, and layouts at a fixed device address.
+  bool can_record() const override { return true; }
+  std::unique_ptr<Recording> record(const std::function<void()>& body) override;
+  int64_t layout_words(int64_t spans, int64_t rows, int64_t max_blocks) const override;
+  void pack_layout(const BatchLayout& batch, int64_t max_blocks, int32_t* words) const override;
+  void set_fixed_layout(const Tensor& words, int64_t spans, int64_t rows, int64_t max_len) override;
+  void clear_fixed_layout() override { fixed_layout_.active = false; }
+
   // The layout on the device. Uploads happen only when the layout differs from every cached one, so
   // a forward pass uploads each of its (at most three) layouts once, whatever the layer count.
+  // While a fixed layout is set (set_fixed_layout), a batch of its shape gets it with no upload.
   DeviceLayout device_layout(const BatchLayout& batch);
   // Stream-ordered scratch, freed in stream order (cudaFreeAsync) when the owner goes away.
   struct Scratch {
@@ -131,6 +140,11 @@ class CudaBackend final : public Backend {
     uint64_t last_use = 0;
   };
   std::vector<CachedLayout> layouts_;
+  struct FixedLayout {
+    bool active = false;
+    DeviceLayout layout;
+  } fixed_layout_;
+  bool capturing_ = false;  // inside record(): device_layout must not upload
   uint64_t use_clock_ = 0;
   std::map<std::pair<int64_t, double>, float*> inv_freq_;
 };

@@ -55,6 +55,7 @@ void CudaBackend::free(Tensor& t) {
 }
 
 void CudaBackend::upload(const Tensor& dst, const void* host_src) {
+  CHECK_MSG(!capturing_, "upload while recording a CUDA graph");
   if (dst.nbytes() == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst.data, host_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
   // The caller may free host_src on return; uploads are rare (weights, ids and positions once per
@@ -63,6 +64,7 @@ void CudaBackend::upload(const Tensor& dst, const void* host_src) {
 }
 
 void CudaBackend::download(void* host_dst, const Tensor& src) {
+  CHECK_MSG(!capturing_, "download while recording a CUDA graph");
   if (src.nbytes() == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -73,7 +75,10 @@ void CudaBackend::fill_zero(const Tensor& t) {
   CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
 }
 
-void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  CHECK_MSG(!capturing_, "synchronize while recording a CUDA graph");
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 CudaBackend::Scratch::Scratch(CudaBackend* o, size_t bytes) : owner(o) {
   CUDA_CHECK(cudaMallocAsync(&ptr, bytes == 0 ? 256 : bytes, o->stream()));
@@ -83,6 +88,8 @@ CudaBackend::Scratch::~Scratch() {
 }
 
 CudaBackend::Scratch CudaBackend::upload_scratch(const void* host, size_t bytes) {
+  // A recorded copy would read `host` again at every replay, long after it is gone.
+  CHECK_MSG(!capturing_, "host array uploaded while recording a CUDA graph");
   Scratch s(this, bytes);
   // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `host` may go away.
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(s.ptr, host, bytes, cudaMemcpyHostToDevice, stream_));
@@ -92,6 +99,9 @@ CudaBackend::Scratch CudaBackend::upload_scratch(const void* host, size_t bytes)
 DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
   const int32_t S = static_cast<int32_t>(batch.seqs.size());
   const int32_t R = static_cast<int32_t>(batch.total_rows);
+  if (fixed_layout_.active && S == fixed_layout_.layout.num_seqs && R == fixed_layout_.layout.total_rows)
+    return fixed_layout_.layout;
+  CHECK_MSG(!capturing_, "a state op's layout is not the fixed layout while recording a CUDA graph");
   std::vector<int32_t> host(static_cast<size_t>(6 * S + R), 0);
   int32_t max_tokens = 0, max_len = 0, offset = 0;
   std::fill(host.begin() + 6 * S, host.end(), -1);
@@ -164,9 +174,12 @@ int64_t cuda_pool_peak_bytes() {
   CUDA_CHECK(cudaGetDevice(&device));
   cudaMemPool_t pool;
   CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  uint64_t high = 0;
+  uint64_t high = 0, graph_high = 0;
   CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
-  return static_cast<int64_t>(high);
+  // Buffers allocated inside recorded CUDA graphs live in a separate graph memory pool; the sum of
+  // the two high-water marks bounds what was held at once.
+  CUDA_CHECK(cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &graph_high));
+  return static_cast<int64_t>(high + graph_high);
 }
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend_on(int device) {

@@ -1,0 +1,373 @@
+// Recorded decode steps (CUDA graphs, Qwen35Model::forward) against running the same ops one by
+// one, on the fixture models: the logits must be BITWISE equal (bound 0, not a tolerance: a replay
+// runs the same kernels with the same arguments on the same data, so any difference is a bug such
+// as a stale input, a wrong fixed layout or a buffer shared between replays). Covers batch sizes
+// 1, 3 and 8, re-recording when sequences outgrow the recorded block tables, sequences finishing,
+// being preempted and re-admitted between steps, a new ModelState, the engine with preemption, and
+// the SPARKSERVE_CUDA_GRAPHS=0 opt-out. Skipped where the build or machine has no CUDA device;
+// the CPU-backend checks run everywhere.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "backend/backend_factory.h"
+#include "model/load.h"
+#include "runtime/engine.h"
+
+namespace sparkserve::test {
+namespace {
+
+std::filesystem::path fixture(const std::string& name) {
+  return std::filesystem::path(SPARKSERVE_SOURCE_DIR) / "tests" / "fixtures" / name;
+}
+
+// A CUDA backend, or null with the reason in *why.
+std::unique_ptr<Backend> cuda_backend(std::string* why) {
+  auto b = make_backend("cuda", 1);
+  if (!b.ok()) {
+    *why = b.message();
+    return nullptr;
+  }
+  return std::move(*b);
+}
+
+// The same model loaded twice: `eager` runs op by op, `graph` replays recorded decode steps.
+struct Pair {
+  std::unique_ptr<Qwen35Model> eager, graph;
+};
+Pair load_pair(Backend& be, const std::string& name) {
+  Pair p;
+  auto e = load_qwen35(fixture(name), be);
+  auto g = load_qwen35(fixture(name), be);
+  EXPECT_TRUE(e.ok() && g.ok()) << name;
+  if (!e.ok() || !g.ok()) return p;
+  p.eager = std::move(*e);
+  p.graph = std::move(*g);
+  p.eager->set_graphs_enabled(false);
+  p.graph->set_graphs_enabled(true);
+  return p;
+}
+
+bool bitwise_equal(const Logits& a, const Logits& b) {
+  return a.rows == b.rows && a.vocab == b.vocab && a.data.size() == b.data.size() &&
+         std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
+}
+
+int32_t argmax_row(const Logits& l, int64_t r) {
+  const float* row = l.row(r);
+  return static_cast<int32_t>(std::max_element(row, row + l.vocab) - row);
+}
+
+// Sequences mirrored in two states, one per model; every step runs the same batch through both.
+class Mirror {
+ public:
+  Mirror(Pair& p, const StateLimits& lim)
+      : p_(p), se_(p.eager->backend(), p.eager->config(), lim), sg_(p.graph->backend(), p.graph->config(), lim) {}
+
+  // Opens a sequence in both states; returns its index.
+  int open() {
+    auto a = se_.open_sequence();
+    auto b = sg_.open_sequence();
+    EXPECT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->gdn_slot, b->gdn_slot);
+    seqs_.push_back({*a, *b, {}, true});
+    return static_cast<int>(seqs_.size()) - 1;
+  }
+  void close(int i) {
+    se_.close_sequence(seqs_[i].e);
+    sg_.close_sequence(seqs_[i].g);
+    seqs_[i].open = false;
+  }
+  // One forward of (sequence, new tokens) pairs through both models; false (with a gtest failure)
+  // when the two differ in any bit.
+  bool step(const std::vector<std::pair<int, std::vector<int32_t>>>& work, Logits* out, const std::string& what) {
+    std::vector<SequenceInput> be, bg;
+    for (const auto& [i, toks] : work) {
+      be.push_back({&seqs_[i].e, toks, false});
+      bg.push_back({&seqs_[i].g, toks, false});
+    }
+    auto le = p_.eager->forward(be, se_);
+    auto lg = p_.graph->forward(bg, sg_);
+    EXPECT_TRUE(le.ok()) << what << ": " << le.message();
+    EXPECT_TRUE(lg.ok()) << what << ": " << lg.message();
+    if (!le.ok() || !lg.ok()) return false;
+    const bool same = bitwise_equal(*le, *lg);
+    EXPECT_TRUE(same) << what << ": recorded decode differs from op by op";
+    for (const auto& [i, toks] : work) {
+      EXPECT_EQ(seqs_[i].e.num_tokens, seqs_[i].g.num_tokens);
+      EXPECT_EQ(seqs_[i].e.block_table.size(), seqs_[i].g.block_table.size());
+    }
+    *out = std::move(*le);
+    return same;
+  }
+  int64_t num_tokens(int i) const { return seqs_[i].e.num_tokens; }
+
+ private:
+  struct Seq {
+    SequenceState e, g;
+    std::vector<int32_t> unused;
+    bool open;
+  };
+  Pair& p_;
+  ModelState se_, sg_;
+  std::vector<Seq> seqs_;
+};
+
+std::vector<int32_t> random_ids(std::mt19937& rng, int n, int vocab) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+class GraphVsEager : public ::testing::TestWithParam<std::string> {};
+
+// B sequences with prompts of different lengths, then 20 greedy decode steps: step 1 of each batch
+// size runs op by op (first sight), steps 2-20 replay the recording made at step 2.
+TEST_P(GraphVsEager, DecodeBitwiseEqualAtBatch1_3_8) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  Pair p = load_pair(*be, GetParam());
+  ASSERT_TRUE(p.eager && p.graph);
+  const int vocab = static_cast<int>(p.eager->config().vocab_size);
+  std::mt19937 rng(1234);
+  int64_t want_recorded = 0, want_replayed = 0;
+  for (int B : {1, 3, 8}) {
+    Mirror m(p, StateLimits{8, 64, 16});
+    std::vector<std::pair<int, std::vector<int32_t>>> work;
+    for (int i = 0; i < B; ++i) work.push_back({m.open(), random_ids(rng, 5 + 3 * i, vocab)});
+    Logits l;
+    ASSERT_TRUE(m.step(work, &l, "prefill B=" + std::to_string(B)));
+    for (int s = 0; s < 20; ++s) {
+      for (int i = 0; i < B; ++i) work[i].second = {argmax_row(l, i)};
+      ASSERT_TRUE(m.step(work, &l, "B=" + std::to_string(B) + " step " + std::to_string(s)));
+    }
+    want_recorded += 1;
+    want_replayed += 19;
+  }
+  EXPECT_EQ(p.graph->graph_stats().recorded, want_recorded);
+  EXPECT_EQ(p.graph->graph_stats().replayed, want_replayed);
+  EXPECT_EQ(p.eager->graph_stats().replayed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GraphVsEager,
+                         ::testing::Values("qwen35-moe-tiny", "qwen35-dense-tiny", "qwen35-quant-nvfp4",
+                                           "qwen35-quant-nvfp4-fp8dense", "qwen35-quant-fp8"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// Block size 1: the block tables grow every step, past the recorded room of 16, 32 and 64 blocks.
+TEST(GraphVsEagerGrowth, RecordsAgainWhenBlockTablesOutgrowTheRecording) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  Pair p = load_pair(*be, "qwen35-moe-tiny");
+  ASSERT_TRUE(p.eager && p.graph);
+  Mirror m(p, StateLimits{2, 256, 1});
+  std::mt19937 rng(7);
+  std::vector<std::pair<int, std::vector<int32_t>>> work = {{m.open(), random_ids(rng, 4, 1000)},
+                                                            {m.open(), random_ids(rng, 9, 1000)}};
+  Logits l;
+  ASSERT_TRUE(m.step(work, &l, "prefill"));
+  for (int s = 0; s < 70; ++s) {
+    for (int i = 0; i < 2; ++i) work[i].second = {argmax_row(l, i)};
+    ASSERT_TRUE(m.step(work, &l, "step " + std::to_string(s)));
+  }
+  // Longest sequence: 9 + 70 = 79 blocks. Recorded at step 2 (room 16), then at 17, 33 and 65
+  // blocks (room 32, 64, 128).
+  EXPECT_EQ(m.num_tokens(1), 79);
+  EXPECT_EQ(p.graph->graph_stats().recorded, 4);
+  EXPECT_EQ(p.graph->graph_stats().replayed, 69);
+}
+
+// Engine-like churn: sequences join (their prefill runs op by op in a mixed batch), finish, and
+// are preempted and later recomputed from their whole history; the decode-only steps in between
+// replay recordings of whatever batch size is left, with the spans in changing order.
+TEST(GraphVsEagerChurn, FinishedPreemptedAndNewSequencesBetweenSteps) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  Pair p = load_pair(*be, "qwen35-moe-tiny");
+  ASSERT_TRUE(p.eager && p.graph);
+  Mirror m(p, StateLimits{8, 256, 4});
+  std::mt19937 rng(99);
+  struct Live {
+    int idx;
+    std::vector<int32_t> history;  // every token fed so far
+    int32_t next;                  // greedy token to feed next
+  };
+  std::vector<Live> live;
+  std::vector<std::vector<int32_t>> preempted;  // histories waiting to be recomputed
+  int decode_only_steps = 0;
+  for (int step = 0; step < 120; ++step) {
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<std::pair<int, std::vector<int32_t>>> work;
+    // Finish or preempt one sometimes.
+    if (!live.empty() && u(rng) < 0.12) {
+      const size_t k = rng() % live.size();
+      if (u(rng) < 0.5) preempted.push_back(live[k].history);
+      m.close(live[k].idx);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    // Admit: a recomputed preempted sequence or a fresh prompt, while slots last.
+    if (live.size() < 7 && (live.empty() || u(rng) < 0.15)) {
+      std::vector<int32_t> prompt;
+      if (!preempted.empty() && u(rng) < 0.6) {
+        prompt = preempted.back();
+        preempted.pop_back();
+      } else {
+        prompt = random_ids(rng, 2 + static_cast<int>(rng() % 14), 1000);
+      }
+      live.push_back({m.open(), prompt, -1});
+    }
+    std::shuffle(live.begin(), live.end(), rng);
+    for (auto& s : live) {
+      const bool fresh = s.next < 0;
+      work.push_back({s.idx, fresh ? s.history : std::vector<int32_t>{s.next}});
+    }
+    bool decode_only = true;
+    for (auto& w : work) decode_only = decode_only && w.second.size() == 1;
+    decode_only_steps += decode_only;
+    Logits l;
+    ASSERT_TRUE(m.step(work, &l, "churn step " + std::to_string(step)));
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i].next >= 0) live[i].history.push_back(live[i].next);
+      live[i].next = argmax_row(l, static_cast<int64_t>(i));
+    }
+  }
+  EXPECT_GT(decode_only_steps, 40);
+  EXPECT_GT(p.graph->graph_stats().replayed, 20);
+  EXPECT_GE(p.graph->graph_stats().recorded, 3);  // several batch sizes
+}
+
+// A new ModelState (other pools) must not replay recordings that write the old one's pools.
+TEST(GraphVsEagerState, NewStatePoolsRecordAgain) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  Pair p = load_pair(*be, "qwen35-moe-tiny");
+  ASSERT_TRUE(p.eager && p.graph);
+  std::mt19937 rng(5);
+  // Keep the first states alive so the second ones cannot reuse their addresses.
+  Mirror m1(p, StateLimits{2, 32, 16});
+  Mirror m2(p, StateLimits{2, 32, 16});
+  for (Mirror* m : {&m1, &m2, &m1}) {
+    std::vector<std::pair<int, std::vector<int32_t>>> work = {{m->open(), random_ids(rng, 6, 1000)},
+                                                              {m->open(), random_ids(rng, 3, 1000)}};
+    Logits l;
+    ASSERT_TRUE(m->step(work, &l, "prefill"));
+    for (int s = 0; s < 5; ++s) {
+      for (int i = 0; i < 2; ++i) work[i].second = {argmax_row(l, i)};
+      ASSERT_TRUE(m->step(work, &l, "step " + std::to_string(s)));
+    }
+    for (auto& w : work) m->close(w.first);
+  }
+  EXPECT_EQ(p.graph->graph_stats().recorded, 3);
+  EXPECT_EQ(p.graph->graph_stats().replayed, 12);
+}
+
+// The engine end to end, with a KV pool small enough to preempt: greedy outputs identical.
+TEST(GraphVsEagerEngine, GreedyOutputsEqualWithPreemption) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  Pair p = load_pair(*be, "qwen35-moe-tiny");
+  ASSERT_TRUE(p.eager && p.graph);
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 5 + 4 * i, 1000));
+  auto run = [&](Qwen35Model& model, uint64_t* preemptions) {
+    Qwen35StepModel step(model);
+    ModelState state(*be, model.config(), StateLimits{6, 14, 8});
+    EngineConfig ec;
+    ec.max_num_batched_tokens = 64;
+    ec.vocab_size = model.config().vocab_size;
+    Engine engine(step, state, 6, ec);
+    std::vector<std::shared_ptr<EngineRequest>> rs;
+    for (const auto& pr : prompts) {
+      auto r = std::make_shared<EngineRequest>();
+      r->prompt = pr;
+      r->params.temperature = 0.0f;
+      r->params.max_tokens = 24;
+      r->params.ignore_eos = true;
+      rs.push_back(r);
+      engine.submit(r);
+    }
+    while (engine.step()) {}
+    *preemptions = engine.stats().preemptions;
+    std::vector<std::vector<int32_t>> outs;
+    for (auto& r : rs) {
+      std::vector<int32_t> toks;
+      for (auto& e : r->out.pop_all(std::chrono::milliseconds(0)))
+        if (!e.finished) toks.push_back(e.token);
+      outs.push_back(toks);
+    }
+    return outs;
+  };
+  uint64_t pe = 0, pg = 0;
+  auto eager = run(*p.eager, &pe);
+  auto graph = run(*p.graph, &pg);
+  EXPECT_GT(pe, 0u) << "the pool was meant to force preemption";
+  EXPECT_EQ(pe, pg);
+  EXPECT_EQ(eager, graph);
+  for (auto& o : eager) EXPECT_EQ(o.size(), 24u);
+  EXPECT_GT(p.graph->graph_stats().replayed, 10);
+}
+
+// SPARKSERVE_CUDA_GRAPHS=0 at construction turns recording off; on the CPU backend nothing is ever
+// recorded and results do not depend on the setting. Runs without a GPU.
+TEST(GraphOptOut, EnvironmentAndCpuBackend) {  // runs without a GPU
+  auto cpu = make_backend("cpu", 1);
+  ASSERT_TRUE(cpu.ok());
+  setenv("SPARKSERVE_CUDA_GRAPHS", "0", 1);
+  auto off = load_qwen35(fixture("qwen35-moe-tiny"), **cpu);
+  unsetenv("SPARKSERVE_CUDA_GRAPHS");
+  auto on = load_qwen35(fixture("qwen35-moe-tiny"), **cpu);
+  ASSERT_TRUE(off.ok() && on.ok());
+  EXPECT_FALSE((*off)->graphs_enabled());
+  EXPECT_TRUE((*on)->graphs_enabled());
+  Pair p;
+  p.eager = std::move(*off);
+  p.graph = std::move(*on);
+  Mirror m(p, StateLimits{2, 32, 16});
+  std::mt19937 rng(11);
+  std::vector<std::pair<int, std::vector<int32_t>>> work = {{m.open(), random_ids(rng, 4, 1000)}};
+  Logits l;
+  ASSERT_TRUE(m.step(work, &l, "prefill"));
+  for (int s = 0; s < 4; ++s) {
+    work[0].second = {argmax_row(l, 0)};
+    ASSERT_TRUE(m.step(work, &l, "step"));
+  }
+  EXPECT_EQ(p.graph->graph_stats().recorded, 0);
+  EXPECT_EQ(p.graph->graph_stats().replayed, 0);
+}
+
+TEST(GraphOptOut, EnvironmentOnCuda) {
+  std::string why;
+  auto be = cuda_backend(&why);
+  if (!be) GTEST_SKIP() << why;
+  setenv("SPARKSERVE_CUDA_GRAPHS", "0", 1);
+  auto cuda_off = load_qwen35(fixture("qwen35-moe-tiny"), *be);
+  unsetenv("SPARKSERVE_CUDA_GRAPHS");
+  ASSERT_TRUE(cuda_off.ok());
+  EXPECT_FALSE((*cuda_off)->graphs_enabled());
+  ModelState st(*be, (*cuda_off)->config(), StateLimits{1, 32, 16});
+  auto seq = st.open_sequence();
+  ASSERT_TRUE(seq.ok());
+  for (int s = 0; s < 4; ++s) {
+    std::vector<SequenceInput> b = {{&*seq, {static_cast<int32_t>(s + 1)}, false}};
+    ASSERT_TRUE((*cuda_off)->forward(b, st).ok());
+  }
+  EXPECT_EQ((*cuda_off)->graph_stats().replayed, 0);
+}
+
+}  // namespace
+}  // namespace sparkserve::test
