@@ -1,20 +1,39 @@
-// `sparkserve bench --model DIR`: throughput of the forward pass on a backend, no HTTP. Prefill
-// tokens/s and time to first token at several prompt lengths; decode tokens/s at several batch
-// sizes; peak device memory; achieved weight bandwidth (weight bytes one decode step reads ÷ time
-// per step) beside the device's measured streaming bandwidth (an elementwise add over 1 GiB
-// buffers: 2 reads + 1 write per element). Token ids are random (fixed seed): speed does not depend
-// on them. Table, or one JSON object with --json.
+// `sparkserve bench`: throughput of the forward pass on a backend, no HTTP, for a model folder
+// (--model DIR) or for random weights with the real shapes of a known model in a checkpoint layout,
+// generated directly in backend memory (--synth LIKE --layout L; loader/synth_weights.h), so the
+// 122B shapes are measured on a GPU machine whose disk could not hold the checkpoint. With --url it
+// measures an OpenAI-compatible server instead (cli/bench_url.h).
+//
+// Reported: prefill tokens/s and time to first token per prompt length; decode tokens/s per
+// (batch, context) where a context of C is one prefill of C tokens per sequence before the timed
+// steps; peak device memory; the device's streaming bandwidth (elementwise add over 1 GiB buffers:
+// 2 reads + 1 write per element) and beside each decode number its roofline:
+//   weight floor  = weight bytes one step reads ÷ bandwidth. At batch 1 that is the weight bytes per
+//                   token (routed experts k/E, embeddings one row, lm_head whole, no vision/MTP);
+//                   at batch B the routed-expert part is the expected share of distinct experts B
+//                   tokens touch under uniform routing, 1 − (1 − k/E)^B.
+//   state floor   = the same plus the per-sequence state a step must touch: the KV cache read over
+//                   the context (f32 K and V of every attention layer) and the GDN recurrent and conv
+//                   state read and written once.
+// Token ids are random (fixed seed): speed does not depend on them. A case predicted to take longer
+// than --max-case-s (from the prefill rate already measured) or to need more device memory than is
+// free is skipped and reported as such, never run into an out-of-memory abort.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "backend/backend_factory.h"
+#include "backend/synth_fill.h"
+#include "cli/bench_url.h"
 #include "cli/command.h"
 #include "core/thread_pool.h"
 #include "loader/safetensors.h"
+#include "loader/synth_weights.h"
 #include "model/load.h"
 
 namespace sparkserve::cli {
@@ -22,19 +41,31 @@ namespace {
 
 struct BenchOptions {
   std::string model;
+  std::string synth;
+  std::string layout;
+  std::optional<int> layers, vocab;
+  uint64_t seed = 0;
+  std::string url;
+  std::string served_model;
+  std::string api_key;
+  int runs = 3;
   std::string device = build_has_cuda() ? "cuda" : "cpu";
   std::string prompt_lens = "128,512,2048";
   std::string batches = "1,4,16";
+  std::string contexts = "0";
   int decode_steps = 32;
-  int context = 16;
+  int prefill_chunk = 16384;
+  double max_case_s = 120;
+  double time_budget_s = 0;
   int threads = 0;
   bool json = false;
+  bool weights_digest = false;
 };
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-Expected<std::vector<int>> parse_list(const std::string& what, const std::string& text) {
+Expected<std::vector<int>> parse_list(const std::string& what, const std::string& text, bool allow_zero = false) {
   std::vector<int> v;
   std::stringstream ss(text);
   std::string item;
@@ -42,33 +73,73 @@ Expected<std::vector<int>> parse_list(const std::string& what, const std::string
     try {
       size_t used = 0;
       int x = std::stoi(item, &used);
-      if (used != item.size() || x <= 0) throw std::invalid_argument(item);
+      if (used != item.size() || x < 0 || (x == 0 && !allow_zero)) throw std::invalid_argument(item);
       v.push_back(x);
     } catch (const std::exception&) {
-      return make_error(what + ": '" + item + "' is not a positive integer");
+      return make_error(what + ": '" + item + "' is not a " + (allow_zero ? "non-negative" : "positive") + " integer");
     }
   }
   if (v.empty()) return make_error(what + ": empty list");
   return v;
 }
 
-// Bytes of weights one decoded token reads at batch 1: every text tensor once, routed experts
-// k/E of theirs, the embedding one row of its table; vision and MTP tensors are not on the path.
-Expected<double> weight_bytes_per_token(const std::string& dir, const ModelConfig& c) {
-  SS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
-  double bytes = 0;
-  for (const auto& [name, info] : ckpt.tensors()) {
+// What a decode step must read, from the checkpoint's tensor list (the same rule for --model and
+// --synth): weights by name, state from the config.
+struct ByteModel {
+  double token_bytes = 0;        // weights one token reads at batch 1
+  double routed_bytes_all = 0;   // every routed expert of every layer
+  double kv_bytes_per_token = 0; // f32 K + V of every attention layer
+  double gdn_bytes_per_seq = 0;  // f32 recurrent + conv state of every GDN layer
+  int experts = 0, top_k = 0;
+
+  double weight_bytes(int batch) const {
+    if (experts == 0) return token_bytes;
+    const double p = static_cast<double>(top_k) / experts;
+    const double distinct = 1.0 - std::pow(1.0 - p, batch);
+    return token_bytes - routed_bytes_all * p + routed_bytes_all * distinct;
+  }
+  double state_bytes(int batch, int context) const {
+    return batch * (static_cast<double>(context) * kv_bytes_per_token + 2.0 * gdn_bytes_per_seq);
+  }
+};
+
+ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& c) {
+  ByteModel m;
+  for (const auto& [name, info] : tensors) {
     if (name.find("visual") != std::string::npos || name.rfind("mtp.", 0) == 0) continue;
     double b = static_cast<double>(info.nbytes);
     if (name.find("embed_tokens") != std::string::npos) {
       b /= static_cast<double>(c.vocab_size);
-      if (c.tie_word_embeddings) bytes += static_cast<double>(info.nbytes);  // read again as lm_head
+      if (c.tie_word_embeddings) m.token_bytes += static_cast<double>(info.nbytes);  // read again as lm_head
     } else if (name.find("mlp.experts.") != std::string::npos && c.num_experts > 0) {
+      m.routed_bytes_all += b;
       b *= static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts);
     }
-    bytes += b;
+    m.token_bytes += b;
   }
-  return bytes;
+  m.experts = c.num_experts;
+  m.top_k = c.num_experts_per_tok;
+  const GdnDims g = gdn_dims(c);
+  m.kv_bytes_per_token = 2.0 * count_layers(c, LayerType::kFullAttention) * c.num_key_value_heads * c.head_dim * 4;
+  m.gdn_bytes_per_seq = count_layers(c, LayerType::kLinearAttention) *
+                        (static_cast<double>(g.num_v_heads) * g.k_head_dim * g.v_head_dim +
+                         static_cast<double>(g.conv_dim()) * (g.conv_kernel - 1)) * 4;
+  return m;
+}
+
+// Device bytes a prefill of `tokens` rows needs for activations, generously (f32, the widest
+// intermediates of a layer held at once, times two for the allocator's slack).
+double activation_bytes(const ModelConfig& c, int64_t tokens) {
+  const double per_row = 10.0 * c.hidden_size + 3.0 * c.gdn_conv_dim() + 4.0 * c.num_attention_heads * c.head_dim +
+                         3.0 * std::max(1, c.num_experts_per_tok) * 2.0 * std::max(c.moe_intermediate_size, c.intermediate_size) +
+                         2.0 * c.shared_expert_intermediate_size;
+  return 2.0 * 4.0 * per_row * static_cast<double>(tokens) + 4.0 * c.vocab_size * 64;
+}
+
+bool all_finite(const Logits& l) {
+  for (float v : l.data)
+    if (!std::isfinite(v)) return false;
+  return true;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -76,33 +147,101 @@ int run_bench(const BenchOptions& o) {
     std::fprintf(stderr, "error: %s\n", msg.c_str());
     return 1;
   };
+  const int sources = !o.model.empty() + !o.synth.empty() + !o.url.empty();
+  if (sources != 1) return fail("give exactly one of --model DIR, --synth LIKE (with --layout) or --url URL");
   auto lens = parse_list("--prompt-lens", o.prompt_lens);
   if (!lens) return fail(lens.message());
+  if (o.decode_steps <= 0) return fail("--decode-steps must be > 0");
+  if (!o.url.empty()) {
+    BenchUrlOptions u;
+    u.url = o.url;
+    u.model = o.served_model;
+    u.api_key = o.api_key;
+    u.prompt_lens = *lens;
+    u.gen_tokens = o.decode_steps;
+    u.runs = o.runs;
+    u.json = o.json;
+    return run_bench_url(u);
+  }
   auto batches = parse_list("--batches", o.batches);
   if (!batches) return fail(batches.message());
-  if (o.decode_steps <= 0) return fail("--decode-steps must be > 0");
-  if (o.context <= 0) return fail("--context must be > 0");
+  auto contexts = parse_list("--contexts", o.contexts, /*allow_zero=*/true);
+  if (!contexts) return fail(contexts.message());
+  if (o.prefill_chunk <= 0) return fail("--prefill-chunk must be > 0");
+  if (!(o.max_case_s > 0)) return fail("--max-case-s must be > 0");
+  if (o.time_budget_s < 0) return fail("--time-budget-s must be >= 0");
+  if (!o.synth.empty() && o.layout.empty()) return fail("--synth needs --layout (" + [] {
+    std::string s;
+    for (const auto& n : synth_layout_names()) s += (s.empty() ? "" : " | ") + n;
+    return s;
+  }() + ")");
+  if (o.synth.empty() && (!o.layout.empty() || o.layers || o.vocab))
+    return fail("--layout, --layers and --vocab go with --synth");
+  std::sort(lens->begin(), lens->end());
+  std::sort(contexts->begin(), contexts->end());
+
+  // Everything that can be rejected without a backend is checked before one is created.
+  std::optional<SynthPlan> plan;
+  if (!o.synth.empty()) {
+    auto like = model_like(o.synth);
+    if (!like) return fail(like.message());
+    if (Status st = resize_model(*like, o.vocab, o.layers); !st.ok()) return fail(st.message());
+    auto layout = parse_synth_layout(o.layout);
+    if (!layout) return fail(layout.message());
+    plan = synth_plan(*like, *layout);
+  }
   const int threads = o.threads > 0 ? o.threads : default_thread_count();
   auto made = make_backend(o.device, threads);
   if (!made) return fail(made.message());
   Backend& be = **made;
+  const auto t_start = Clock::now();
   auto t_load = Clock::now();
-  auto model_or = load_qwen35(o.model, be);
-  if (!model_or) return fail(model_or.message());
+  std::unique_ptr<Qwen35Model> model;
+  ByteModel bytes;
+  uint64_t loaded_bytes = 0;
+  double budget_token_bytes = -1;  // loader/weight_budget.h's count (what `inspect --like` prints), --synth only
+  if (plan) {
+    auto sm = build_synth_model(*plan, be, o.seed);
+    if (!sm) return fail(sm.message());
+    if (o.weights_digest) {
+      std::printf("weights digest: %s\n", weights_digest(sm->weights, be).c_str());
+      return 0;
+    }
+    bytes = byte_model(synth_tensor_infos(*plan), sm->config);
+    budget_token_bytes = sm->token_bytes;
+    loaded_bytes = sm->loaded_bytes;
+    model = std::make_unique<Qwen35Model>(be, std::move(sm->config), std::move(sm->weights));
+  } else {
+    auto ckpt = Checkpoint::open(o.model);
+    if (!ckpt) return fail(ckpt.message());
+    if (o.weights_digest) {
+      auto config = load_model_config(o.model);
+      if (!config) return fail(config.message());
+      auto w = load_weights(*ckpt, *config, be);
+      if (!w) return fail(w.message());
+      std::printf("weights digest: %s\n", weights_digest(*w, be).c_str());
+      return 0;
+    }
+    auto m = load_qwen35(o.model, be);
+    if (!m) return fail(m.message());
+    model = std::move(*m);
+    bytes = byte_model(ckpt->tensors(), model->config());
+    for (const auto& [name, info] : ckpt->tensors()) loaded_bytes += info.nbytes;
+  }
   be.synchronize();
   const double load_s = seconds_since(t_load);
-  Qwen35Model& m = **model_or;
+  Qwen35Model& m = *model;
   const ModelConfig& c = m.config();
-  auto wbytes = weight_bytes_per_token(o.model, c);
-  if (!wbytes) return fail(wbytes.message());
   std::mt19937 rng(1234);
-  auto random_ids = [&](int n) {
+  auto random_ids = [&](int64_t n) {
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
     return ids;
   };
-  const int max_len = *std::max_element(lens->begin(), lens->end());
-  if (c.max_position_embeddings > 0 && std::max(max_len, o.context + o.decode_steps + 2) > c.max_position_embeddings)
+  const int max_len = lens->back();
+  const int max_ctx = contexts->back();
+  if (c.max_position_embeddings > 0 &&
+      std::max(max_len, max_ctx + o.decode_steps + 2) > c.max_position_embeddings)
     return fail("a prompt length or context + decode steps exceeds max_position_embeddings " +
                 std::to_string(c.max_position_embeddings));
 
@@ -124,111 +263,232 @@ int run_bench(const BenchOptions& o) {
     std::sort(ts.begin(), ts.end());
     copy_gbs = 3.0 * static_cast<double>(n) * 4 / ts[ts.size() / 2] / 1e9;
   }
+  const bool table = !o.json;
+  auto say = [&](const char* fmt, auto... args) {
+    if (table) {
+      std::printf(fmt, args...);
+      std::fflush(stdout);
+    }
+  };
 
   nlohmann::json j;
-  j["model"] = o.model;
+  j["source"] = plan ? "synth" : "model";
+  if (plan) {
+    j["synth"] = o.synth;
+    j["layout"] = o.layout;
+    j["layers"] = c.num_hidden_layers;
+    j["vocab"] = c.vocab_size;
+  } else {
+    j["model"] = o.model;
+  }
   j["device"] = o.device;
   j["load_s"] = load_s;
-  j["weight_bytes_per_token"] = *wbytes;
+  j["weights_bytes"] = loaded_bytes;
+  j["weight_bytes_per_token"] = bytes.token_bytes;
+  if (budget_token_bytes >= 0) j["weight_bytes_per_token_inspect"] = budget_token_bytes;
+  j["kv_bytes_per_token"] = bytes.kv_bytes_per_token;
+  j["gdn_state_bytes_per_sequence"] = bytes.gdn_bytes_per_seq;
   j["stream_bandwidth_gb_s"] = copy_gbs;
+  j["weight_floor_ms_batch1"] = bytes.token_bytes / (copy_gbs * 1e9) * 1e3;
+  j["prefill"] = nlohmann::json::array();
+  j["decode"] = nlohmann::json::array();
+  bool finite = true;
+  auto check = [&](const Logits& l, const std::string& where) {
+    if (all_finite(l)) return;
+    if (finite) std::fprintf(stderr, "warning: non-finite logits (%s): the synthetic scales overflow\n", where.c_str());
+    finite = false;
+  };
+  say("%s on %s: load %.2f s, %.2f GB of weights, weights read per decoded token %.3f GB, stream bandwidth %.1f GB/s, "
+      "weight floor at batch 1 %.3f ms/token\n",
+      plan ? (o.synth + " " + o.layout + " (synthetic, " + std::to_string(c.num_hidden_layers) + " layers)").c_str()
+           : o.model.c_str(),
+      o.device.c_str(), load_s, loaded_bytes / 1e9, bytes.token_bytes / 1e9, copy_gbs,
+      bytes.token_bytes / (copy_gbs * 1e9) * 1e3);
+
+  const double free_at_start = static_cast<double>(device_memory(be).free_bytes);
+  // Memory a case needs beyond the weights; -1 free = not tracked (CPU).
+  auto fits = [&](double need) { return free_at_start < 0 || need < 0.9 * free_at_start; };
+  // Prefill rate measured so far, for predicting how long a longer prefill takes (a lower bound:
+  // attention grows faster than linearly).
+  double rate_tokens = 0, rate_s = 0;
+  auto predict_prefill_s = [&](int64_t tokens) { return rate_s > 0 ? rate_s * tokens / rate_tokens : 0.0; };
+  auto over_budget = [&](double predicted_s) {
+    return o.time_budget_s > 0 && seconds_since(t_start) + predicted_s > o.time_budget_s;
+  };
   StateLimits lim;
   lim.block_size = 16;
-  // Prefill: one sequence, one forward over the whole prompt (returns the last row's logits).
-  {
-    lim.max_sequences = 1;
-    lim.num_kv_blocks = static_cast<int32_t>(max_len / 16 + 2);
-    ModelState st(be, c, lim);
-    bool warmed = false;
-    for (int L : *lens) {
-      for (int rep = warmed ? 1 : 0; rep < 2; ++rep) {  // the first forward warms up
-        auto seq = st.open_sequence();
-        if (!seq) return fail(seq.message());
-        std::vector<SequenceInput> b(1);
-        b[0].state = &*seq;
-        b[0].tokens = random_ids(L);
-        be.synchronize();
-        auto t0 = Clock::now();
-        auto l = m.forward(b, st);
-        if (!l) return fail(l.message());
-        const double s = seconds_since(t0);
-        st.close_sequence(*seq);
-        if (rep == 1)
-          j["prefill"].push_back({{"prompt_tokens", L}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
-      }
-      warmed = true;
-    }
-  }
-  // Decode: B sequences with `context` prompt tokens each, then decode_steps batched steps.
-  for (int B : *batches) {
-    lim.max_sequences = B;
-    lim.num_kv_blocks = static_cast<int32_t>(B * ((o.context + o.decode_steps + 2) / 16 + 2));
-    ModelState st(be, c, lim);
-    std::vector<SequenceState> seqs;
-    for (int i = 0; i < B; ++i) {
-      auto s = st.open_sequence();
-      if (!s) return fail(s.message());
-      seqs.push_back(*s);
-    }
-    std::vector<SequenceInput> b(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) {
-      b[static_cast<size_t>(i)].state = &seqs[static_cast<size_t>(i)];
-      b[static_cast<size_t>(i)].tokens = random_ids(o.context);
-    }
-    auto l = m.forward(b, st);
-    if (!l) return fail(l.message());
-    for (auto& in : b) in.tokens = random_ids(1);
-    l = m.forward(b, st);  // warm-up step
-    if (!l) return fail(l.message());
-    be.synchronize();
-    auto t0 = Clock::now();
-    for (int s = 0; s < o.decode_steps; ++s) {
-      for (auto& in : b) in.tokens = random_ids(1);
-      l = m.forward(b, st);
-      if (!l) return fail(l.message());
-    }
-    const double per_step = seconds_since(t0) / o.decode_steps;
-    j["decode"].push_back({{"batch", B},
-                           {"context", o.context},
-                           {"ms_per_step", per_step * 1e3},
-                           {"tokens_per_s", B / per_step},
-                           {"weight_gb_s", *wbytes / per_step / 1e9},
-                           {"fraction_of_stream_bw", *wbytes / per_step / 1e9 / copy_gbs}});
-  }
-  j["peak_device_memory_bytes"] = backend_peak_memory_bytes(be);
+  auto blocks_for = [&](int64_t tokens) { return static_cast<int32_t>(tokens / lim.block_size + 2); };
 
+  // Runs a prompt of `len` tokens through one sequence in chunks of --prefill-chunk.
+  auto prefill = [&](ModelState& st, SequenceState& seq, int64_t len) -> Expected<Logits> {
+    Logits last;
+    for (int64_t done = 0; done < len;) {
+      const int64_t n = std::min<int64_t>(o.prefill_chunk, len - done);
+      std::vector<SequenceInput> b(1);
+      b[0].state = &seq;
+      b[0].tokens = random_ids(n);
+      SS_ASSIGN_OR_RETURN(last, m.forward(b, st));
+      done += n;
+    }
+    return last;
+  };
+
+  // Prefill: one sequence, one forward over the prompt (in chunks); the first length runs twice, the
+  // first run warming up.
+  say("\n%-14s %12s %14s\n", "prefill tokens", "TTFT ms", "tokens/s");
+  for (size_t li = 0; li < lens->size(); ++li) {
+    const int L = (*lens)[li];
+    const double pred = predict_prefill_s(L);
+    const double need = static_cast<double>(blocks_for(L)) * lim.block_size * bytes.kv_bytes_per_token +
+                        bytes.gdn_bytes_per_seq + activation_bytes(c, std::min(L, o.prefill_chunk));
+    std::string skip;
+    if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
+    else if (over_budget(pred)) skip = "--time-budget-s spent";
+    else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
+    if (!skip.empty()) {
+      j["prefill"].push_back({{"prompt_tokens", L}, {"skipped", skip}});
+      say("%-14d %s\n", L, ("skipped: " + skip).c_str());
+      continue;
+    }
+    lim.max_sequences = 1;
+    lim.num_kv_blocks = blocks_for(L);
+    ModelState st(be, c, lim);
+    for (int rep = li == 0 ? 0 : 1; rep < 2; ++rep) {
+      auto seq = st.open_sequence();
+      if (!seq) return fail(seq.message());
+      be.synchronize();
+      auto t0 = Clock::now();
+      auto l = prefill(st, *seq, L);
+      if (!l) return fail(l.message());
+      const double s = seconds_since(t0);
+      check(*l, "prefill");
+      st.close_sequence(*seq);
+      if (rep == 1) {
+        j["prefill"].push_back({{"prompt_tokens", L}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
+        say("%-14d %12.2f %14.1f\n", L, s * 1e3, L / s);
+        rate_tokens = L;
+        rate_s = s;
+      }
+    }
+  }
+
+  // Decode: B sequences, each first prefilled with C tokens, then a warm-up step and decode_steps
+  // timed batched steps.
+  say("\n%-6s %8s %11s %11s | %10s %10s %8s | %10s %10s %8s\n", "batch", "context", "ms/step", "tokens/s", "weight MB",
+      "floor ms", "of floor", "+state MB", "floor ms", "of floor");
+  double step_s_hint = 0;
+  for (int C : *contexts) {
+    for (int B : *batches) {
+      const int64_t tokens = static_cast<int64_t>(C) + o.decode_steps + 2;
+      const double pred = B * predict_prefill_s(C) + (o.decode_steps + 2) * step_s_hint;
+      const double need = static_cast<double>(B) * blocks_for(tokens) * lim.block_size * bytes.kv_bytes_per_token +
+                          B * bytes.gdn_bytes_per_seq + activation_bytes(c, std::max<int64_t>(B, std::min(C, o.prefill_chunk)));
+      std::string skip;
+      if (C > 0 && rate_s == 0) skip = "no prefill rate measured to predict the context prefill";
+      else if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
+      else if (over_budget(pred)) skip = "--time-budget-s spent";
+      else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
+      if (!skip.empty()) {
+        j["decode"].push_back({{"batch", B}, {"context", C}, {"skipped", skip}});
+        say("%-6d %8d skipped: %s\n", B, C, skip.c_str());
+        continue;
+      }
+      lim.max_sequences = B;
+      lim.num_kv_blocks = B * blocks_for(tokens);
+      ModelState st(be, c, lim);
+      std::vector<SequenceState> seqs;
+      for (int i = 0; i < B; ++i) {
+        auto s = st.open_sequence();
+        if (!s) return fail(s.message());
+        seqs.push_back(*s);
+      }
+      auto t_ctx = Clock::now();
+      for (int i = 0; i < B && C > 0; ++i) {
+        auto l = prefill(st, seqs[static_cast<size_t>(i)], C);
+        if (!l) return fail(l.message());
+      }
+      be.synchronize();
+      const double ctx_s = seconds_since(t_ctx);
+      std::vector<SequenceInput> b(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) {
+        b[static_cast<size_t>(i)].state = &seqs[static_cast<size_t>(i)];
+        b[static_cast<size_t>(i)].tokens = random_ids(1);
+      }
+      auto l = m.forward(b, st);  // warm-up step
+      if (!l) return fail(l.message());
+      check(*l, "decode warm-up");
+      be.synchronize();
+      auto t0 = Clock::now();
+      for (int s = 0; s < o.decode_steps; ++s) {
+        for (auto& in : b) in.tokens = random_ids(1);
+        l = m.forward(b, st);
+        if (!l) return fail(l.message());
+      }
+      const double per_step = seconds_since(t0) / o.decode_steps;
+      check(*l, "decode");
+      step_s_hint = std::max(step_s_hint, per_step);
+      const double wb = bytes.weight_bytes(B), sb = wb + bytes.state_bytes(B, C);
+      const double wfloor = wb / (copy_gbs * 1e9), sfloor = sb / (copy_gbs * 1e9);
+      j["decode"].push_back({{"batch", B},
+                             {"context", C},
+                             {"context_prefill_s", ctx_s},
+                             {"ms_per_step", per_step * 1e3},
+                             {"tokens_per_s", B / per_step},
+                             {"weight_bytes_per_step", wb},
+                             {"weight_floor_ms", wfloor * 1e3},
+                             {"fraction_of_weight_roofline", wfloor / per_step},
+                             {"state_bytes_per_step", sb - wb},
+                             {"state_floor_ms", sfloor * 1e3},
+                             {"fraction_of_state_roofline", sfloor / per_step}});
+      say("%-6d %8d %11.3f %11.1f | %10.1f %10.3f %7.1f%% | %10.1f %10.3f %7.1f%%\n", B, C, per_step * 1e3, B / per_step,
+          wb / 1e6, wfloor * 1e3, 100 * wfloor / per_step, sb / 1e6, sfloor * 1e3, 100 * sfloor / per_step);
+    }
+  }
+  const int64_t peak = backend_peak_memory_bytes(be);
+  j["peak_device_memory_bytes"] = peak;
+  j["logits_finite"] = finite;
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("model %s on %s: load %.2f s, weights read per decoded token %.3f MB, stream bandwidth %.1f GB/s\n",
-              o.model.c_str(), o.device.c_str(), load_s, *wbytes / 1e6, copy_gbs);
-  std::printf("\n%-14s %12s %14s\n", "prefill tokens", "TTFT ms", "tokens/s");
-  for (auto& p : j["prefill"])
-    std::printf("%-14d %12.2f %14.1f\n", p["prompt_tokens"].get<int>(), p["ttft_ms"].get<double>(),
-                p["tokens_per_s"].get<double>());
-  std::printf("\n%-6s %8s %12s %12s %14s %10s\n", "batch", "context", "ms/step", "tokens/s", "weight GB/s", "of stream");
-  for (auto& d : j["decode"])
-    std::printf("%-6d %8d %12.3f %12.1f %14.1f %9.1f%%\n", d["batch"].get<int>(), d["context"].get<int>(),
-                d["ms_per_step"].get<double>(), d["tokens_per_s"].get<double>(), d["weight_gb_s"].get<double>(),
-                100 * d["fraction_of_stream_bw"].get<double>());
-  std::printf("(weight GB/s = batch-1 weight bytes per token / time per step: the achieved weight bandwidth at\n"
-              " batch 1; larger batches read more distinct experts per step, so there it understates the bytes)\n");
-  const int64_t peak = j["peak_device_memory_bytes"].get<int64_t>();
+  std::printf("(weight MB = weights one step reads: batch-1 bytes per token, routed experts as the expected\n"
+              " distinct share 1-(1-k/E)^B at batch B; floor = bytes / stream bandwidth; +state adds the KV\n"
+              " cache read over the context and the GDN state read + written once per sequence)\n");
   if (peak >= 0) std::printf("\npeak device memory (pool high-water mark): %.1f MiB\n", peak / 1048576.0);
+  if (!finite) std::printf("warning: some logits were not finite\n");
   return 0;
 }
 
 void register_bench(CLI::App& root, int& exit_code) {
   auto opts = std::make_shared<BenchOptions>();
-  auto* cmd = root.add_subcommand("bench", "Prefill/decode throughput of a model on a backend (no HTTP)");
-  cmd->add_option("--model", opts->model, "Model folder (config.json + *.safetensors)")->required();
+  auto* cmd = root.add_subcommand("bench", "Prefill/decode throughput of a model on a backend, or of an OpenAI-compatible server");
+  cmd->add_option("--model", opts->model, "Model folder (config.json + *.safetensors)");
+  cmd->add_option("--synth", opts->synth, "Random weights in device memory with the shapes of: qwen3.5-122b-a10b | qwen3.5-35b-a3b | tiny");
+  cmd->add_option("--layout", opts->layout, "With --synth: bf16 | nvfp4 | nvfp4-fp8dense | fp8 | modelopt-nvfp4");
+  cmd->add_option("--layers", opts->layers, "With --synth: number of decoder layers (default: the model's)");
+  cmd->add_option("--vocab", opts->vocab, "With --synth: vocabulary size (default: the model's)");
+  cmd->add_option("--seed", opts->seed, "With --synth: random seed (as `synth --seed`)")->capture_default_str();
+  cmd->add_option("--url", opts->url, "Benchmark an OpenAI-compatible server at this base URL instead (e.g. http://host:8000)");
+  cmd->add_option("--served-model", opts->served_model, "With --url: model name for requests (default: the only one /v1/models lists)");
+  cmd->add_option("--api-key", opts->api_key, "With --url: bearer token");
+  cmd->add_option("--runs", opts->runs, "With --url: runs per prompt length")->capture_default_str();
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->capture_default_str();
   cmd->add_option("--prompt-lens", opts->prompt_lens, "Prefill prompt lengths")->capture_default_str();
   cmd->add_option("--batches", opts->batches, "Decode batch sizes")->capture_default_str();
-  cmd->add_option("--decode-steps", opts->decode_steps, "Timed decode steps per batch size")->capture_default_str();
-  cmd->add_option("--context", opts->context, "Prompt tokens per sequence before decoding")->capture_default_str();
+  cmd->add_option("--contexts", opts->contexts, "Context lengths before decoding (a prefill of that many tokens per sequence)")
+      ->capture_default_str();
+  cmd->add_option("--decode-steps", opts->decode_steps, "Timed decode steps per case (--url: generated tokens per request)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", opts->prefill_chunk, "Longest forward of one prompt (longer prompts run in chunks)")
+      ->capture_default_str();
+  cmd->add_option("--max-case-s", opts->max_case_s, "Skip a case predicted to take longer than this")->capture_default_str();
+  cmd->add_option("--time-budget-s", opts->time_budget_s,
+                  "Skip cases once this many seconds (load included) would be exceeded; 0 = no limit")
+      ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "CPU worker threads (default: hardware concurrency)");
   cmd->add_flag("--json", opts->json, "Print one JSON object");
+  cmd->add_flag("--weights-digest", opts->weights_digest,
+                "Only build the weights and print a digest of their bytes (compares --synth with a written checkpoint)");
   cmd->callback([opts, &exit_code] { exit_code = run_bench(*opts); });
 }
 SPARKSERVE_COMMAND(register_bench);
