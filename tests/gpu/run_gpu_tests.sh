@@ -6,6 +6,10 @@
 # 2. The CLI end to end: `sparkserve logits --device cuda` vs `--device cpu` vs the reference .npy for
 #    every fixture prompt (bound max|d|/max|ref| <= 1e-4, tests/python/test_model_reference.py's fp32
 #    bound), and `generate --device cuda` reproducing the reference greedy ids exactly.
+# 3. `bench --synth` on CUDA: for every layout, the weights the device kernel generates
+#    (backend/cuda/synth_fill.cu) hash to the same digest as `synth --like tiny` written to disk and
+#    loaded onto the GPU, and as the CPU generator; and a short bench of each layout on CUDA gives
+#    finite logits.
 # Logs go to $OUT (or /tmp/gpu-test-out); the last lines printed are a short table.
 set -uo pipefail
 BIN=${1:-build}
@@ -68,11 +72,32 @@ sys.exit(1 if fails else 0)
 PYEOF
 rc_cli=$?
 
+SYN="$(mktemp -d)"
+rc_synth=0
+for L in bf16 nvfp4 nvfp4-fp8dense fp8 modelopt-nvfp4; do
+  "$BIN/sparkserve" synth --like tiny --layout "$L" --seed 3 --out "$SYN/$L" >/dev/null 2>>"$LOG/synth.log"
+  d_disk=$("$BIN/sparkserve" bench --model "$SYN/$L" --device cuda --weights-digest 2>>"$LOG/synth.log")
+  d_gpu=$("$BIN/sparkserve" bench --synth tiny --layout "$L" --seed 3 --device cuda --weights-digest 2>>"$LOG/synth.log")
+  d_cpu=$("$BIN/sparkserve" bench --synth tiny --layout "$L" --seed 3 --device cpu --weights-digest 2>>"$LOG/synth.log")
+  fin=$("$BIN/sparkserve" bench --synth tiny --layout "$L" --device cuda --prompt-lens 16,64 --batches 1,4 \
+        --contexts 0,32 --decode-steps 4 --json 2>>"$LOG/synth.log" |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["logits_finite"], len(d["decode"]))' 2>>"$LOG/synth.log")
+  if [ -n "$d_disk" ] && [ "$d_disk" = "$d_gpu" ] && [ "$d_gpu" = "$d_cpu" ] && [ "$fin" = "True 4" ]; then
+    echo "ok   synth $L: disk->cuda, cuda generator and cpu generator agree (${d_gpu#weights digest: }); bench logits finite" >>"$LOG/synth.log"
+  else
+    echo "FAIL synth $L: disk->cuda '$d_disk' cuda '$d_gpu' cpu '$d_cpu' finite+cases '$fin'" >>"$LOG/synth.log"
+    rc_synth=1
+  fi
+done
+rm -rf "$SYN"
+
 echo "---- gpu_ops (per check: $LOG/gpu_ops.log) ----"
 grep -E "^FAIL" "$LOG/gpu_ops.log" | head -20
 sed -n '/^group /,$p' "$LOG/gpu_ops.log"
 echo "---- CLI end to end ($LOG/cli.log) ----"
 grep -E "^FAIL" "$LOG/cli.log" | head -20
 tail -1 "$LOG/cli.log"
-echo "RESULT gpu_ops=$([ $rc_ops = 0 ] && echo PASS || echo "FAIL($rc_ops)") cli=$([ $rc_cli = 0 ] && echo PASS || echo "FAIL($rc_cli)")"
-[ $rc_ops = 0 ] && [ $rc_cli = 0 ]
+echo "---- bench --synth on CUDA ($LOG/synth.log) ----"
+grep -E "^(ok|FAIL) " "$LOG/synth.log"
+echo "RESULT gpu_ops=$([ $rc_ops = 0 ] && echo PASS || echo "FAIL($rc_ops)") cli=$([ $rc_cli = 0 ] && echo PASS || echo "FAIL($rc_cli)") synth=$([ $rc_synth = 0 ] && echo PASS || echo FAIL)"
+[ $rc_ops = 0 ] && [ $rc_cli = 0 ] && [ $rc_synth = 0 ]
