@@ -19,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "model/load.h"
 #include "runtime/engine.h"
+#include "runtime/token_constraint.h"
 #include "server/handlers.h"
 
 namespace sparkserve::cli {
@@ -149,6 +150,7 @@ int run_serve(const ServeOptions& o) {
 
   ctx.engine = &engine;
   ctx.tokenizer = &*tokenizer;
+  ctx.vocab_texts = VocabTexts::build(*tokenizer);  // for tool_choice required / named
   ctx.chat_template = tmpl ? &*tmpl : nullptr;
   ctx.metrics = &metrics;
   ctx.info.names = {name};

@@ -288,9 +288,16 @@ bool Engine::step() {
       if (r.forced_tokens && s.output.size() < r.forced_tokens->size()) {
         ev.token = (*r.forced_tokens)[s.output.size()];
       } else {
+        std::span<const uint8_t> allowed;
+        if (r.constraint) {
+          mask_.resize(static_cast<size_t>(vocab));
+          r.constraint->allowed_tokens(mask_);
+          allowed = mask_;
+        }
         ev.sample = sample_token(std::span<const float>(logits->row(static_cast<int64_t>(j)), static_cast<size_t>(vocab)),
-                                 r.params, r.prompt, s.output);
+                                 r.params, r.prompt, s.output, allowed);
         ev.token = ev.sample.token;
+        if (r.constraint) r.constraint->accept(ev.token);
       }
       s.output.push_back(ev.token);
       const int64_t n_out = static_cast<int64_t>(s.output.size());

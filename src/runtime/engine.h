@@ -115,6 +115,7 @@ class Engine {
   int32_t total_slots_;
 
   std::vector<Seq> running_;  // admission order (oldest first)
+  std::vector<uint8_t> mask_;  // a constrained request's allowed tokens, reused per sample
   std::deque<Seq> waiting_;
 
   mutable std::mutex mu_;  // guards incoming_, stop_, stats_

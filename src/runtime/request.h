@@ -16,6 +16,7 @@
 
 #include "runtime/sampler.h"
 #include "runtime/sampling_params.h"
+#include "runtime/token_constraint.h"
 
 namespace sparkserve {
 
@@ -49,6 +50,9 @@ struct EngineRequest {
   // TEST-ONLY (serve --test-forced-output): emit these tokens in order instead of sampling
   // (the model still runs on them), then finish with "stop".
   std::optional<std::vector<int32_t>> forced_tokens;
+  // Constrained decoding (tool_choice required / named): masks every sampled token and sees
+  // every token taken. Used only by the engine thread once submitted.
+  std::shared_ptr<TokenConstraint> constraint;
   std::atomic<bool> cancelled{false};  // set by the HTTP side (disconnect, timeout, stop string)
   // Set (before `cancelled`) when the HTTP side ended the request on a stop string: the engine
   // then counts it as finished with "stop", not "abort".

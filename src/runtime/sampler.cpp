@@ -78,7 +78,8 @@ void apply_penalties(std::span<float> logits, float repetition_penalty, float fr
 }
 
 void apply_logits_processors(std::span<float> logits, const SamplingParams& params,
-                             std::span<const int32_t> prompt, std::span<const int32_t> output) {
+                             std::span<const int32_t> prompt, std::span<const int32_t> output,
+                             std::span<const uint8_t> allowed_mask) {
   const size_t vocab = logits.size();
   for (float& x : logits)
     if (std::isnan(x)) x = kNegInf;  // a NaN logit can never be chosen
@@ -88,6 +89,11 @@ void apply_logits_processors(std::span<float> logits, const SamplingParams& para
       if (in_vocab(id, vocab)) allowed[static_cast<size_t>(id)] = 1;
     for (size_t i = 0; i < vocab; ++i)
       if (!allowed[i]) logits[i] = kNegInf;
+  }
+  if (!allowed_mask.empty()) {
+    CHECK_MSG(allowed_mask.size() == vocab, "constraint mask size differs from the logits row");
+    for (size_t i = 0; i < vocab; ++i)
+      if (!allowed_mask[i]) logits[i] = kNegInf;
   }
   for (const auto& [id, bias] : params.logit_bias)
     if (in_vocab(id, vocab)) logits[static_cast<size_t>(id)] += bias;
@@ -244,11 +250,12 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, flo
 }
 
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
-                          std::span<const int32_t> prompt, std::span<const int32_t> output) {
+                          std::span<const int32_t> prompt, std::span<const int32_t> output,
+                          std::span<const uint8_t> allowed) {
   CHECK_MSG(!logits.empty(), "empty logits row");
   SampleResult result;
   std::vector<float> work(logits.begin(), logits.end());
-  apply_logits_processors(work, params, prompt, output);
+  apply_logits_processors(work, params, prompt, output, allowed);
 
   if (params.greedy()) {
     result.token = argmax_lowest(work);

@@ -1,6 +1,6 @@
 // Next-token selection for one sequence, in vLLM v1's order:
 //   raw logits --(logprobs are read here: log_softmax of the raw row)
-//   -> allowed_token_ids mask -> logit_bias -> min_tokens mask (EOS + stop ids)
+//   -> allowed_token_ids and constraint masks -> logit_bias -> min_tokens mask (EOS + stop ids)
 //   -> repetition penalty (prompt + output), frequency and presence penalties (output only)
 //   -> greedy: argmax (lowest id on exact ties, as torch.argmax)
 //   -> random: / temperature -> min_p -> top_k -> top_p -> one draw from what is left.
@@ -33,9 +33,11 @@ struct SampleResult {
   std::vector<TokenLogprob> top;    // num_logprobs most likely, logit desc then id asc
 };
 
-// logits: [vocab] f32; prompt / output: token ids of the sequence (output = generated so far).
+// logits: [vocab] f32; prompt / output: token ids of the sequence (output = generated so far);
+// allowed: empty, or [vocab] 0/1 from the request's TokenConstraint (0 = masked).
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
-                          std::span<const int32_t> prompt, std::span<const int32_t> output);
+                          std::span<const int32_t> prompt, std::span<const int32_t> output,
+                          std::span<const uint8_t> allowed = {});
 
 // ---- the steps, exposed for tests -------------------------------------------------------------
 
@@ -45,10 +47,12 @@ double uniform_for_step(uint64_t seed, uint64_t step);
 // logits: [vocab] f32 -> [vocab] f32 log_softmax (computed in double).
 std::vector<float> log_softmax(std::span<const float> logits);
 
-// The processors before greedy / random selection (mask, bias, min_tokens, penalties), in place.
-// logits: [vocab] f32, in place.
+// The processors before greedy / random selection (masks, bias, min_tokens, penalties), in place.
+// logits: [vocab] f32, in place; allowed: empty or [vocab] 0/1 (a constraint's mask, applied
+// with allowed_token_ids).
 void apply_logits_processors(std::span<float> logits, const SamplingParams& params,
-                             std::span<const int32_t> prompt, std::span<const int32_t> output);
+                             std::span<const int32_t> prompt, std::span<const int32_t> output,
+                             std::span<const uint8_t> allowed = {});
 
 // logits: [vocab] f32, in place. vLLM/HF repetition penalty over prompt+output: positive logits
 // are divided by `penalty`, the others multiplied; then OpenAI's frequency (x count in output)

@@ -6,6 +6,7 @@
 
 #include "server/api_error.h"
 #include "server/openai_response.h"
+#include "server/peer_socket.h"
 #include "server/sse.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
@@ -182,22 +183,51 @@ UsageInfo usage_of(const Generation& g) {
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
 
-// Non-streaming: wait for the whole output on this HTTP thread.
-void wait_all(ServeContext& ctx, Generation& g, Piece& all) {
+// Non-streaming: wait for the whole output on this HTTP thread. A client that closed its
+// connection meanwhile cancels the request (its slot and blocks are freed at the next step).
+void wait_all(ServeContext& ctx, const httplib::Request& req, Generation& g, Piece& all) {
+  const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
   while (!g.done) {
     if (ctx.shutting_down.load()) g.er->cancelled.store(true);
+    if (peer_closed(fd)) {
+      g.er->cancelled.store(true);
+      g.finish_reason = "abort";
+      g.done = true;
+      return;
+    }
     pump(g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, all);
   }
 }
 
 // ---- /v1/chat/completions ------------------------------------------------------------------
 
+// tool_choice "required" / a named function: constrained decoding to qwen3_coder tool calls
+// (text/tool_call_grammar.h). Null for none / auto.
+ApiResult<std::shared_ptr<TokenConstraint>> tool_call_constraint(const ServeContext& ctx, const ChatRequest& r,
+                                                                 const SamplingParams& params, bool thinking) {
+  if (r.tool_choice != ToolChoice::kRequired && r.tool_choice != ToolChoice::kNamed)
+    return std::shared_ptr<TokenConstraint>();
+  if (!ctx.vocab_texts)
+    return internal_error("constrained decoding is not set up (no vocabulary texts)");
+  if (params.min_tokens > 0)
+    return bad_request("min_tokens cannot be combined with tool_choice \"required\" or a named function "
+                       "(the end of the tool call would be masked)", "min_tokens");
+  ToolCallGrammarOptions gopt;
+  gopt.thinking = thinking;
+  gopt.parallel_tool_calls = r.parallel_tool_calls;
+  if (r.tool_choice == ToolChoice::kNamed) gopt.only_function = r.tool_choice_name;
+  auto grammar = ToolCallGrammar::build(OrderedJson(r.tools), gopt);
+  if (!grammar.ok()) return bad_request("tool_choice: " + grammar.message(), "tools");
+  std::vector<int32_t> end_ids = params.eos_token_ids;
+  end_ids.insert(end_ids.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  return std::shared_ptr<TokenConstraint>(
+      std::make_shared<ToolCallConstraint>(std::move(*grammar), ctx.vocab_texts, std::move(end_ids)));
+}
+
 void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
   auto parsed = parse_chat_request(req.body, ctx.info);
   if (!parsed.ok()) return send_error(res, parsed.error());
   ChatRequest& r = *parsed;
-  if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed)
-    return send_error(res, bad_request("tool_choice \"required\" and named functions are not supported yet; use \"auto\" or \"none\"", "tool_choice"));
   if (r.continue_final_message)
     return send_error(res, bad_request("continue_final_message is not supported yet", "continue_final_message"));
   if (!ctx.chat_template)
@@ -215,10 +245,15 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
   auto prep = prepare(ctx, r, std::move(prompt));
   if (!prep.ok()) return send_error(res, prep.error());
 
-  std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
-  OutputParserOptions popt;
   auto et = r.chat_template_kwargs.find("enable_thinking");
-  popt.thinking_enabled = !(et != r.chat_template_kwargs.end() && et->is_boolean() && !et->get<bool>());
+  const bool thinking = !(et != r.chat_template_kwargs.end() && et->is_boolean() && !et->get<bool>());
+  auto constraint = tool_call_constraint(ctx, r, prep->params, thinking);
+  if (!constraint.ok()) return send_error(res, constraint.error());
+
+  std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
+  g->er->constraint = std::move(*constraint);
+  OutputParserOptions popt;
+  popt.thinking_enabled = thinking;
   popt.parse_tools = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;
   if (popt.parse_tools) popt.tool_schemas = ToolSchemas::from_openai_tools(r.tools);
   g->parser = std::make_unique<StreamingOutputParser>(std::move(popt));
@@ -230,7 +265,7 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
 
   if (!r.stream) {
     Piece all;
-    wait_all(ctx, *g, all);
+    wait_all(ctx, req, *g, all);
     if (g->error) return send_error(res, *g->error);
     const ParsedOutput& out = g->parser->result();
     ChatMessageOut msg;
@@ -334,7 +369,7 @@ void handle_completion(ServeContext& ctx, const httplib::Request& req, httplib::
 
   if (!r.stream) {
     Piece all;
-    wait_all(ctx, *g, all);
+    wait_all(ctx, req, *g, all);
     if (g->error) return send_error(res, *g->error);
     ResponseJson lp;
     ChoiceExtras ex;

@@ -15,6 +15,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/sampling_params.h"
+#include "runtime/token_constraint.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "text/chat_template.h"
@@ -25,6 +26,7 @@ namespace sparkserve {
 struct ServeContext {
   Engine* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
+  std::shared_ptr<const VocabTexts> vocab_texts;  // token texts for constrained decoding
   const ChatTemplate* chat_template = nullptr;
   ServerMetrics* metrics = nullptr;
   ServedModelInfo info;

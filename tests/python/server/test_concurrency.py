@@ -2,6 +2,8 @@
 same request run alone; a client that disconnects mid-stream frees its sequence (metrics) and
 the server keeps serving."""
 import concurrent.futures
+import json
+import socket
 import time
 
 import httpx
@@ -61,3 +63,34 @@ def test_disconnect_mid_stream_frees_the_request(server, client):
     assert server.metric("sparkserve:generation_tokens_total") < 1e6
     r = client.chat.completions.create(model=MODEL_NAME, messages=MSGS, max_tokens=2, temperature=0)
     assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def aborted(server):
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("sparkserve:request_success_total{") and 'finished_reason="abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_non_streaming_disconnect_frees_the_request(server):
+    # A raw socket, so the test controls exactly when the connection closes.
+    body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "max_tokens": 480, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    before = aborted(server)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.time() + 30
+    while server.metric("sparkserve:num_requests_running") == 0:
+        assert time.time() < deadline, "the request never started"
+        time.sleep(0.02)
+    tokens_at_close = server.metric("sparkserve:generation_tokens_total")
+    sock.close()
+    closed = time.time()
+    assert wait_idle(server, timeout=10), "the abandoned request still holds engine state"
+    freed_after = time.time() - closed
+    # Freed within a poll interval or so (100 ms) plus an engine step, long before its 480 tokens.
+    assert freed_after < 2.0, freed_after
+    assert aborted(server) == before + 1
+    assert server.metric("sparkserve:generation_tokens_total") - tokens_at_close < 400

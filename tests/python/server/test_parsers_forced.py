@@ -71,13 +71,6 @@ def test_tool_choice_none_leaves_text_as_content(fclient):
     assert "<function=get_weather>" in c.message.content
 
 
-def test_tool_choice_required_is_refused_clearly(forced_server):
-    r = httpx.post(forced_server.url + "/v1/chat/completions",
-                   json={"model": MODEL_NAME, "messages": MSGS, "tools": TOOLS, "tool_choice": "required"})
-    assert r.status_code == 400
-    assert "not supported" in r.json()["error"]["message"]
-
-
 def test_stop_string(fclient, forced_server):
     stops_before = forced_server.metric("sparkserve:request_success_total")
     r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=200, stop=["so I"])

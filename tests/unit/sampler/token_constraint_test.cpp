@@ -1,0 +1,214 @@
+// Token masks of the tool-call constraint on the real Qwen3.5 tokenizer (248,077 ids): every
+// mask equals the brute-force answer (each token's text walked through the automaton), and
+// sampling random logits under the mask yields output that parses into valid tool calls.
+#include "runtime/token_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "runtime/sampler.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+#ifndef SPARKSERVE_SOURCE_DIR
+#define SPARKSERVE_SOURCE_DIR "."
+#endif
+
+namespace sparkserve {
+namespace {
+
+const std::string kDir = std::string(SPARKSERVE_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3.5/";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string gunzip(const std::string& path) {
+  std::string out;
+  FILE* p = popen(("gzip -dc '" + path + "'").c_str(), "r");
+  if (!p) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+struct Fixture {
+  Tokenizer tok;
+  std::shared_ptr<const VocabTexts> vocab;
+};
+
+const Fixture& fixture() {
+  static const Fixture* f = [] {
+    auto t = Tokenizer::from_json_text(gunzip(kDir + "tokenizer.json.gz"), read_file(kDir + "tokenizer_config.json"));
+    if (!t.ok()) {
+      ADD_FAILURE() << t.message();
+      std::abort();
+    }
+    auto* fx = new Fixture{std::move(*t), nullptr};
+    auto t0 = std::chrono::steady_clock::now();
+    fx->vocab = VocabTexts::build(fx->tok);
+    std::printf("VocabTexts::build: %.1f ms for %zu tokens\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                fx->vocab->size());
+    return fx;
+  }();
+  return *f;
+}
+
+const char* kTools = R"([
+  {"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{
+     "city":{"type":"string","enum":["Paris","Rome"]},"days":{"type":"integer"}},"required":["city"]}}},
+  {"type":"function","function":{"name":"search","parameters":{"type":"object","properties":{
+     "query":{"type":"string"},"limit":{"type":"number"}}}}}
+])";
+
+ToolCallGrammar grammar(bool thinking, std::optional<std::string> only = std::nullopt) {
+  ToolCallGrammarOptions o;
+  o.thinking = thinking;
+  o.only_function = std::move(only);
+  return std::move(ToolCallGrammar::build(OrderedJson::parse(kTools), o)).value();
+}
+
+std::vector<int32_t> end_ids(const Tokenizer& tok) {
+  return {*tok.token_to_id("<|im_end|>"), *tok.token_to_id("<|endoftext|>")};
+}
+
+// The mask after feeding `prefix` (as token texts would: byte by byte) against brute force.
+void expect_mask_matches_brute_force(bool thinking, const std::string& prefix, std::optional<std::string> only = {}) {
+  const Fixture& f = fixture();
+  ToolCallGrammar g = grammar(thinking, only);
+  ToolCallConstraint c(g, f.vocab, end_ids(f.tok));
+  ToolCallState s = g.initial();
+  ASSERT_TRUE(g.step_all(s, prefix)) << prefix;
+  // Drive the constraint with single-byte tokens (they exist for every byte in byte-level BPE).
+  for (char ch : prefix) {
+    // Byte-level BPE spells '\n' and ' ' as U+010A and U+0120.
+    auto id = f.tok.token_to_id(ch == '\n' ? "\xc4\x8a" : ch == ' ' ? "\xc4\xa0" : std::string(1, ch));
+    ASSERT_TRUE(id.has_value()) << int(ch);
+    c.accept(*id);
+  }
+  ASSERT_EQ(c.state().phase, s.phase) << prefix;
+  std::vector<uint8_t> mask(f.vocab->size());
+  auto t0 = std::chrono::steady_clock::now();
+  c.allowed_tokens(mask);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  size_t allowed = 0, mismatches = 0;
+  const auto ends = end_ids(f.tok);
+  for (size_t id = 0; id < mask.size(); ++id) {
+    const auto tid = static_cast<int32_t>(id);
+    bool expect;
+    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) {
+      expect = g.accepting(s);
+    } else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) {
+      expect = false;
+    } else {
+      ToolCallState t = s;
+      expect = g.step_all(t, f.vocab->bytes(tid));
+    }
+    allowed += mask[id];
+    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
+      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
+                    << ", automaton " << expect << " after '" << prefix << "'";
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_GT(allowed, 0u);
+  std::printf("mask after %-60s %6zu allowed, %.2f ms\n", ("'" + prefix + "'").substr(0, 60).c_str(), allowed, ms);
+}
+
+TEST(ToolCallConstraint, MasksEqualBruteForceAlongACall) {
+  const std::string call =
+      "<tool_call>\n<function=get_weather>\n<parameter=days>\n12\n</parameter>\n<parameter=city>\nParis\n</parameter>\n"
+      "</function>\n</tool_call>";
+  // States: start, partial tag, function name, parameter choice, number, enum, end, accepting.
+  for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{24}, size_t{30}, size_t{38}, size_t{50}, size_t{52},
+                   size_t{54}, size_t{73}, size_t{80}, size_t{100}, call.size()})
+    expect_mask_matches_brute_force(false, call.substr(0, n));
+}
+
+TEST(ToolCallConstraint, MasksEqualBruteForceInFreeText) {
+  const std::string open = "<tool_call>\n<function=search>\n<parameter=query>\n";
+  for (const char* tail : {"", "some text", "x <", "x\n", "x\n</par", "a</", "<parameter"})
+    expect_mask_matches_brute_force(false, open + tail);
+  for (const char* thought : {"", "thinking", "thinking </th", "done\n</think>", "done</think>\n\n<tool"})
+    expect_mask_matches_brute_force(true, thought);
+  expect_mask_matches_brute_force(false, "", std::string("search"));
+}
+
+TEST(ToolCallConstraint, WholeTagTokensAreAllowed) {
+  const Fixture& f = fixture();
+  auto tc = f.tok.token_to_id("<tool_call>");
+  ASSERT_TRUE(tc.has_value());
+  ToolCallConstraint c(grammar(false), f.vocab, end_ids(f.tok));
+  std::vector<uint8_t> mask(f.vocab->size());
+  c.allowed_tokens(mask);
+  EXPECT_TRUE(mask[static_cast<size_t>(*tc)]);
+  EXPECT_FALSE(mask[static_cast<size_t>(end_ids(f.tok)[0])]);  // no EOS before a call
+  auto think_end = f.tok.token_to_id("</think>");
+  ASSERT_TRUE(think_end.has_value());
+  EXPECT_FALSE(mask[static_cast<size_t>(*think_end)]);
+  ToolCallConstraint thinking(grammar(true), f.vocab, end_ids(f.tok));
+  thinking.allowed_tokens(mask);
+  EXPECT_TRUE(mask[static_cast<size_t>(*think_end)]);
+  EXPECT_FALSE(mask[static_cast<size_t>(*tc)]);
+}
+
+// Random logits (a stand-in for a random-weight model) under the mask: the sampled output is
+// always a complete call of the named function with schema-conforming arguments.
+TEST(ToolCallConstraint, RandomLogitsUnderTheMaskGiveValidCalls) {
+  const Fixture& f = fixture();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(f.vocab->size());
+  double total_ms = 0;
+  int steps = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    const bool thinking = trial % 2 == 1;
+    ToolCallConstraint c(grammar(thinking, std::string("get_weather")), f.vocab, end_ids(f.tok));
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.seed = static_cast<uint64_t>(trial);
+    sp.eos_token_ids = end_ids(f.tok);
+    if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};  // end the thought soon
+    std::vector<int32_t> out;
+    std::vector<uint8_t> mask(f.vocab->size());
+    bool ended = false;
+    for (int i = 0; i < 200 && !ended; ++i) {
+      for (float& x : logits) x = normal(rng);
+      auto t0 = std::chrono::steady_clock::now();
+      c.allowed_tokens(mask);
+      total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++steps;
+      SampleResult r = sample_token(logits, sp, {}, out, mask);
+      c.accept(r.token);
+      ended = sp.is_stop_token(r.token);
+      if (!ended) out.push_back(r.token);
+    }
+    ASSERT_TRUE(ended) << "no EOS in 200 tokens: " << f.tok.decode(out);
+    OutputParserOptions po;
+    po.thinking_enabled = thinking;
+    po.parse_tools = true;
+    po.tool_schemas = ToolSchemas::from_openai_tools(OrderedJson::parse(kTools));
+    const std::string text = f.tok.decode(out);
+    ParsedOutput p = parse_output(text, po);
+    ASSERT_EQ(p.tool_calls.size(), 1u) << text;
+    EXPECT_EQ(p.tool_calls[0].name, "get_weather");
+    auto args = OrderedJson::parse(p.tool_calls[0].arguments);
+    ASSERT_TRUE(args.contains("city")) << text;
+    EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome");
+    if (args.contains("days")) EXPECT_TRUE(args["days"].is_number_integer()) << text;
+  }
+  std::printf("mean mask time over %d sampled steps: %.2f ms\n", steps, total_ms / steps);
+}
+
+}  // namespace
+}  // namespace sparkserve
