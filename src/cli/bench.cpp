@@ -59,6 +59,7 @@ struct BenchOptions {
   double time_budget_s = 0;
   int threads = 0;
   bool json = false;
+  std::string json_out;
   bool weights_digest = false;
 };
 
@@ -447,6 +448,12 @@ int run_bench(const BenchOptions& o) {
   const int64_t peak = backend_peak_memory_bytes(be);
   j["peak_device_memory_bytes"] = peak;
   j["logits_finite"] = finite;
+  if (!o.json_out.empty()) {
+    std::FILE* f = std::fopen(o.json_out.c_str(), "w");
+    if (!f) return fail("cannot write --json-out " + o.json_out);
+    std::fprintf(f, "%s\n", j.dump(1).c_str());
+    std::fclose(f);
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -487,6 +494,7 @@ void register_bench(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "CPU worker threads (default: hardware concurrency)");
   cmd->add_flag("--json", opts->json, "Print one JSON object");
+  cmd->add_option("--json-out", opts->json_out, "Also write the JSON object to this file (with the table on stdout)");
   cmd->add_flag("--weights-digest", opts->weights_digest,
                 "Only build the weights and print a digest of their bytes (compares --synth with a written checkpoint)");
   cmd->callback([opts, &exit_code] { exit_code = run_bench(*opts); });

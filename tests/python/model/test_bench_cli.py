@@ -111,11 +111,14 @@ def test_model_folder_still_benchmarks():
     assert d["logits_finite"] is True
 
 
-def test_table_output():
+def test_table_output_and_json_out(tmp_path):
+    out = tmp_path / "b.json"
     proc = run("bench", "--device", "cpu", "--threads", 2, "--synth", "tiny", "--layout", "fp8", "--prompt-lens", "8",
-               "--batches", "1", "--decode-steps", 2)
+               "--batches", "1", "--decode-steps", 2, "--json-out", out)
     assert proc.returncode == 0, proc.stderr
     assert "prefill tokens" in proc.stdout and "of floor" in proc.stdout and "stream bandwidth" in proc.stdout
+    d = json.loads(out.read_text())
+    assert d["layout"] == "fp8" and positive(d["decode"][0]["ms_per_step"])
 
 
 def test_slow_cases_are_skipped_not_run():
