@@ -1,6 +1,7 @@
 #include "model/qwen35.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -218,6 +219,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
     fixed.prefill.total_rows = B;
     fixed.positions = Tensor(in.ptr<int32_t>() + B, DType::kI32, {B}, in.device);
     const Tensor packed(in.ptr<int32_t>() + 2 * B, DType::kI32, {in.numel() - 2 * B}, in.device);
+    const auto t0 = std::chrono::steady_clock::now();
     backend_.set_fixed_layout(packed, B, B, g->max_blocks * state.kv().block_size());
     g->recording = backend_.record([&] {
       Buffer h = buffer({B, c.hidden_size});
@@ -232,6 +234,8 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
       return std::nullopt;
     }
     ++graph_stats_.recorded;
+    graph_stats_.record_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   g->recording->replay();
   ++graph_stats_.replayed;

@@ -55,6 +55,7 @@ class Qwen35Model {
   struct GraphStats {
     int64_t recorded = 0;  // decode steps recorded (a new batch size, more KV blocks, new state pools)
     int64_t replayed = 0;  // forwards that replayed a recording (recording steps included)
+    double record_ms = 0;  // host time spent recording and instantiating, all recordings
   };
   GraphStats graph_stats() const { return graph_stats_; }
 
