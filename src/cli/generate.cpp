@@ -22,6 +22,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   int threads = 0;
   std::string device = "cpu";
+  LoadCliOptions load;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -43,8 +44,10 @@ int run_generate(const GenerateOptions& o) {
   if (!made) return fail(made.message());
   auto backend = std::move(*made);
   std::vector<std::string> notes;
+  auto load_opts = make_load_options(o.load);
+  if (!load_opts) return fail(load_opts.message());
   auto t_load = Clock::now();
-  auto model = load_qwen35(o.model, *backend, &notes);
+  auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
   const double load_ms = ms_since(t_load);
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
@@ -117,6 +120,7 @@ void register_generate(CLI::App& root, int& exit_code) {
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "Do not stop at the config's eos token ids");
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
+  add_load_options(cmd, opts->load);
   cmd->callback([opts, &exit_code] { exit_code = run_generate(*opts); });
 }
 SPARKSERVE_COMMAND(register_generate);

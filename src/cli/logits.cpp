@@ -18,6 +18,7 @@ struct LogitsOptions {
   std::string out;
   int threads = 0;
   std::string device = "cpu";
+  LoadCliOptions load;
 };
 
 int run_logits(const LogitsOptions& o) {
@@ -33,7 +34,9 @@ int run_logits(const LogitsOptions& o) {
   if (!made) return fail(made.message());
   auto backend = std::move(*made);
   std::vector<std::string> notes;
-  auto model = load_qwen35(o.model, *backend, &notes);
+  auto load_opts = make_load_options(o.load);
+  if (!load_opts) return fail(load_opts.message());
+  auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
   const ModelConfig& c = (*model)->config();
@@ -64,6 +67,7 @@ void register_logits(CLI::App& root, int& exit_code) {
   cmd->add_option("--out", opts->out, "Output .npy file")->required();
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
+  add_load_options(cmd, opts->load);
   cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });
 }
 SPARKSERVE_COMMAND(register_logits);

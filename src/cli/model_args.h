@@ -1,11 +1,17 @@
-// Options and helpers shared by the model-running subcommands (generate, logits).
+// Options and helpers shared by the model-running subcommands (generate, logits, serve, bench).
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "loader/load_options.h"
+#include "loader/load_progress.h"
 #include "runtime/model_state.h"
 
 namespace sparkserve::cli {
@@ -44,6 +50,34 @@ inline Expected<std::vector<int32_t>> parse_token_ids(const std::string& text) {
   }
   if (ids.empty()) return make_error("--prompt-ids: no token ids given");
   return ids;
+}
+
+// --load-buffer / --no-progress, on every command that loads a model (issue 4, item 5).
+struct LoadCliOptions {
+  std::string load_buffer = "4GiB";
+  bool no_progress = false;
+  // Owned here so the LoadOptions made below can point at it for the whole load.
+  mutable std::unique_ptr<StreamLoadProgress> progress;
+};
+
+inline void add_load_options(CLI::App* cmd, LoadCliOptions& o) {
+  cmd->add_option("--load-buffer", o.load_buffer,
+                  "Host memory budget for streaming weights in (staging / conversion), e.g. 4GiB, 512MiB; "
+                  "peak host memory stays under final weights + this")
+      ->default_val("4GiB");
+  cmd->add_flag("--no-progress", o.no_progress, "No loading progress line on stderr");
+}
+
+// The options for load_qwen35; the progress line goes to stderr (in place on a terminal).
+inline Expected<LoadOptions> make_load_options(const LoadCliOptions& o) {
+  SS_ASSIGN_OR_RETURN(uint64_t bytes, parse_load_buffer(o.load_buffer));
+  LoadOptions lo;
+  lo.buffer_bytes = bytes;
+  if (!o.no_progress) {
+    o.progress = std::make_unique<StreamLoadProgress>(stderr);
+    lo.progress = o.progress.get();
+  }
+  return lo;
 }
 
 }  // namespace sparkserve::cli

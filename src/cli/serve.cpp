@@ -39,6 +39,7 @@ struct ServeOptions {
   int block_size = 16;
   int threads = 0;
   std::string device = "cpu";
+  LoadCliOptions load;
   int64_t max_body_bytes = 8 << 20;
   double request_timeout = 600;
   int http_threads = 256;
@@ -61,6 +62,8 @@ int run_serve(const ServeOptions& o) {
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
   if (o.http_threads < 1 || o.http_threads > 4096) return fail("--http-threads must be in [1, 4096]");
+  auto load_opts = make_load_options(o.load);
+  if (!load_opts) return fail(load_opts.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
   // concurrent streams): logits buffers of varying size (rows x vocab floats) fall under the
@@ -87,7 +90,7 @@ int run_serve(const ServeOptions& o) {
   if (!made) return fail(made.message());
   auto backend = std::move(*made);
   std::vector<std::string> notes;
-  auto model = load_qwen35(o.model, *backend, &notes);
+  auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
   const ModelConfig& c = (*model)->config();
@@ -230,6 +233,7 @@ void register_serve(CLI::App& root, int& exit_code) {
   cmd->add_option("--block-size", o->block_size, "Tokens per KV block")->default_val(16);
   cmd->add_option("--threads", o->threads, "Model worker threads (default: all cores)");
   cmd->add_option("--device", o->device, "Backend: cpu or cuda")->default_val("cpu");
+  add_load_options(cmd, o->load);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body (413 above)")->default_val(8 << 20);
   cmd->add_option("--request-timeout", o->request_timeout, "Seconds before a request is cancelled (0: never)")->default_val(600);
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")->default_val(256);

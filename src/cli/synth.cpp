@@ -18,6 +18,7 @@ struct SynthArgs {
   uint64_t seed = 0;
   double shard_gb = 5.0;
   int threads = 0;
+  bool text_only = false;
 };
 
 int run_synth(const SynthArgs& a) {
@@ -41,6 +42,13 @@ int run_synth(const SynthArgs& a) {
     return 1;
   }
   SynthPlan plan = synth_plan(*model, *layout);
+  if (a.text_only) {
+    // Loading tests want the text model's real shapes without the ~2.6 GB (35B) of vision and MTP
+    // weights the loader never reads; config.json still describes them (the loader notes nothing).
+    std::erase_if(plan.tensors, [](const SynthTensor& t) {
+      return t.spec.name.starts_with("model.visual.") || t.spec.name.starts_with("mtp.");
+    });
+  }
   SynthOptions opt;
   opt.out = a.out;
   opt.seed = a.seed;
@@ -80,6 +88,8 @@ void register_synth(CLI::App& root, int& exit_code) {
   cmd->add_option("--seed", args->seed, "random seed (default 0)");
   cmd->add_option("--shard-gb", args->shard_gb, "shard size in GB (default 5)");
   cmd->add_option("--threads", args->threads, "generator threads (default: all cores)");
+  cmd->add_flag("--text-only", args->text_only,
+                "omit the vision tower and MTP tensors (smaller checkpoints for load tests; config.json unchanged)");
   cmd->callback([args, &exit_code] { exit_code = run_synth(*args); });
 }
 SPARKSERVE_COMMAND(register_synth);

@@ -119,6 +119,16 @@ Status pread_exact(const Fd& fd, const fs::path& path, void* dst, uint64_t n, ui
   return Status::Ok();
 }
 
+// Drops bytes [begin, begin + n) of the file from the page cache. Linux drops only pages wholly
+// inside the range: widen it to page boundaries (a neighbour's page dropped early costs one re-read
+// of that page; a page kept per piece would pile up: one per expert tensor of a 122B checkpoint is
+// ~1 GB). Advisory: a failure changes nothing.
+void drop_range(const Fd& fd, uint64_t begin, uint64_t n) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t lo = begin / page * page, hi = (begin + n + page - 1) / page * page;
+  (void)::posix_fadvise(fd.get(), static_cast<off_t>(lo), static_cast<off_t>(hi - lo), POSIX_FADV_DONTNEED);
+}
+
 // numel of a validated shape, or nullopt on int64 overflow.
 std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -412,7 +422,8 @@ Expected<const TensorInfo*> Checkpoint::require(const std::string& name, const s
   return info;
 }
 
-Status Checkpoint::read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst) const {
+Status Checkpoint::read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst,
+                              PageCache cache) const {
   if (byte_begin > info.nbytes || nbytes > info.nbytes - byte_begin) {
     return tensor_error(info.file, info.name,
                         "read of bytes [" + std::to_string(byte_begin) + ", +" + std::to_string(nbytes) +
@@ -428,7 +439,21 @@ Status Checkpoint::read_bytes(const TensorInfo& info, uint64_t byte_begin, uint6
                             std::to_string(begin + nbytes) + ") but the file now has " + std::to_string(size) +
                             " bytes");
   }
-  return pread_exact(fd, info.file, dst, nbytes, begin, "tensor '" + info.name + "'");
+  SS_RETURN_IF_ERROR(pread_exact(fd, info.file, dst, nbytes, begin, "tensor '" + info.name + "'"));
+  if (cache == PageCache::kDrop) drop_range(fd, begin, nbytes);
+  return Status::Ok();
+}
+
+void Checkpoint::drop_cached(const TensorInfo& info) const {
+  auto fd = open_for_read(info.file);
+  if (fd.ok()) drop_range(*fd, info.offset, info.nbytes);
+}
+
+void Checkpoint::drop_cached_files() const {
+  for (const auto& file : files_) {
+    auto fd = open_for_read(file);
+    if (fd.ok()) (void)::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED);  // 0 length: to the end
+  }
 }
 
 Status Checkpoint::read(const TensorInfo& info, void* dst) const { return read_bytes(info, 0, info.nbytes, dst); }

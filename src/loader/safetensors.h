@@ -74,9 +74,20 @@ class Checkpoint {
   // Reads the tensor's bytes into dst (info.nbytes bytes) with pread; errors name file and tensor
   // (e.g. a file truncated after its header was read).
   Status read(const TensorInfo& info, void* dst) const;
+  // kDrop: the pages read are dropped from the page cache afterwards (posix_fadvise DONTNEED, range
+  // widened to whole pages so no page at a piece boundary is left behind), for loads that must not
+  // leave a second copy of the checkpoint in memory.
+  enum class PageCache { kKeep, kDrop };
   // Reads bytes [byte_begin, byte_begin + nbytes) of the tensor's data (e.g. one expert of a fused
   // [E, ...] tensor); the range must lie inside the tensor.
-  Status read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst) const;
+  Status read_bytes(const TensorInfo& info, uint64_t byte_begin, uint64_t nbytes, void* dst,
+                    PageCache cache = PageCache::kKeep) const;
+  // posix_fadvise(DONTNEED) over the whole tensor (widened to pages) / over every file of the
+  // checkpoint. A page-cache folio is dropped only when it lies wholly inside the range, and folios
+  // can be larger than one piece read (up to 2 MiB: e.g. pages cached when the file was written), so
+  // the loader also drops each tensor once it is read, and every file at the end. Advisory.
+  void drop_cached(const TensorInfo& info) const;
+  void drop_cached_files() const;
   // Reads and converts a float tensor (F32/F16/BF16/F8_E4M3/F8_E5M2/F64) to f32, streaming through a
   // small buffer (no second full-size copy).
   Expected<std::vector<float>> read_f32(const TensorInfo& info) const;

@@ -6,8 +6,10 @@
 
 #include "core/nvfp4.h"
 #include "core/tensor.h"
+#include "loader/load_progress.h"
 #include "loader/quant_config.h"
 #include "loader/quant_scheme.h"
+#include "loader/weight_stream.h"
 
 namespace sparkserve {
 
@@ -36,8 +38,8 @@ bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kBF16 || t
 
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ckpt, const QuantPlan& plan, Backend& backend, ModelWeights& w)
-      : ckpt_(ckpt), plan_(plan), backend_(backend), w_(w) {}
+  WeightLoader(const Checkpoint& ckpt, const QuantPlan& plan, Backend& backend, WeightStream& stream, ModelWeights& w)
+      : ckpt_(ckpt), plan_(plan), backend_(backend), stream_(stream), w_(w) {}
 
   std::set<std::string>& used() { return used_; }
 
@@ -64,9 +66,8 @@ class WeightLoader {
   // A small tensor (norm weight, conv kernel, A_log, ...) converted to f32.
   Expected<Tensor> vector_f32(const Part& p, std::vector<int64_t> device_shape = {}) {
     SS_ASSIGN_OR_RETURN(const TensorInfo* info, require(p));
-    SS_ASSIGN_OR_RETURN(std::vector<float> data, ckpt_.read_f32(*info));
     w_.storage.emplace_back(&backend_, DType::kF32, device_shape.empty() ? p.shape : device_shape);
-    backend_.upload(w_.storage.back().tensor(), data.data());
+    SS_RETURN_IF_ERROR(stream_.convert_f32(*info, w_.storage.back().tensor(), 0));
     return w_.storage.back().tensor();
   }
 
@@ -103,22 +104,20 @@ class WeightLoader {
     lin.in_features = shape.back();
     w_.storage.emplace_back(&backend_, dtype, shape);
     lin.weight = w_.storage.back().tensor();
-    std::vector<uint8_t> host(lin.weight.nbytes());
+    // Streamed part by part, piece by piece, straight into place (no whole-weight host copy).
     size_t offset = 0;
     for (const TensorInfo* info : infos) {
       const size_t bytes = static_cast<size_t>(info->numel()) * dtype_size(dtype);
-      if (offset + bytes > host.size())
+      if (offset + bytes > lin.weight.nbytes())
         return make_error(info->file.string() + ": tensor '" + info->name + "' does not fit the weight");
       if (info->dtype == dtype) {
-        SS_RETURN_IF_ERROR(ckpt_.read(*info, host.data() + offset));
+        SS_RETURN_IF_ERROR(stream_.copy(*info, lin.weight, offset));
       } else {
-        SS_ASSIGN_OR_RETURN(std::vector<float> f, ckpt_.read_f32(*info));
-        std::memcpy(host.data() + offset, f.data(), bytes);
+        SS_RETURN_IF_ERROR(stream_.convert_f32(*info, lin.weight, offset / sizeof(float)));
       }
       offset += bytes;
     }
-    CHECK(offset == host.size());
-    backend_.upload(lin.weight, host.data());
+    CHECK(offset == lin.weight.nbytes());
     return lin;
   }
 
@@ -179,9 +178,10 @@ class WeightLoader {
       return d;
     };
     const int64_t wcols = nvfp4 ? K / 2 : K;
-    std::vector<uint8_t> wbytes(static_cast<size_t>(E * N * wcols));
-    std::vector<uint8_t> block_scales(nvfp4 ? static_cast<size_t>(E * N * (K / kNvfp4BlockSize)) : 0);
-    std::vector<float> row_scales(nvfp4 ? 0 : static_cast<size_t>(E * N));
+    // Weights and per-row / per-block scales stream into their backend tensors part by part; only
+    // the per-part global / input scales (a few floats per part) are gathered on the host.
+    lin.weight = alloc(nvfp4 ? DType::kU8 : DType::kF8E4M3, dims({N, wcols}));
+    lin.weight_scale = nvfp4 ? alloc(DType::kF8E4M3, dims({N, K / kNvfp4BlockSize})) : alloc(DType::kF32, dims({N}));
     std::vector<float> global(static_cast<size_t>(num_parts), 1.0f), input(static_cast<size_t>(num_parts), 1.0f);
     const bool needs_input = lin.activation == ActivationQuant::kNvfp4 || lin.activation == ActivationQuant::kFp8TensorStatic;
     for (int64_t i = 0; i < num_parts; ++i) {
@@ -194,31 +194,44 @@ class WeightLoader {
       if (t.weight->nbytes != static_cast<uint64_t>(rows * wcols))
         return fail("tensor '" + t.weight->name + "' holds " + std::to_string(t.weight->nbytes) + " bytes, expected " +
                     std::to_string(rows * wcols));
-      SS_RETURN_IF_ERROR(ckpt_.read(*t.weight, wbytes.data() + row0 * wcols));
+      SS_RETURN_IF_ERROR(stream_.copy(*t.weight, lin.weight, static_cast<uint64_t>(row0 * wcols)));
       if (nvfp4) {
         const int64_t nb = rows * (K / kNvfp4BlockSize);
         if (t.weight_scale->dtype != DType::kF8E4M3 || t.weight_scale->numel() != nb)
           return fail("tensor '" + t.weight_scale->name + "' must be F8_E4M3 with " + std::to_string(nb) +
                       " values, got " + std::string(dtype_name(t.weight_scale->dtype)) + " " +
                       shape_to_string(t.weight_scale->shape));
-        uint8_t* dst = block_scales.data() + row0 * (K / kNvfp4BlockSize);
-        SS_RETURN_IF_ERROR(ckpt_.read(*t.weight_scale, dst));
-        for (int64_t j = 0; j < nb; ++j)
-          if ((dst[j] & 0x7F) == 0x7F) return fail("tensor '" + t.weight_scale->name + "' holds a NaN block scale");
+        SS_RETURN_IF_ERROR(stream_.copy(*t.weight_scale, lin.weight_scale,
+                                        static_cast<uint64_t>(row0 * (K / kNvfp4BlockSize)),
+                                        [&](const uint8_t* b, uint64_t n, uint64_t) -> Status {
+                                          for (uint64_t j = 0; j < n; ++j)
+                                            if ((b[j] & 0x7F) == 0x7F)
+                                              return fail("tensor '" + t.weight_scale->name +
+                                                          "' holds a NaN block scale");
+                                          return Status::Ok();
+                                        }));
         if (!t.global_scale)
           return fail(std::string("has no ") + (fmt == WeightFormat::kNvfp4 ? "weight_global_scale" : "weight_scale_2") +
                       " tensor");
         SS_ASSIGN_OR_RETURN(float g, scalar(*t.global_scale, m.name));
         global[static_cast<size_t>(i)] = g;
       } else {
-        SS_ASSIGN_OR_RETURN(std::vector<float> ws, ckpt_.read_f32(*t.weight_scale));
-        if (ws.size() != 1 && static_cast<int64_t>(ws.size()) != rows)
-          return fail("tensor '" + t.weight_scale->name + "' has " + std::to_string(ws.size()) +
+        const int64_t count = t.weight_scale->numel();
+        if (count != 1 && count != rows)
+          return fail("tensor '" + t.weight_scale->name + "' has " + std::to_string(count) +
                       " values, expected 1 (per tensor) or " + std::to_string(rows) + " (per channel)");
-        for (int64_t r = 0; r < rows; ++r) {
-          const float v = ws[ws.size() == 1 ? 0 : static_cast<size_t>(r)];
-          if (!std::isfinite(v)) return fail("tensor '" + t.weight_scale->name + "' holds a non-finite scale");
-          row_scales[static_cast<size_t>(row0 + r)] = v;
+        auto finite = [&](const float* v, uint64_t n, uint64_t) -> Status {
+          for (uint64_t j = 0; j < n; ++j)
+            if (!std::isfinite(v[j])) return fail("tensor '" + t.weight_scale->name + "' holds a non-finite scale");
+          return Status::Ok();
+        };
+        if (count == rows) {
+          SS_RETURN_IF_ERROR(stream_.convert_f32(*t.weight_scale, lin.weight_scale, static_cast<uint64_t>(row0), finite));
+        } else {
+          // A per-tensor scale is repeated over the part's rows (same products as one scale).
+          SS_ASSIGN_OR_RETURN(std::vector<float> ws, stream_.read_small_f32(*t.weight_scale));
+          SS_RETURN_IF_ERROR(finite(ws.data(), 1, 0));
+          stream_.fill_f32(lin.weight_scale, static_cast<uint64_t>(row0), static_cast<uint64_t>(rows), ws[0]);
         }
       }
       if (needs_input) {
@@ -231,9 +244,6 @@ class WeightLoader {
       for (const TensorInfo* ti : {t.weight, t.weight_scale, t.global_scale, t.input_scale})
         if (ti) used_.insert(ti->name);
     }
-    lin.weight = upload(nvfp4 ? DType::kU8 : DType::kF8E4M3, dims({N, wcols}), wbytes.data());
-    lin.weight_scale = nvfp4 ? upload(DType::kF8E4M3, dims({N, K / kNvfp4BlockSize}), block_scales.data())
-                             : upload(DType::kF32, dims({N}), row_scales.data());
     if (nvfp4) lin.global_scale = upload(DType::kF32, {E, lin.partitions}, global.data());
     if (needs_input) lin.input_scale = upload(DType::kF32, {E, lin.partitions}, input.data());
     return lin;
@@ -244,7 +254,7 @@ class WeightLoader {
     if (info.numel() != 1)
       return make_error(info.file.string() + ": tensor '" + info.name + "' of module '" + module + "' has shape " +
                         shape_to_string(info.shape) + ", expected one value");
-    SS_ASSIGN_OR_RETURN(std::vector<float> v, ckpt_.read_f32(info));
+    SS_ASSIGN_OR_RETURN(std::vector<float> v, stream_.read_small_f32(info));
     if (!std::isfinite(v[0]) || v[0] <= 0.0f)
       return make_error(info.file.string() + ": tensor '" + info.name + "' of module '" + module + "' is " +
                         std::to_string(v[0]) + ", expected a finite positive scale");
@@ -257,9 +267,15 @@ class WeightLoader {
     return w_.storage.back().tensor();
   }
 
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) {
+    w_.storage.emplace_back(&backend_, dtype, std::move(shape));
+    return w_.storage.back().tensor();
+  }
+
   const Checkpoint& ckpt_;
   const QuantPlan& plan_;
   Backend& backend_;
+  WeightStream& stream_;
   ModelWeights& w_;
   std::set<std::string> used_;
 };
@@ -340,7 +356,9 @@ bool has_quantized_tensors(const Checkpoint& ckpt) {
 
 }  // namespace
 
-Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c, Backend& backend) {
+namespace {
+Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const ModelConfig& c, Backend& backend,
+                                             WeightStream& stream) {
   ModelWeights w;
   // Every module's format is decided from its tensors and checked against the quantization config
   // first: a module with no consistent reading fails the load here, by name.
@@ -354,7 +372,7 @@ Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
     plan = QuantPlan{};
   }
   w.report.quant_warnings = plan->warnings;
-  WeightLoader L(ckpt, *plan, backend, w);
+  WeightLoader L(ckpt, *plan, backend, stream, w);
   std::string prefix;
   if (ckpt.find("model.language_model.embed_tokens.weight")) {
     prefix = "model.language_model.";
@@ -405,6 +423,34 @@ Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
     } else {
       w.report.unexpected.push_back(name);
     }
+  }
+  return w;
+}
+}  // namespace
+
+uint64_t text_model_bytes(const Checkpoint& ckpt) {
+  uint64_t total = 0;
+  for (const auto& [name, info] : ckpt.tensors())
+    if (name.rfind("model.visual.", 0) != 0 && name.rfind("visual.", 0) != 0 && name.rfind("mtp.", 0) != 0)
+      total += info.nbytes;
+  return total;
+}
+
+Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c, Backend& backend,
+                                    const LoadOptions& options) {
+  if (options.buffer_bytes < kMinLoadBuffer)
+    return make_error("load buffer of " + format_bytes(options.buffer_bytes) + " is below the minimum of " +
+                      format_bytes(kMinLoadBuffer));
+  WeightStream stream(ckpt, backend, options);
+  if (options.progress) options.progress->start(text_model_bytes(ckpt));
+  auto w = load_weights_streamed(ckpt, c, backend, stream);
+  backend.synchronize();
+  // Folios that straddled two tensors (each dropped only its own whole pages) go now.
+  if (options.drop_page_cache) ckpt.drop_cached_files();
+  if (options.progress) options.progress->finish(w.ok());
+  if (w.ok()) {
+    w->report.bytes_read = stream.bytes_read();
+    w->report.peak_staging_bytes = stream.peak_staging_bytes();
   }
   return w;
 }

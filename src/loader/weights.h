@@ -11,6 +11,7 @@
 #include "backend/ops.h"
 #include "core/status.h"
 #include "loader/hf_config.h"
+#include "loader/load_options.h"
 #include "loader/safetensors.h"
 
 namespace sparkserve {
@@ -68,6 +69,8 @@ struct LoadReport {
   int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
   std::vector<std::string> unexpected;  // anything else the model does not know
   std::vector<std::string> quant_warnings;  // QuantPlan::warnings (overlapping targets, unmatched ignores ...)
+  uint64_t bytes_read = 0;          // checkpoint bytes streamed in
+  uint64_t peak_staging_bytes = 0;  // the largest host staging buffer held (<= LoadOptions::buffer_bytes)
   // One line each, for stderr.
   std::vector<std::string> notes() const;
 };
@@ -87,6 +90,13 @@ struct ModelWeights {
 // Errors name the file (or the checkpoint
 // folder, for a missing tensor) and the tensor: missing, shape disagreeing with the config
 // (expected vs found), or a dtype that is not a float type this backend can use.
-Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend);
+// Tensors stream through one bounded host staging buffer (LoadOptions, loader/weight_stream.h):
+// host memory above the final weights stays under options.buffer_bytes.
+Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend,
+                                    const LoadOptions& options = {});
+
+// Bytes of every tensor but the vision tower and MTP head: what a text-model load reads (the
+// progress line's total).
+uint64_t text_model_bytes(const Checkpoint& ckpt);
 
 }  // namespace sparkserve
