@@ -1,7 +1,9 @@
 """sparkserve's CPU forward pass on checkpoints quantized by the real compressed-tensors library.
 
 For every fixture tests/fixtures/qwen35-quant-*/ (made by tools/make_quant_fixtures.py: NVFP4, NVFP4 experts +
-FP8 dense + BF16 lm_head, FP8 dynamic, and the NVFP4 numbers in ModelOpt's layout), reference logits come from
+FP8 dense + BF16 lm_head, FP8 dynamic, and the NVFP4 numbers in ModelOpt's layout), and the same four layouts of
+an "unseen" model in tests/fixtures/unseen-quant-*/ (tools/unseen_quant_check.py: new dimensions and seed, the
+same compressed-tensors pipeline; unseen_reference.json), reference logits come from
 transformers with compressed-tensors' own quantize-dequantize forward in float32 (reference.json:
 reference_compute). `sparkserve logits` computes the same function: weights dequantized with the same formulas,
 activations fake-quantized at run time (NVFP4 per 16 with input_global_scale; FP8 per token).
@@ -37,7 +39,9 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIXTURES = sorted(p.parent for p in (ROOT / "tests" / "fixtures").glob("qwen35-quant-*/reference.json"))
+REFERENCES = sorted((ROOT / "tests" / "fixtures").glob("qwen35-quant-*/reference.json")) + \
+    sorted((ROOT / "tests" / "fixtures").glob("unseen-quant-*/unseen_reference.json"))
+FIXTURES = [p.parent for p in REFERENCES]
 BIN = os.environ.get("SPARKSERVE_BIN", str(ROOT / "build" / "sparkserve"))
 
 ROW0 = 1e-4
@@ -48,8 +52,9 @@ MARGIN = 0.02
 
 
 def cases():
-    for fx in FIXTURES:
-        ref = json.loads((fx / "reference.json").read_text())
+    for path in REFERENCES:
+        fx = path.parent
+        ref = json.loads(path.read_text())
         for p in ref["prompts"]:
             yield pytest.param(fx, p, id=f"{fx.name}-{p['name']}")
 
