@@ -174,7 +174,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
       key.push_back(reinterpret_cast<uintptr_t>(state.kv().v_pool(layer_slot_[l]).data));
     }
   }
-  if (key != graph_state_key_ || graph_logits_.tensor().dim(0) < B) {
+  if (key != graph_state_key_ || !graph_logits_.tensor().data || graph_logits_.tensor().dim(0) < B) {
     drop_graphs();
     graph_state_key_ = std::move(key);
     // Logits rows for the largest possible batch (one per GDN slot), shared by every recording so
