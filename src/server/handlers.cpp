@@ -141,6 +141,23 @@ bool authorized(const ServeContext& ctx, const httplib::Request& req) {
   return req.get_header_value("Authorization") == "Bearer " + ctx.api_key;
 }
 
+// Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
+// tokenized. Errors are 400s on "messages".
+ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
+                                            const RequestJson& tools, bool add_generation_prompt,
+                                            const RequestJson& chat_template_kwargs) {
+  OrderedJson tmpl_req = OrderedJson::object();
+  tmpl_req["messages"] = messages;
+  if (!tools.is_null()) tmpl_req["tools"] = tools;
+  tmpl_req["add_generation_prompt"] = add_generation_prompt;
+  tmpl_req["chat_template_kwargs"] = chat_template_kwargs;
+  auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
+  if (!rendered.ok()) return bad_request("chat template: " + rendered.message(), "messages");
+  auto ids = ctx.tokenizer->encode(*rendered);
+  if (!ids.ok()) return bad_request(ids.message(), "messages");
+  return std::vector<int32_t>(ids->begin(), ids->end());
+}
+
 struct Prepared {
   std::vector<int32_t> prompt;
   SamplingParams params;
@@ -185,18 +202,67 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 
 // Non-streaming: wait for the whole output on this HTTP thread. A client that closed its
 // connection meanwhile cancels the request (its slot and blocks are freed at the next step).
-void wait_all(ServeContext& ctx, const httplib::Request& req, Generation& g, Piece& all) {
+// False when the generation failed; the error response is then already set.
+bool wait_all(ServeContext& ctx, const httplib::Request& req, Generation& g, httplib::Response& res) {
   const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
+  Piece all;
   while (!g.done) {
     if (ctx.shutting_down.load()) g.er->cancelled.store(true);
     if (peer_closed(fd)) {
       g.er->cancelled.store(true);
       g.finish_reason = "abort";
       g.done = true;
-      return;
+      return true;  // nobody reads the response
     }
     pump(g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, all);
   }
+  if (!g.error) return true;
+  send_error(res, *g.error);
+  return false;
+}
+
+// Writes SSE text; a failed write means the client is gone, which cancels the request.
+bool sse_write(Generation& g, httplib::DataSink& sink, const std::string& s) {
+  if (sink.write(s.data(), s.size())) return true;
+  g.er->cancelled.store(true);
+  return false;
+}
+
+enum class Streamed { kEnded, kFailed, kGone };
+
+// Drains a generation into SSE events until it ends: `chunk(piece)` gives one piece's event
+// ("" when there is nothing to send). kFailed: a generation error was sent as an SSE error
+// plus [DONE]; kGone: the client went away (the request is cancelled).
+template <class ChunkFn>
+Streamed stream_pieces(ServeContext& ctx, Generation& g, httplib::DataSink& sink, ChunkFn chunk) {
+  while (!g.done) {
+    if (ctx.shutting_down.load()) g.er->cancelled.store(true);
+    Piece p;
+    pump(g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, p);
+    if (g.error) {
+      sse_write(g, sink, sse_error_and_done(*g.error));
+      sink.done();
+      return Streamed::kFailed;
+    }
+    const std::string event = chunk(p);
+    if (!event.empty()) {
+      if (!sse_write(g, sink, event)) return Streamed::kGone;
+    } else if (!sink.is_writable()) {
+      g.er->cancelled.store(true);
+      return Streamed::kGone;
+    }
+  }
+  return Streamed::kEnded;
+}
+
+// The closing events of a stream: the finishing chunk, the usage chunk when asked, [DONE].
+bool end_stream(Generation& g, httplib::DataSink& sink, const ResponseJson& last,
+                const std::optional<ResponseJson>& usage) {
+  if (!sse_write(g, sink, sse_event(last))) return false;
+  if (usage && !sse_write(g, sink, sse_event(*usage))) return false;
+  if (!sse_write(g, sink, std::string(kSseDone))) return false;
+  sink.done();
+  return true;
 }
 
 // ---- /v1/chat/completions ------------------------------------------------------------------
@@ -232,17 +298,9 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
     return send_error(res, bad_request("continue_final_message is not supported yet", "continue_final_message"));
   if (!ctx.chat_template)
     return send_error(res, bad_request("this model folder has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions", "messages"));
-  OrderedJson tmpl_req = OrderedJson::object();
-  tmpl_req["messages"] = r.messages;
-  if (!r.tools.is_null()) tmpl_req["tools"] = r.tools;
-  tmpl_req["add_generation_prompt"] = r.add_generation_prompt;
-  tmpl_req["chat_template_kwargs"] = r.chat_template_kwargs;
-  auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
-  if (!rendered.ok()) return send_error(res, bad_request("chat template: " + rendered.message(), "messages"));
-  auto ids = ctx.tokenizer->encode(*rendered);
-  if (!ids.ok()) return send_error(res, bad_request(ids.message(), "messages"));
-  std::vector<int32_t> prompt(ids->begin(), ids->end());
-  auto prep = prepare(ctx, r, std::move(prompt));
+  auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
+  if (!prompt.ok()) return send_error(res, prompt.error());
+  auto prep = prepare(ctx, r, std::move(*prompt));
   if (!prep.ok()) return send_error(res, prep.error());
 
   auto et = r.chat_template_kwargs.find("enable_thinking");
@@ -264,9 +322,7 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
   ctx.engine->submit(g->er);
 
   if (!r.stream) {
-    Piece all;
-    wait_all(ctx, req, *g, all);
-    if (g->error) return send_error(res, *g->error);
+    if (!wait_all(ctx, req, *g, res)) return;
     const ParsedOutput& out = g->parser->result();
     ChatMessageOut msg;
     msg.content = out.content;
@@ -290,54 +346,33 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
   res.set_chunked_content_provider(
       "text/event-stream",
       [&ctx, g, meta, first, any_tool_call, want_logprobs, token_ids, include_usage](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) {
-          if (!sink.write(s.data(), s.size())) {
-            g->er->cancelled.store(true);
-            return false;
-          }
-          return true;
-        };
         if (*first) {
           *first = false;
           ChatDelta role;
           role.role = true;
           role.content = "";
-          if (!write(sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr,
-                                               token_ids ? &g->er->prompt : nullptr))))
+          if (!sse_write(*g, sink, sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr,
+                                                             token_ids ? &g->er->prompt : nullptr))))
             return false;
         }
-        while (!g->done) {
-          if (ctx.shutting_down.load()) g->er->cancelled.store(true);
-          Piece p;
-          pump(*g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, p);
-          if (g->error) {
-            write(sse_error_and_done(*g->error));
-            sink.done();
-            return true;
-          }
+        const Streamed st = stream_pieces(ctx, *g, sink, [&](const Piece& p) {
           ChatDelta d = to_chat_delta(*g, p.delta);
           if (!d.tool_calls.empty()) *any_tool_call = true;
           const bool has_delta = d.content || d.reasoning || !d.tool_calls.empty();
-          if (has_delta || (!p.token_ids.empty() && (token_ids || want_logprobs))) {
-            ResponseJson lp;
-            ChoiceExtras ex;
-            if (want_logprobs) {
-              lp = chat_logprobs_json(p.logprobs);
-              ex.logprobs = &lp;
-            }
-            if (token_ids) ex.token_ids = &p.token_ids;
-            if (!write(sse_event(chat_chunk_json(meta, d, std::nullopt, ex)))) return false;
-          } else if (!sink.is_writable()) {
-            g->er->cancelled.store(true);
-            return false;
+          if (!has_delta && (p.token_ids.empty() || (!token_ids && !want_logprobs))) return std::string();
+          ResponseJson lp;
+          ChoiceExtras ex;
+          if (want_logprobs) {
+            lp = chat_logprobs_json(p.logprobs);
+            ex.logprobs = &lp;
           }
-        }
+          if (token_ids) ex.token_ids = &p.token_ids;
+          return sse_event(chat_chunk_json(meta, d, std::nullopt, ex));
+        });
+        if (st != Streamed::kEnded) return st == Streamed::kFailed;
         ChoiceEnd end{*any_tool_call ? std::string("tool_calls") : g->finish_reason, g->stop_reason};
-        if (!write(sse_event(chat_chunk_json(meta, ChatDelta{}, end)))) return false;
-        if (include_usage && !write(sse_event(chat_usage_chunk_json(meta, usage_of(*g))))) return false;
-        if (!write(std::string(kSseDone))) return false;
-        sink.done();
-        return true;
+        return end_stream(*g, sink, chat_chunk_json(meta, ChatDelta{}, end),
+                          include_usage ? std::optional(chat_usage_chunk_json(meta, usage_of(*g))) : std::nullopt);
       },
       [g](bool) { g->er->cancelled.store(true); });
 }
@@ -368,9 +403,7 @@ void handle_completion(ServeContext& ctx, const httplib::Request& req, httplib::
   ctx.engine->submit(g->er);
 
   if (!r.stream) {
-    Piece all;
-    wait_all(ctx, req, *g, all);
-    if (g->error) return send_error(res, *g->error);
+    if (!wait_all(ctx, req, *g, res)) return;
     ResponseJson lp;
     ChoiceExtras ex;
     if (g->num_logprobs >= 0) {
@@ -387,47 +420,25 @@ void handle_completion(ServeContext& ctx, const httplib::Request& req, httplib::
   res.set_chunked_content_provider(
       "text/event-stream",
       [&ctx, g, meta, first, offset, token_ids, include_usage](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) {
-          if (!sink.write(s.data(), s.size())) {
-            g->er->cancelled.store(true);
-            return false;
+        const Streamed st = stream_pieces(ctx, *g, sink, [&](const Piece& p) {
+          if (p.text.empty() && (p.token_ids.empty() || (!token_ids && g->num_logprobs < 0))) return std::string();
+          ResponseJson lp;
+          ChoiceExtras ex;
+          if (g->num_logprobs >= 0) {
+            lp = completion_logprobs_json(p.logprobs, *offset);
+            ex.logprobs = &lp;
           }
-          return true;
-        };
-        while (!g->done) {
-          if (ctx.shutting_down.load()) g->er->cancelled.store(true);
-          Piece p;
-          pump(*g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, p);
-          if (g->error) {
-            write(sse_error_and_done(*g->error));
-            sink.done();
-            return true;
-          }
-          if (!p.text.empty() || (!p.token_ids.empty() && (token_ids || g->num_logprobs >= 0))) {
-            ResponseJson lp;
-            ChoiceExtras ex;
-            if (g->num_logprobs >= 0) {
-              lp = completion_logprobs_json(p.logprobs, *offset);
-              ex.logprobs = &lp;
-            }
-            if (token_ids) ex.token_ids = &p.token_ids;
-            const bool is_first = *first;
-            *first = false;
-            *offset += static_cast<int64_t>(p.text.size());
-            if (!write(sse_event(text_completion_chunk_json(meta, p.text, std::nullopt, ex, nullptr,
-                                                            is_first && token_ids ? &g->er->prompt : nullptr))))
-              return false;
-          } else if (!sink.is_writable()) {
-            g->er->cancelled.store(true);
-            return false;
-          }
-        }
-        if (!write(sse_event(text_completion_chunk_json(meta, "", ChoiceEnd{g->finish_reason, g->stop_reason}))))
-          return false;
-        if (include_usage && !write(sse_event(text_completion_usage_chunk_json(meta, usage_of(*g))))) return false;
-        if (!write(std::string(kSseDone))) return false;
-        sink.done();
-        return true;
+          if (token_ids) ex.token_ids = &p.token_ids;
+          const bool is_first = *first;
+          *first = false;
+          *offset += static_cast<int64_t>(p.text.size());
+          return sse_event(text_completion_chunk_json(meta, p.text, std::nullopt, ex, nullptr,
+                                                      is_first && token_ids ? &g->er->prompt : nullptr));
+        });
+        if (st != Streamed::kEnded) return st == Streamed::kFailed;
+        return end_stream(*g, sink, text_completion_chunk_json(meta, "", ChoiceEnd{g->finish_reason, g->stop_reason}),
+                          include_usage ? std::optional(text_completion_usage_chunk_json(meta, usage_of(*g)))
+                                        : std::nullopt);
       },
       [g](bool) { g->er->cancelled.store(true); });
 }
@@ -442,16 +453,9 @@ void handle_tokenize(ServeContext& ctx, const httplib::Request& req, httplib::Re
   if (!r.messages.is_null()) {
     if (!ctx.chat_template)
       return send_error(res, bad_request("this model folder has no chat template", "messages"));
-    OrderedJson tmpl_req = OrderedJson::object();
-    tmpl_req["messages"] = r.messages;
-    if (!r.tools.is_null()) tmpl_req["tools"] = r.tools;
-    tmpl_req["add_generation_prompt"] = r.add_generation_prompt;
-    tmpl_req["chat_template_kwargs"] = r.chat_template_kwargs;
-    auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
-    if (!rendered.ok()) return send_error(res, bad_request("chat template: " + rendered.message(), "messages"));
-    auto enc = ctx.tokenizer->encode(*rendered);
-    if (!enc.ok()) return send_error(res, bad_request(enc.message(), "messages"));
-    ids.assign(enc->begin(), enc->end());
+    auto enc = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
+    if (!enc.ok()) return send_error(res, enc.error());
+    ids = std::move(*enc);
   } else {
     auto enc = ctx.tokenizer->encode(r.prompt.value_or(""));
     if (!enc.ok()) return send_error(res, bad_request(enc.message(), "prompt"));

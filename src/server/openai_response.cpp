@@ -124,6 +124,41 @@ ResponseJson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
   return j;
 }
 
+namespace {
+
+// {"index": 0, <key>: body, "logprobs", "finish_reason", "stop_reason", ["prompt_token_ids"],
+// ["token_ids"]}: one choice, in vLLM's key order (text completions carry prompt_token_ids here).
+ResponseJson choice_json(const char* key, ResponseJson body, const std::optional<ChoiceEnd>& end,
+                         const ChoiceExtras& extras, const std::vector<int32_t>* prompt_token_ids = nullptr) {
+  ResponseJson choice = ResponseJson::object();
+  choice["index"] = 0;
+  choice[key] = std::move(body);
+  put_extras(choice, extras);
+  put_end(choice, end);
+  if (prompt_token_ids) choice["prompt_token_ids"] = token_ids_json(*prompt_token_ids);
+  put_token_ids(choice, extras);
+  return choice;
+}
+
+// The response object around one choice, with usage when given.
+ResponseJson one_choice_response(const ResponseMeta& meta, const char* object, ResponseJson choice,
+                                 const UsageInfo* usage) {
+  ResponseJson j = base(meta, object);
+  j["choices"] = ResponseJson::array({std::move(choice)});
+  if (usage) j["usage"] = usage_json(*usage);
+  return j;
+}
+
+// The last chunk of a stream with include_usage: no choices, only usage.
+ResponseJson usage_only_chunk(const ResponseMeta& meta, const char* object, const UsageInfo& usage) {
+  ResponseJson j = base(meta, object);
+  j["choices"] = ResponseJson::array();
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+}  // namespace
+
 ResponseJson chat_completion_json(const ResponseMeta& meta, const ChatMessageOut& message,
                                   const ChoiceEnd& end, const UsageInfo& usage, ChoiceExtras extras,
                                   const std::vector<int32_t>* prompt_token_ids) {
@@ -132,17 +167,7 @@ ResponseJson chat_completion_json(const ResponseMeta& meta, const ChatMessageOut
   msg["content"] = message.content ? ResponseJson(*message.content) : ResponseJson(nullptr);
   put_reasoning(msg, message.reasoning);
   if (!message.tool_calls.empty()) msg["tool_calls"] = message.tool_calls;
-
-  ResponseJson choice = ResponseJson::object();
-  choice["index"] = 0;
-  choice["message"] = std::move(msg);
-  put_extras(choice, extras);
-  put_end(choice, end);
-  put_token_ids(choice, extras);
-
-  ResponseJson j = base(meta, "chat.completion");
-  j["choices"] = ResponseJson::array({std::move(choice)});
-  j["usage"] = usage_json(usage);
+  ResponseJson j = one_choice_response(meta, "chat.completion", choice_json("message", std::move(msg), end, extras), &usage);
   if (prompt_token_ids) j["prompt_token_ids"] = token_ids_json(*prompt_token_ids);
   return j;
 }
@@ -155,66 +180,30 @@ ResponseJson chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta,
   if (delta.content) d["content"] = *delta.content;
   put_reasoning(d, delta.reasoning);
   if (!delta.tool_calls.empty()) d["tool_calls"] = delta.tool_calls;
-
-  ResponseJson choice = ResponseJson::object();
-  choice["index"] = 0;
-  choice["delta"] = std::move(d);
-  put_extras(choice, extras);
-  put_end(choice, end);
-  put_token_ids(choice, extras);
-
-  ResponseJson j = base(meta, "chat.completion.chunk");
-  j["choices"] = ResponseJson::array({std::move(choice)});
-  if (usage) j["usage"] = usage_json(*usage);
+  ResponseJson j = one_choice_response(meta, "chat.completion.chunk", choice_json("delta", std::move(d), end, extras), usage);
   if (prompt_token_ids) j["prompt_token_ids"] = token_ids_json(*prompt_token_ids);
   return j;
 }
 
 ResponseJson chat_usage_chunk_json(const ResponseMeta& meta, const UsageInfo& usage) {
-  ResponseJson j = base(meta, "chat.completion.chunk");
-  j["choices"] = ResponseJson::array();
-  j["usage"] = usage_json(usage);
-  return j;
+  return usage_only_chunk(meta, "chat.completion.chunk", usage);
 }
 
 ResponseJson text_completion_json(const ResponseMeta& meta, const std::string& text,
                                   const ChoiceEnd& end, const UsageInfo& usage, ChoiceExtras extras,
                                   const std::vector<int32_t>* prompt_token_ids) {
-  ResponseJson choice = ResponseJson::object();
-  choice["index"] = 0;
-  choice["text"] = text;
-  put_extras(choice, extras);
-  put_end(choice, end);
-  if (prompt_token_ids) choice["prompt_token_ids"] = token_ids_json(*prompt_token_ids);
-  put_token_ids(choice, extras);
-  ResponseJson j = base(meta, "text_completion");
-  j["choices"] = ResponseJson::array({std::move(choice)});
-  j["usage"] = usage_json(usage);
-  return j;
+  return one_choice_response(meta, "text_completion", choice_json("text", text, end, extras, prompt_token_ids), &usage);
 }
 
 ResponseJson text_completion_chunk_json(const ResponseMeta& meta, const std::string& text,
                                         const std::optional<ChoiceEnd>& end, ChoiceExtras extras,
                                         const UsageInfo* usage,
                                         const std::vector<int32_t>* prompt_token_ids) {
-  ResponseJson choice = ResponseJson::object();
-  choice["index"] = 0;
-  choice["text"] = text;
-  put_extras(choice, extras);
-  put_end(choice, end);
-  if (prompt_token_ids) choice["prompt_token_ids"] = token_ids_json(*prompt_token_ids);
-  put_token_ids(choice, extras);
-  ResponseJson j = base(meta, "text_completion");
-  j["choices"] = ResponseJson::array({std::move(choice)});
-  if (usage) j["usage"] = usage_json(*usage);
-  return j;
+  return one_choice_response(meta, "text_completion", choice_json("text", text, end, extras, prompt_token_ids), usage);
 }
 
 ResponseJson text_completion_usage_chunk_json(const ResponseMeta& meta, const UsageInfo& usage) {
-  ResponseJson j = base(meta, "text_completion");
-  j["choices"] = ResponseJson::array();
-  j["usage"] = usage_json(usage);
-  return j;
+  return usage_only_chunk(meta, "text_completion", usage);
 }
 
 ResponseJson models_list_json(const std::vector<std::string>& served_names, const std::string& root,

@@ -495,33 +495,24 @@ bool StreamingToolParser::process_calls(bool at_end, ToolStreamDelta& out) {
     if (!region_closed) region_end = at_end ? (in_block_ ? dollar_end(s, fn_->body_start, n) : n) : npos;
     return advance_function(region_end, region_closed, at_end, out);
   }
+  // Next event: inside a block its `</tool_call>` or a `<function=`; outside, a `<tool_call>`
+  // or a bare `<function=`. Whichever comes first.
+  const std::string_view block_tag = in_block_ ? kToolCallEnd : kToolCall;
+  const size_t t = s.find(block_tag, pos_), f = s.find(kFunction, pos_);
+  if (t != npos && (f == npos || t < f)) {
+    pos_ = t + block_tag.size();
+    in_block_ = !in_block_;
+    return true;
+  }
+  if (f != npos) {
+    fn_ = OpenFunction{};
+    fn_->body_start = f + kFunction.size();
+    pos_ = f;
+    return true;
+  }
   if (in_block_) {
-    size_t f = s.find(kFunction, pos_), e = s.find(kToolCallEnd, pos_);
-    if (e != npos && (f == npos || e < f)) {
-      pos_ = e + kToolCallEnd.size();
-      in_block_ = false;
-      return true;
-    }
-    if (f != npos) {
-      fn_ = OpenFunction{};
-      fn_->body_start = f + kFunction.size();
-      pos_ = f;
-      return true;
-    }
     if (at_end) pos_ = n;
     return false;
-  }
-  size_t a = s.find(kToolCall, pos_), b = s.find(kFunction, pos_);
-  if (a != npos && (b == npos || a < b)) {
-    pos_ = a + kToolCall.size();
-    in_block_ = true;
-    return true;
-  }
-  if (b != npos) {
-    fn_ = OpenFunction{};
-    fn_->body_start = b + kFunction.size();
-    pos_ = b;
-    return true;
   }
   // Text between calls is dropped; keep only what could begin a tag.
   size_t hold = at_end ? 0 : std::max(partial_tag_overlap(s, kToolCall), partial_tag_overlap(s, kFunction));
@@ -612,6 +603,19 @@ bool StreamingToolParser::advance_function(size_t region_end, bool region_closed
   return true;
 }
 
+void StreamingToolParser::append_arguments(int index, std::string frag, ToolStreamDelta& out) {
+  calls_[static_cast<size_t>(index)].arguments += frag;
+  // Appends to this call's last argument delta, never to its header (whose arguments stay "").
+  if (!out.tool_calls.empty() && out.tool_calls.back().index == index && !out.tool_calls.back().id) {
+    out.tool_calls.back().arguments += frag;
+  } else {
+    ToolCallDelta d;
+    d.index = index;
+    d.arguments = std::move(frag);
+    out.tool_calls.push_back(std::move(d));
+  }
+}
+
 void StreamingToolParser::emit_param(const std::string& name, std::string value, ToolStreamDelta& out) {
   OpenFunction& fn = *fn_;
   if (fn.params.contains(name)) return;  // first value wins
@@ -619,32 +623,11 @@ void StreamingToolParser::emit_param(const std::string& name, std::string value,
   OrderedJson v = convert_tool_param_value(value, name, schemas_.properties(call.name));
   std::string frag = param_fragment(fn.params.empty(), name, v);
   fn.params[name] = std::move(v);
-  call.arguments += frag;
-  // Appends to this call's last argument delta, never to its header (whose arguments stay "").
-  if (!out.tool_calls.empty() && out.tool_calls.back().index == fn.index && !out.tool_calls.back().id) {
-    out.tool_calls.back().arguments += frag;
-  } else {
-    ToolCallDelta d;
-    d.index = fn.index;
-    d.arguments = std::move(frag);
-    out.tool_calls.push_back(std::move(d));
-  }
+  append_arguments(fn.index, std::move(frag), out);
 }
 
 void StreamingToolParser::close_function(ToolStreamDelta& out) {
-  OpenFunction& fn = *fn_;
-  ToolCall& call = calls_[static_cast<size_t>(fn.index)];
-  std::string frag = fn.params.empty() ? "{}" : "}";
-  call.arguments += frag;
-  // Appends to this call's last argument delta, never to its header (whose arguments stay "").
-  if (!out.tool_calls.empty() && out.tool_calls.back().index == fn.index && !out.tool_calls.back().id) {
-    out.tool_calls.back().arguments += frag;
-  } else {
-    ToolCallDelta d;
-    d.index = fn.index;
-    d.arguments = std::move(frag);
-    out.tool_calls.push_back(std::move(d));
-  }
+  append_arguments(fn_->index, fn_->params.empty() ? "{}" : "}", out);
 }
 
 }  // namespace sparkserve

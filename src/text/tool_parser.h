@@ -135,6 +135,8 @@ class StreamingToolParser {
   bool advance_function(size_t region_end, bool region_closed, bool at_end, ToolStreamDelta& out);
   void emit_param(const std::string& name, std::string value, ToolStreamDelta& out);
   void close_function(ToolStreamDelta& out);
+  // Adds a fragment to call `index`'s arguments and to the deltas going out.
+  void append_arguments(int index, std::string frag, ToolStreamDelta& out);
   void compact();
 
   ToolSchemas schemas_;
