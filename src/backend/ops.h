@@ -124,6 +124,11 @@ class Backend {
   virtual void fill_zero(const Tensor& t) = 0;
   // Waits for queued work (no-op on CPU).
   virtual void synchronize() {}
+  // Host memory that upload() reads fastest (CUDA: page-locked), for the loader's one reused staging
+  // buffer (loader/weight_stream.h); nullptr: ordinary heap memory will do. Release with
+  // free_host_staging.
+  virtual void* alloc_host_staging(size_t bytes) { return nullptr; }
+  virtual void free_host_staging(void* p) {}
 
   // ---- dense ops ----------------------------------------------------------------------------
   // ids: [T] i32, table: [V, H] f32|bf16 -> out: [T, H] f32. ids must be < V (checked by caller).

@@ -31,6 +31,7 @@
 #include "backend/synth_fill.h"
 #include "cli/bench_url.h"
 #include "cli/command.h"
+#include "cli/model_args.h"
 #include "core/thread_pool.h"
 #include "loader/safetensors.h"
 #include "loader/synth_weights.h"
@@ -50,6 +51,7 @@ struct BenchOptions {
   std::string api_key;
   int runs = 3;
   std::string device = build_has_cuda() ? "cuda" : "cpu";
+  LoadCliOptions load;
   std::string prompt_lens = "128,512,2048";
   std::string batches = "1,4,16";
   std::string contexts = "0";
@@ -223,7 +225,9 @@ int run_bench(const BenchOptions& o) {
       std::printf("weights digest: %s\n", weights_digest(*w, be).c_str());
       return 0;
     }
-    auto m = load_qwen35(o.model, be);
+    auto load_opts = make_load_options(o.load);
+    if (!load_opts) return fail(load_opts.message());
+    auto m = load_qwen35(o.model, be, nullptr, *load_opts);
     if (!m) return fail(m.message());
     model = std::move(*m);
     bytes = byte_model(ckpt->tensors(), model->config());
@@ -486,6 +490,7 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--api-key", opts->api_key, "With --url: bearer token");
   cmd->add_option("--runs", opts->runs, "With --url: runs per prompt length")->capture_default_str();
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->capture_default_str();
+  add_load_options(cmd, opts->load);
   cmd->add_option("--prompt-lens", opts->prompt_lens, "Prefill prompt lengths")->capture_default_str();
   cmd->add_option("--batches", opts->batches, "Decode batch sizes")->capture_default_str();
   cmd->add_option("--contexts", opts->contexts, "Context lengths before decoding (a prefill of that many tokens per sequence)")

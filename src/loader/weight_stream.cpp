@@ -46,18 +46,27 @@ WeightStream::WeightStream(const Checkpoint& ckpt, Backend& backend, const LoadO
   limit_ = limit_ / 64 * 64;
 }
 
-WeightStream::~WeightStream() = default;
+WeightStream::~WeightStream() { release(); }
+
+void WeightStream::release() {
+  if (buffer_from_backend_) backend_.free_host_staging(buffer_);
+  else delete[] buffer_;
+  buffer_ = nullptr;
+  buffer_from_backend_ = false;
+}
 
 uint8_t* WeightStream::staging(uint64_t need) {
   need = std::min(need, limit_);
   if (need > capacity_) {
     // Grow by doubling (fewer reallocations while a load finds its largest tensor), capped.
     uint64_t grown = std::max<uint64_t>(need, std::min(limit_, capacity_ * 2));
-    buffer_.reset();
-    buffer_.reset(new uint8_t[grown]);
+    release();
+    buffer_ = static_cast<uint8_t*>(backend_.alloc_host_staging(grown));
+    buffer_from_backend_ = buffer_ != nullptr;
+    if (!buffer_) buffer_ = new uint8_t[grown];
     capacity_ = grown;
   }
-  return buffer_.get();
+  return buffer_;
 }
 
 Status WeightStream::read_piece(const TensorInfo& info, uint64_t begin, uint64_t n, void* dst) {

@@ -46,7 +46,7 @@ class WeightStream {
 
  private:
   // A staging area of at least min(need, limit_) bytes; grows (freeing the old one first) but never
-  // past limit_.
+  // past limit_. Taken from Backend::alloc_host_staging where the backend has such memory.
   uint8_t* staging(uint64_t need);
   Status read_piece(const TensorInfo& info, uint64_t begin, uint64_t n, void* dst);
 
@@ -55,7 +55,9 @@ class WeightStream {
   LoadOptions options_;
   uint64_t limit_ = 0;
   uint64_t capacity_ = 0;
-  std::unique_ptr<uint8_t[]> buffer_;
+  void release();
+  uint8_t* buffer_ = nullptr;
+  bool buffer_from_backend_ = false;  // Backend::alloc_host_staging (pinned on CUDA) or new[]
   uint64_t bytes_read_ = 0;
 };
 

@@ -192,13 +192,14 @@ def test_no_progress_flag(tmp_path):
         assert loud.returncode == 0 and DONE.search(loud.stderr), loud.stderr
 
 
-@pytest.mark.parametrize("cmd", ["logits", "generate", "serve"])
+@pytest.mark.parametrize("cmd", ["logits", "generate", "serve", "bench"])
 @pytest.mark.parametrize("value,needle", [("1KiB", "below the minimum of 64.00 KiB"), ("12XB", "unknown unit 'XB'"),
                                           ("lots", "is not a size"), ("2048TiB", "above the maximum")])
 def test_bad_load_buffer_is_a_clear_error(cmd, value, needle, tmp_path):
     args = {"logits": ["--model", TINY, "--prompt-ids", PROMPT, "--out", tmp_path / "l.npy"],
             "generate": ["--model", TINY, "--prompt-ids", PROMPT, "--max-tokens", 1],
-            "serve": ["--model", SERVE_TINY, "--port", 0]}[cmd]
+            "serve": ["--model", SERVE_TINY, "--port", 0],
+            "bench": ["--model", TINY, "--device", "cpu"]}[cmd]
     proc = run(cmd, *args, "--load-buffer", value, timeout=120)
     assert proc.returncode > 0, (proc.returncode, proc.stderr)
     assert "--load-buffer" in proc.stderr and needle in proc.stderr, proc.stderr

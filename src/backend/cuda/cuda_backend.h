@@ -63,6 +63,8 @@ class CudaBackend final : public Backend {
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(const Tensor& t) override;
   void synchronize() override;
+  void* alloc_host_staging(size_t bytes) override;
+  void free_host_staging(void* p) override;
 
   void embedding(const Tensor& out, const Tensor& ids, const Linear& table) override;
   void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) override;

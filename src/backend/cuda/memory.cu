@@ -80,6 +80,22 @@ void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void* CudaBackend::alloc_host_staging(size_t bytes) {
+  // Page-locked: the copy engine reads it directly (pageable memory is first copied by the driver
+  // through its own small pinned bounce buffers). A failure (e.g. a locked-memory limit) falls back
+  // to heap memory in the loader.
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::free_host_staging(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
 CudaBackend::Scratch::Scratch(CudaBackend* o, size_t bytes) : owner(o) {
   CUDA_CHECK(cudaMallocAsync(&ptr, bytes == 0 ? 256 : bytes, o->stream()));
 }
