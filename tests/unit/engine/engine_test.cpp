@@ -177,6 +177,42 @@ TEST(Engine, PreemptsTheNewestWhenBlocksRunOutAndRecomputes) {
   EXPECT_EQ(rig.state->gdn().num_free(), 4);
 }
 
+// Allows even ids only and records what the engine reports as taken.
+class EvenOnly : public TokenConstraint {
+ public:
+  std::vector<int32_t> accepted;
+  int masks = 0;
+  void allowed_tokens(std::span<uint8_t> allowed) override {
+    ++masks;
+    for (size_t i = 0; i < allowed.size(); ++i) allowed[i] = i % 2 == 0;
+  }
+  void accept(int32_t token) override { accepted.push_back(token); }
+};
+
+TEST(Engine, ConstraintMasksEverySampledTokenAcrossPreemption) {
+  // Same squeeze as above (one request must be preempted and recomputed); the constrained one
+  // only gets even ids: the fake model's favourite when it is even, else the lowest allowed (0).
+  Rig rig(4, /*blocks=*/6, /*block_size=*/4, 64);
+  auto a = greedy_request(iota_prompt(8), 12);
+  auto b = greedy_request(iota_prompt(8, 20), 12);
+  auto constraint = std::make_shared<EvenOnly>();
+  b->constraint = constraint;
+  rig.engine->submit(a);
+  rig.engine->submit(b);
+  rig.run_all();
+  EXPECT_GT(rig.engine->stats().preemptions, 0u);
+  std::vector<int32_t> want;
+  for (int32_t last = 27; want.size() < 12;) {
+    const int32_t fav = (last + 1) % kFakeVocab;
+    want.push_back(last = fav % 2 == 0 ? fav : 0);
+  }
+  Collected ca = collect(*a), cb = collect(*b);
+  EXPECT_EQ(ca.tokens, expected_fake(7, 12));  // the neighbour is untouched
+  EXPECT_EQ(cb.tokens, want);
+  EXPECT_EQ(constraint->accepted, want);  // told once per token, none again after recompute
+  EXPECT_EQ(constraint->masks, 12);
+}
+
 TEST(Engine, CancellationFreesEverythingAtTheNextStep) {
   Rig rig(4, 32, 4, 64);
   auto a = greedy_request(iota_prompt(10), 100);
