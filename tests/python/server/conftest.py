@@ -114,3 +114,24 @@ def forced_server(tiny_model, tmp_path_factory):
 def client(server):
     import openai
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def collect_chat_stream(stream):
+    """Assembles a streamed chat completion: (reasoning, content, {index: {id, name, arguments}},
+    finish_reason)."""
+    reasoning, content, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    entry["id"] = tc.id
+                if tc.function and tc.function.name:
+                    entry["name"] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    entry["arguments"] += tc.function.arguments
+            finish = ch.finish_reason or finish
+    return reasoning, content, calls, finish

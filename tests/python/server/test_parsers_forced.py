@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from conftest import MODEL_NAME
+from conftest import MODEL_NAME, collect_chat_stream
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather forecast",
@@ -38,21 +38,7 @@ def test_tool_call_non_streaming(fclient):
 def test_tool_call_streaming(fclient):
     stream = fclient.chat.completions.create(model=MODEL_NAME, messages=MSGS, tools=TOOLS, max_tokens=200,
                                              stream=True)
-    reasoning, content, calls, finish = "", "", {}, None
-    for chunk in stream:
-        for ch in chunk.choices:
-            d = ch.delta
-            reasoning += getattr(d, "reasoning_content", None) or ""
-            content += d.content or ""
-            for tc in d.tool_calls or []:
-                entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                if tc.id:
-                    entry["id"] = tc.id
-                if tc.function and tc.function.name:
-                    entry["name"] = tc.function.name
-                if tc.function and tc.function.arguments:
-                    entry["arguments"] += tc.function.arguments
-            finish = ch.finish_reason or finish
+    reasoning, content, calls, finish = collect_chat_stream(stream)
     assert finish == "tool_calls"
     assert reasoning.strip() == REASONING.strip()
     assert content.strip() == ""

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from conftest import MODEL_NAME, Server
+from conftest import MODEL_NAME, Server, collect_chat_stream
 
 TOOLS = [
     {"type": "function", "function": {
@@ -70,20 +70,8 @@ def think_end_bias(server):
 
 
 def collect_stream(stream):
-    reasoning, content, calls, finish = "", "", {}, None
-    for chunk in stream:
-        for ch in chunk.choices:
-            d = ch.delta
-            reasoning += getattr(d, "reasoning_content", None) or ""
-            content += d.content or ""
-            for tc in d.tool_calls or []:
-                entry = calls.setdefault(tc.index, {"name": None, "arguments": ""})
-                if tc.function and tc.function.name:
-                    entry["name"] = tc.function.name
-                if tc.function and tc.function.arguments:
-                    entry["arguments"] += tc.function.arguments
-            finish = ch.finish_reason or finish
-    return reasoning, content, [calls[i] for i in sorted(calls)], finish
+    reasoning, content, calls, finish = collect_chat_stream(stream)
+    return reasoning, content, [{"name": calls[i]["name"], "arguments": calls[i]["arguments"]} for i in sorted(calls)], finish
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
