@@ -383,7 +383,9 @@ TEST(QuantScheme, RandomTensorSetsNeverCrash) {
     }
     for (const auto& c : configs) {
       auto plan = plan_module_formats(t.map(), c);
-      if (!plan.ok()) EXPECT_THAT(plan.message(), HasSubstr(L)) << plan.message();
+      if (!plan.ok()) {
+        EXPECT_THAT(plan.message(), HasSubstr(L)) << plan.message();
+      }
     }
   }
 }

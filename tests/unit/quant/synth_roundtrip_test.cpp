@@ -97,11 +97,16 @@ TEST_P(SynthRoundTrip, LoadsWithTheLayoutsFormats) {
       const WeightFormat want = off_path ? WeightFormat::kBf16 : expected_format(layout, name);
       EXPECT_EQ(m.format, want) << name;
       if (name.find(".mlp.experts.") != std::string::npos) ++experts_checked;
-      if (m.format == WeightFormat::kNvfp4 || m.format == WeightFormat::kNvfp4ModelOpt)
+      if (m.format == WeightFormat::kNvfp4 || m.format == WeightFormat::kNvfp4ModelOpt) {
         EXPECT_EQ(m.activation, ActivationQuant::kNvfp4) << name;
-      if (m.format == WeightFormat::kFp8Channel) EXPECT_EQ(m.activation, ActivationQuant::kFp8TokenDynamic) << name;
+      }
+      if (m.format == WeightFormat::kFp8Channel) {
+        EXPECT_EQ(m.activation, ActivationQuant::kFp8TokenDynamic) << name;
+      }
     }
-    if (m.cls == ModuleClass::kFusedExperts) EXPECT_TRUE(layout == SynthLayout::kBf16 || name.starts_with("mtp.")) << name;
+    if (m.cls == ModuleClass::kFusedExperts) {
+      EXPECT_TRUE(layout == SynthLayout::kBf16 || name.starts_with("mtp.")) << name;
+    }
   }
   EXPECT_GT(linear, 0);
   // 4 layers x 8 experts x 3 projections, per expert in every quantized layout.
@@ -115,7 +120,9 @@ TEST_P(SynthRoundTrip, LoadsWithTheLayoutsFormats) {
     ASSERT_TRUE(values.ok()) << name << ": " << values.message();
     for (float v : *values) {
       ASSERT_TRUE(std::isfinite(v)) << name;
-      if (role.find("scale") != std::string::npos) ASSERT_GT(v, 0.0f) << name;
+      if (role.find("scale") != std::string::npos) {
+        ASSERT_GT(v, 0.0f) << name;
+      }
     }
   }
 }
