@@ -4,6 +4,7 @@
 // Tensor-core paths (bf16/fp8/nvfp4 operands) are a later step: they change the arithmetic, so
 // they need their own stated tolerance.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/decode_gemv.h"
 
 namespace sparkserve {
 namespace {
@@ -127,6 +128,8 @@ void launch_matmul(cudaStream_t s, float* out, const float* x, int64_t T, int64_
 void CudaBackend::linear(const Tensor& out, const Tensor& x, const Linear& w) {
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N);
+  // Decode-sized T (and quantized weights at any T): decode_gemv.cu's fused GEMVs.
+  if (decode_linear(*this, out.ptr<float>(), x.ptr<const float>(), T, w)) return;
   if (is_quantized(w.format)) {
     quant_matmul(out.ptr<float>(), x.ptr<const float>(), T, 1, nullptr, w);
     return;

@@ -4,6 +4,7 @@
 // SIMT GEMM (each 64-slot tile reads its expert once); then a per-token combine in ascending expert
 // id (HF's eager order, as the CPU reference).
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/decode_gemv.h"
 
 namespace sparkserve {
 namespace {
@@ -229,13 +230,18 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   const int64_t slots = T * k;
   if (slots == 0) return;
   const int64_t E = gate_up.weight.dim(0);
+  const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
+  // Decode (and quantized experts at any T): decode_gemv.cu's two fused launches.
+  if ((quantized || slots <= 4 * E) &&
+      decode_moe(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(),
+                 T, k, gate_up, down))
+    return;
   Scratch gu(this, static_cast<size_t>(slots * 2 * I) * 4), act(this, static_cast<size_t>(slots * I) * 4),
       y(this, static_cast<size_t>(slots * H) * 4);
   // Few slots per expert (decode): one GEMV per slot, 16-byte weight loads. Many (prefill): group the
   // slots by expert so each 64-row tile reads an expert's weights once. The SIMT tiles waste most of
   // their work on experts with 1-2 rows (measured slower than the GEMVs at batch 64 of a 256-expert
   // model), hence the switch at 4 rows per expert on average.
-  const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
   const bool grouped = slots > 4 * E && !quantized;
   const int64_t max_tiles = (slots + kTileRows - 1) / kTileRows + E;
   Scratch meta(this, grouped ? static_cast<size_t>(E + slots + 3 * max_tiles + 1) * 4 : 0);

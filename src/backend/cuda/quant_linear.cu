@@ -12,57 +12,14 @@
 // Only the summation order differs from the CPU (f32 in both), hence the 1e-5 relative bound of the
 // other fp32 ops. Prefill uses the same GEMV per row (correct, not fast: a dequantizing tensor-core
 // GEMM is the planned prefill path, docs/performance.md).
-#include <cuda_fp8.h>
-
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant_math.cuh"
 #include "core/check.h"
 
 namespace sparkserve {
 namespace {
 
 constexpr int kWarps = 8;
-
-__device__ __forceinline__ float fp8_to_f32(uint8_t v) {
-  const int e = (v >> 3) & 15, m = v & 7;
-  float a;
-  if (e == 15 && m == 7) {
-    a = __int_as_float(0x7fc00000);
-  } else if (e == 0) {
-    a = ldexpf(static_cast<float>(m), -9);
-  } else {
-    a = ldexpf(1.0f + static_cast<float>(m) * 0.125f, e - 7);
-  }
-  return (v & 0x80) ? -a : a;
-}
-
-// Round-to-nearest-even, saturating to ±448 (the CPU's f32_to_fp8_e4m3 for finite values).
-__device__ __forceinline__ uint8_t f32_to_fp8(float f) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
-}
-
-// E2M1 code -> value by building the f32 bits (no local-memory table): magnitude index m = 0..7 is
-// 0, 0.5, then 2^((m>>1)-1)·(1 + (m&1)/2) = 1, 1.5, 2, 3, 4, 6; bit 3 is the sign (code 8 = -0).
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  uint32_t bits = m < 2u ? (m ? 0x3f000000u : 0u) : ((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
-  bits |= (code & 8u) << 28;
-  return __uint_as_float(bits);
-}
-
-// core/nvfp4.cpp f32_to_e2m1's threshold table (ties to even mantissa), zero always code 0.
-__device__ __forceinline__ uint32_t f32_to_e2m1(float x) {
-  const float a = fabsf(x);
-  uint32_t mag;
-  if (isnan(x) || a <= 0.25f) mag = 0;
-  else if (a < 0.75f) mag = 1;
-  else if (a <= 1.25f) mag = 2;
-  else if (a < 1.75f) mag = 3;
-  else if (a <= 2.5f) mag = 4;
-  else if (a < 3.5f) mag = 5;
-  else if (a <= 5.0f) mag = 6;
-  else mag = 7;
-  return (mag != 0 && x < 0) ? (mag | 8u) : mag;
-}
 
 struct QuantArgs {
   int64_t R, x_div, K, N, Np, P;
@@ -87,21 +44,7 @@ __global__ void prep_activation_kernel(float* xa, float* tscale, const float* x,
     const bool modelopt = a.format == 1;
     const float in_s = a.input_scale[e * a.P + p];
     const float gs = modelopt ? 1.0f / in_s : in_s;
-    for (int64_t b = threadIdx.x; b < K / 16; b += blockDim.x) {
-      const float* xb = xr + b * 16;
-      float amax = 0.0f;
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(xb[i]));
-      const float sf_value = fminf(__fmul_rn(gs, __fdiv_rn(amax, 6.0f)), 448.0f);
-      const float sf = fp8_to_f32(f32_to_fp8(sf_value));
-      const float inv_gs = gs == 0.0f ? 0.0f : __fdiv_rn(1.0f, gs);
-      const float denom = __fmul_rn(sf, inv_gs);
-      const float out_scale = denom == 0.0f ? 0.0f : __fdiv_rn(1.0f, denom);
-      for (int i = 0; i < 16; ++i) {
-        const float scaled = fminf(fmaxf(__fmul_rn(xb[i], out_scale), -6.0f), 6.0f);
-        const float v = __fmul_rn(e2m1_value(f32_to_e2m1(scaled)), sf);
-        o[b * 16 + i] = modelopt ? __fmul_rn(v, in_s) : __fdiv_rn(v, gs);
-      }
-    }
+    for (int64_t b = threadIdx.x; b < K / 16; b += blockDim.x) nvfp4_fake_quant_block(xr + b * 16, o + b * 16, gs, in_s, modelopt);
     return;
   }
   // FP8: amax over the row (order-free), then codes.
@@ -115,11 +58,11 @@ __global__ void prep_activation_kernel(float* xa, float* tscale, const float* x,
     __syncthreads();
     amax = 0.0f;
     for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) amax = fmaxf(amax, red[i]);
-    s = fmaxf(__fdiv_rn(amax, 448.0f), 1.0f / (448.0f * 512.0f));
+    s = fp8_token_scale_from_amax(amax);
   } else {
     s = a.input_scale[e * a.P + p];
   }
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) o[k] = fp8_to_f32(f32_to_fp8(__fdiv_rn(xr[k], s)));
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) o[k] = fp8_quant_value(xr[k], s);
   if (threadIdx.x == 0) tscale[p * a.R + r] = s;
 }
 

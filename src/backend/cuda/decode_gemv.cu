@@ -1,0 +1,790 @@
+// Decode GEMVs (few tokens) for bf16 / FP8 / NVFP4 weights, dense and MoE (decode_gemv.h).
+//
+// Decode reads every weight once per step at ~2 FLOP per weight: it is bandwidth-bound, so these
+// kernels are built to keep enough bytes in flight: 16-byte streaming weight loads (L1 bypassed),
+// several independent rows and chunks per warp issued before any arithmetic, one weight pass shared
+// by up to 8 tokens. The activation side (x, already quantized the way the Linear says) sits in
+// shared memory, computed by each block's prologue with the CPU reference's exact operations
+// (quant_math.cuh), so the quantized x̂ is bit-identical to the CPU's and no scratch round trip
+// through device memory is needed.
+//
+// Numerics vs the CPU specification (backend/cpu/quant_linear.cpp): same x̂ bit for bit; the weight
+// side is the same values, but the per-row / per-block scale is applied after the partial sum
+// instead of to every weight (NVFP4: Σ_blocks factor_b · Σ_i e2m1_i x̂_i with factor_b =
+// fp8(sf_b) · (1/gs) or · ws2; FP8 W8A16: ws[n] · Σ code·x), i.e. a different f32 rounding order of
+// the same sum: ~1e-7 relative, the 1e-5 bound of the other fp32 ops (tests/gpu/ops_vs_cpu.cpp).
+// W8A8 is as the CPU: the code products summed in f32, then (double)s_t · ws[n] · sum.
+//
+// E2M1 decoding without tables: the nibble (s e1 e0 m) placed at bits 9..12 of an f16 (mantissa top
+// bit m at 9, exponent e1e0 at 10..11, sign moved from 12 to 15) is e2m1 · 2^-14 for every code,
+// normal and subnormal; two codes per f16x2, widened to f32 exactly, 2^14 folded into the block
+// factor.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/decode_gemv.h"
+#include "backend/cuda/quant_math.cuh"
+#include "core/check.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kMaxTokens = 8;                 // tokens sharing one pass over the weights
+constexpr int kMaxExperts = 8;                // routed experts per token in the fused MoE
+enum Fmt : int { kFmtBf16 = 0, kFmtFp8 = 1, kFmtNvfp4 = 2 };
+constexpr int kActNone = static_cast<int>(ActivationQuant::kNone);
+constexpr int kActNvfp4 = static_cast<int>(ActivationQuant::kNvfp4);
+constexpr int kActFp8Dyn = static_cast<int>(ActivationQuant::kFp8TokenDynamic);
+constexpr int kActFp8Static = static_cast<int>(ActivationQuant::kFp8TensorStatic);
+
+// One weight row as the dot loop sees it.
+struct Row {
+  const uint8_t* w;   // row payload, 16-byte aligned
+  const uint8_t* s;   // NVFP4: the row's K/16 E4M3 block scales
+  const float* x;     // the activation row(s) the product reads (shared or global memory), stride ldx
+  float gmul;         // NVFP4: 2^14 / weight_global_scale (CT) or 2^14 · weight_scale_2 (ModelOpt)
+  bool valid;
+};
+
+__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2_raw r;
+  r.x = static_cast<unsigned short>(bits & 0xffffu);
+  r.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(r));
+}
+
+// Codes i and i + 4 of the eight E2M1 nibbles in q, times 2^-14 (see the file comment).
+template <int I>
+__device__ __forceinline__ float2 e2m1_pair(uint32_t q) {
+  uint32_t g = (I < 3 ? (q << (9 - 4 * I)) : (q >> 3)) & 0x1E001E00u;
+  g += (g & 0x10001000u) * 7u;  // sign bit 12 -> 15 (and 28 -> 31)
+  return half2_bits_to_float2(g);
+}
+
+// Two E4M3 codes (low 16 bits) widened exactly through f16.
+__device__ __forceinline__ float2 e4m3_pair(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+__device__ __forceinline__ float e4m3_scale(uint32_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b & 0xffu), __NV_E4M3)));
+}
+
+// Weights of 8-weight group G of a 16-byte chunk widened to f32 (NVFP4: times 2^-14, the block
+// factor applied to the block's partial sum).
+template <int FMT, int G>
+__device__ __forceinline__ void decode8(const uint4& q, float (&w)[8]) {
+  const uint32_t word[4] = {q.x, q.y, q.z, q.w};
+  if constexpr (FMT == kFmtBf16) {  // one group: 8 bf16
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[2 * j] = __uint_as_float(word[j] << 16);
+      w[2 * j + 1] = __uint_as_float(word[j] & 0xffff0000u);
+    }
+  } else if constexpr (FMT == kFmtFp8) {  // two groups of 8 E4M3
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 lo = e4m3_pair(word[2 * G + j]), hi = e4m3_pair(word[2 * G + j] >> 16);
+      w[4 * j] = lo.x;
+      w[4 * j + 1] = lo.y;
+      w[4 * j + 2] = hi.x;
+      w[4 * j + 3] = hi.y;
+    }
+  } else {  // four groups of 8 E2M1 (one word each; two groups per 16-block)
+    const uint32_t v = word[G];
+    const float2 p0 = e2m1_pair<0>(v), p1 = e2m1_pair<1>(v), p2 = e2m1_pair<2>(v), p3 = e2m1_pair<3>(v);
+    w[0] = p0.x; w[1] = p1.x; w[2] = p2.x; w[3] = p3.x;
+    w[4] = p0.y; w[5] = p1.y; w[6] = p2.y; w[7] = p3.y;
+  }
+}
+
+template <int FMT>
+__host__ __device__ constexpr int groups_per_chunk() {
+  return FMT == kFmtBf16 ? 1 : (FMT == kFmtFp8 ? 2 : 4);
+}
+
+// acc[r][t] += dot(group G of chunk c of row r, x_r[t]): weights of all rows decoded first, then each
+// token's 8 activations loaded once (once for all rows when kSharedX) and used NR times.
+template <int FMT, int G, int NR, int TT, bool kSharedX>
+__device__ __forceinline__ void group_fma(const uint4 (&q)[NR], const Row (&rows)[NR], int64_t ldx, int64_t k,
+                                          float (&acc)[NR][TT]) {
+  float w[NR][8];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) decode8<FMT, G>(q[r], w[r]);
+#pragma unroll
+  for (int t = 0; t < TT; ++t) {
+    float4 a, b;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (!kSharedX || r == 0) {
+        const float* xp = rows[r].x + t * ldx + k;
+        a = *reinterpret_cast<const float4*>(xp);
+        b = *reinterpret_cast<const float4*>(xp + 4);
+      }
+      if (!rows[r].valid) continue;
+      float s = acc[r][t];
+      s = fmaf(w[r][0], a.x, s);
+      s = fmaf(w[r][1], a.y, s);
+      s = fmaf(w[r][2], a.z, s);
+      s = fmaf(w[r][3], a.w, s);
+      s = fmaf(w[r][4], b.x, s);
+      s = fmaf(w[r][5], b.y, s);
+      s = fmaf(w[r][6], b.z, s);
+      s = fmaf(w[r][7], b.w, s);
+      acc[r][t] = s;
+    }
+  }
+}
+
+// acc[r][t] += dot(16-byte chunk c of row r, x_r[t]) for all NR rows.
+template <int FMT, int NR, int TT, bool kSharedX>
+__device__ __forceinline__ void chunk_rows(const uint4 (&q)[NR], const uint32_t (&sc)[NR], const Row (&rows)[NR],
+                                           int64_t ldx, int c, float (&acc)[NR][TT]) {
+  constexpr int kElems = 8 * groups_per_chunk<FMT>();
+  const int64_t k = static_cast<int64_t>(c) * kElems;
+  if constexpr (FMT != kFmtNvfp4) {
+    group_fma<FMT, 0, NR, TT, kSharedX>(q, rows, ldx, k, acc);
+    if constexpr (FMT == kFmtFp8) group_fma<FMT, 1, NR, TT, kSharedX>(q, rows, ldx, k + 8, acc);
+  } else {
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      float bs[NR][TT];
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < TT; ++t) bs[r][t] = 0.0f;
+      if (blk == 0) {
+        group_fma<FMT, 0, NR, TT, kSharedX>(q, rows, ldx, k, bs);
+        group_fma<FMT, 1, NR, TT, kSharedX>(q, rows, ldx, k + 8, bs);
+      } else {
+        group_fma<FMT, 2, NR, TT, kSharedX>(q, rows, ldx, k + 16, bs);
+        group_fma<FMT, 3, NR, TT, kSharedX>(q, rows, ldx, k + 24, bs);
+      }
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const float f = e4m3_scale(sc[r] >> (8 * blk)) * rows[r].gmul;
+#pragma unroll
+        for (int t = 0; t < TT; ++t) acc[r][t] = fmaf(f, bs[r][t], acc[r][t]);
+      }
+    }
+  }
+}
+
+// acc[r][t] = this lane's share of dot(row r, x_r[t]) over the rows' cpr 16-byte chunks. All loads of
+// U chunks x NR rows are issued before their arithmetic.
+template <int FMT, int NR, int U, int TT, bool kSharedX>
+__device__ __forceinline__ void rows_dot(const Row (&rows)[NR], int cpr, int64_t ldx, float (&acc)[NR][TT]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
+  for (int c0 = lane; c0 < cpr; c0 += 32 * U) {
+    uint4 q[U][NR];
+    uint32_t sc[U][NR];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (c < cpr && rows[r].valid) {
+          q[u][r] = ld_weights(rows[r].w + static_cast<int64_t>(c) * 16);
+          if constexpr (FMT == kFmtNvfp4) sc[u][r] = __ldg(reinterpret_cast<const unsigned short*>(rows[r].s) + c);
+          else sc[u][r] = 0;
+        } else {
+          q[u][r] = make_uint4(0, 0, 0, 0);
+          sc[u][r] = 0;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 32 * u;
+      if (c < cpr) chunk_rows<FMT, NR, TT, kSharedX>(q[u], sc[u], rows, ldx, c, acc);
+    }
+  }
+}
+
+// Asks L2 to fetch the first bytes of [p, p + n) (the block's weights) while the block computes its
+// prologue, so the weight stream starts at once instead of after the activation quantization. At
+// most 64 KB per call: about what HBM delivers to one SM during a prologue, and ~132 blocks' worth
+// stays well inside the 50 MB L2 (a whole 5 MB lm_head block would evict itself).
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, int64_t n) {
+  n = min(n, static_cast<int64_t>(64 * 1024));
+  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < n; off += kThreads * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
+// The activation rows the product reads, computed by the whole block: xs[t, :] for t < TT from
+// x[t, :] (t < T; zero rows above T), quantized as `act` says with the partition's input scale;
+// ts[t] = the FP8 activation scale of token t. Uses red[kWarps * TT]. Ends with a barrier.
+// x: [T, K] f32 (global) -> xs: [TT, K] f32 (shared), ts: [TT]
+template <int TT>
+__device__ void quantize_rows(float* xs, float* ts, float* red, const float* x, int T, int64_t K, int act,
+                              bool modelopt, float in_s) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (act == kActNvfp4) {
+    // Four threads per 16-block (4 values each), the block amax by two shuffles.
+    const float gs = modelopt ? 1.0f / in_s : in_s;
+    const int64_t quads = static_cast<int64_t>(TT) * K / 4;
+    const int64_t rounds = (quads + kThreads - 1) / kThreads;
+    for (int64_t i = 0; i < rounds; ++i) {
+      const int64_t qd = i * kThreads + tid;
+      const int64_t t = qd * 4 / K, k = qd * 4 - t * K;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (qd < quads && t < T) v = *reinterpret_cast<const float4*>(x + t * K + k);
+      float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      if (qd < quads) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < T) {
+          float sf, out_scale;
+          nvfp4_block_scales(amax, gs, sf, out_scale);
+          o.x = nvfp4_fake_quant_value(v.x, sf, out_scale, gs, in_s, modelopt);
+          o.y = nvfp4_fake_quant_value(v.y, sf, out_scale, gs, in_s, modelopt);
+          o.z = nvfp4_fake_quant_value(v.z, sf, out_scale, gs, in_s, modelopt);
+          o.w = nvfp4_fake_quant_value(v.w, sf, out_scale, gs, in_s, modelopt);
+        }
+        *reinterpret_cast<float4*>(xs + t * K + k) = o;
+      }
+    }
+  } else if (act == kActNone) {
+    for (int t = 0; t < TT; ++t)
+      for (int64_t k = tid * 4; k < K; k += kThreads * 4)
+        *reinterpret_cast<float4*>(xs + t * K + k) =
+            t < T ? *reinterpret_cast<const float4*>(x + t * K + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  } else {
+    if (act == kActFp8Dyn) {  // every thread's share of every token's amax, then one reduction
+      float amax[TT];
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        amax[t] = 0.0f;
+        if (t < T)
+          for (int64_t k = tid * 4; k < K; k += kThreads * 4) {
+            const float4 v = *reinterpret_cast<const float4*>(x + t * K + k);
+            amax[t] = fmaxf(amax[t], fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+          }
+        for (int o = 16; o > 0; o >>= 1) amax[t] = fmaxf(amax[t], __shfl_xor_sync(0xffffffffu, amax[t], o));
+        if (lane == 0) red[warp * TT + t] = amax[t];
+      }
+      __syncthreads();
+      if (tid < T) {
+        float m = 0.0f;
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * TT + tid]);
+        ts[tid] = fp8_token_scale_from_amax(m);
+      }
+    } else if (tid < T) {
+      ts[tid] = in_s;
+    }
+    __syncthreads();
+    for (int t = 0; t < TT; ++t)
+      for (int64_t k = tid * 4; k < K; k += kThreads * 4) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < T) {
+          const float4 v = *reinterpret_cast<const float4*>(x + t * K + k);
+          const float s = ts[t];
+          o = make_float4(fp8_quant_value(v.x, s), fp8_quant_value(v.y, s), fp8_quant_value(v.z, s),
+                          fp8_quant_value(v.w, s));
+        }
+        *reinterpret_cast<float4*>(xs + t * K + k) = o;
+      }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float nvfp4_gmul(float g, bool modelopt) {
+  return modelopt ? g * 16384.0f : __fdiv_rn(16384.0f, g);
+}
+
+// The row's output from its lane-reduced sum: FP8 applies the row scale (and the token scale for W8A8).
+template <int FMT>
+__device__ __forceinline__ float finish(float sum, int act, const float* ws, int64_t n, float ts) {
+  if constexpr (FMT == kFmtFp8) {
+    const float s = ws[n];
+    if (act == kActNone) return sum * s;
+    return static_cast<float>(static_cast<double>(ts) * s * static_cast<double>(sum));
+  } else {
+    return sum;
+  }
+}
+
+// ---- dense ----------------------------------------------------------------------------------
+
+struct DenseArgs {
+  const uint8_t* w;
+  const uint8_t* ws;     // NVFP4: E4M3 [N, K/16]; FP8: f32 [N]
+  const float* gscale;   // NVFP4 [P]
+  const float* iscale;   // [P] or null
+  const float* x;        // [T, K]
+  float* out;            // [T, ldo]
+  int64_t K, Np, ldo, row_bytes, rows_per_cta;
+  int T, cpr, act, modelopt;
+};
+
+// grid: P x ceil(Np / rows_per_cta) blocks, each a run of rows inside one partition; warp w takes
+// rows n0 + w*RPW.. (+ kWarps*RPW per step).
+template <int FMT, int RPW, int U, int TT>
+__global__ void __launch_bounds__(kThreads) dense_gemv_kernel(DenseArgs a) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  __shared__ float ts[TT], red[kWarps * TT];
+  const int64_t bpp = (a.Np + a.rows_per_cta - 1) / a.rows_per_cta;
+  const int64_t p = blockIdx.x / bpp;
+  const int64_t n0 = p * a.Np + (blockIdx.x % bpp) * a.rows_per_cta;
+  const int64_t n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
+  prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
+  if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
+  quantize_rows<TT>(xs, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
+  const float gmul = FMT == kFmtNvfp4 ? nvfp4_gmul(a.gscale[p], a.modelopt != 0) : 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += kWarps * RPW) {
+    Row rows[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const bool valid = r0 + r < n1;
+      const int64_t n = valid ? r0 + r : r0;
+      rows[r] = Row{a.w + n * a.row_bytes, FMT == kFmtNvfp4 ? a.ws + n * (a.K / 16) : nullptr, xs, gmul, valid};
+    }
+    float acc[RPW][TT];
+    rows_dot<FMT, RPW, U, TT, true>(rows, a.cpr, a.K, acc);
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        const float s = warp_sum(acc[r][t]);
+        if (lane == (r * TT + t) % 32 && rows[r].valid && t < a.T)
+          a.out[t * a.ldo + r0 + r] =
+              finish<FMT>(s, a.act, reinterpret_cast<const float*>(a.ws), r0 + r, FMT == kFmtFp8 ? ts[t] : 0.0f);
+      }
+  }
+}
+
+// ---- MoE ------------------------------------------------------------------------------------
+
+struct MoeArgs {
+  // gate_up [E, 2I, H] (P 1 or 2 partitions) and down [E, H, I] (one partition)
+  const uint8_t *gw, *gws, *dw, *dws;
+  const float *ggs, *gis, *dgs, *dis;
+  int64_t g_row_bytes, d_row_bytes;
+  int g_cpr, d_cpr, g_act, d_act, g_P, g_modelopt, d_modelopt;
+  const float* x;          // [T, H]
+  const int32_t* ids;      // [T, k]
+  const float* weights;    // [T, k]
+  float* act;              // [T*k, I]: silu(gate)*up, already quantized for down's input
+  float* out;              // [T, H]
+  int64_t H, I, E, k, rows_per_cta;
+};
+
+// One (token, slot) pair per blockIdx.y, gate rows [n0, n1) per blockIdx.x (a multiple of 16, so the
+// epilogue can quantize whole NVFP4 blocks of the down projection's input).
+template <int FMT, int RPW, int U>
+__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);  // [P][H]
+  float* acts = xs + a.g_P * a.H;               // [rows_per_cta]
+  __shared__ float ts[2], red[kWarps];
+  const int64_t slot = blockIdx.y, t = slot / a.k;
+  const int64_t e = a.ids[slot];
+  if (e < 0 || e >= a.E) __trap();  // the CPU reference CHECKs this too
+  const int64_t N = 2 * a.I, H = a.H;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_cta, n1 = min(n0 + a.rows_per_cta, a.I);
+  const uint8_t* wbase = a.gw + e * N * a.g_row_bytes;
+  const uint8_t* sbase = FMT == kFmtNvfp4 ? a.gws + e * N * (H / 16) : nullptr;
+  prefetch_l2(wbase + n0 * a.g_row_bytes, (n1 - n0) * a.g_row_bytes);
+  prefetch_l2(wbase + (a.I + n0) * a.g_row_bytes, (n1 - n0) * a.g_row_bytes);
+  if (FMT == kFmtNvfp4) {
+    prefetch_l2(sbase + n0 * (H / 16), (n1 - n0) * (H / 16));
+    prefetch_l2(sbase + (a.I + n0) * (H / 16), (n1 - n0) * (H / 16));
+  }
+  for (int p = 0; p < a.g_P; ++p)
+    quantize_rows<1>(xs + p * H, ts + p, red, a.x + t * H, 1, H, a.g_act, a.g_modelopt != 0,
+                     a.gis ? a.gis[e * a.g_P + p] : 1.0f);
+  const int pu = a.g_P - 1;  // partition of the up rows
+  const float gm0 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P], a.g_modelopt != 0) : 0.0f;
+  const float gm1 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P + pu], a.g_modelopt != 0) : 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* wsf = reinterpret_cast<const float*>(a.gws) + e * N;
+  for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += kWarps * RPW) {
+    Row rows[2 * RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const bool valid = r0 + r < n1;
+      const int64_t n = valid ? r0 + r : r0;
+      rows[r] = Row{wbase + n * a.g_row_bytes, sbase ? sbase + n * (H / 16) : nullptr, xs, gm0, valid};
+      rows[RPW + r] = Row{wbase + (a.I + n) * a.g_row_bytes, sbase ? sbase + (a.I + n) * (H / 16) : nullptr,
+                          xs + pu * H, gm1, valid};
+    }
+    float acc[2 * RPW][1];
+    rows_dot<FMT, 2 * RPW, U, 1, false>(rows, a.g_cpr, H, acc);
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const float g = finish<FMT>(warp_sum(acc[r][0]), a.g_act, wsf, r0 + r, ts[0]);
+      const float u = finish<FMT>(warp_sum(acc[RPW + r][0]), a.g_act, wsf, a.I + r0 + r, ts[pu]);
+      if (lane == r && rows[r].valid) acts[r0 + r - n0] = silu_f(g) * u;
+    }
+  }
+  __syncthreads();
+  // Epilogue: the down projection's input quantization of these rows (local to 16-blocks / elements),
+  // four threads per NVFP4 block as in quantize_rows.
+  float* o = a.act + slot * a.I + n0;
+  const int64_t nr = n1 - n0;
+  const float d_in = a.dis ? a.dis[e] : 1.0f;
+  if (a.d_act == kActNvfp4) {
+    const bool mo = a.d_modelopt != 0;
+    const float gs = mo ? 1.0f / d_in : d_in;
+    const int64_t quads = nr / 4, rounds = (quads + kThreads - 1) / kThreads;
+    for (int64_t i = 0; i < rounds; ++i) {
+      const int64_t qd = i * kThreads + threadIdx.x;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (qd < quads) v = *reinterpret_cast<const float4*>(acts + qd * 4);
+      float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      if (qd < quads) {
+        float sf, out_scale;
+        nvfp4_block_scales(amax, gs, sf, out_scale);
+        o[qd * 4] = nvfp4_fake_quant_value(v.x, sf, out_scale, gs, d_in, mo);
+        o[qd * 4 + 1] = nvfp4_fake_quant_value(v.y, sf, out_scale, gs, d_in, mo);
+        o[qd * 4 + 2] = nvfp4_fake_quant_value(v.z, sf, out_scale, gs, d_in, mo);
+        o[qd * 4 + 3] = nvfp4_fake_quant_value(v.w, sf, out_scale, gs, d_in, mo);
+      }
+    }
+  } else if (a.d_act == kActFp8Static) {
+    for (int64_t i = threadIdx.x; i < nr; i += kThreads) o[i] = fp8_quant_value(acts[i], d_in);
+  } else {
+    for (int64_t i = threadIdx.x; i < nr; i += kThreads) o[i] = acts[i];
+  }
+}
+
+// One token per blockIdx.y, down rows [h0, h1) per blockIdx.x; each warp computes one output row h
+// against all of the token's k experts at once (k rows in flight), then the routing-weighted sum in
+// ascending expert id (HF's eager order, as the CPU reference).
+template <int FMT, int U>
+__global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a) {
+  constexpr int KE = kMaxExperts;
+  __shared__ int64_t s_e[KE];
+  __shared__ float s_w[KE], s_gm[KE], s_ts[KE];
+  __shared__ int s_order[KE];
+  const int64_t t = blockIdx.y, I = a.I, H = a.H;
+  const int k = static_cast<int>(a.k);
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_cta, h1 = min(h0 + a.rows_per_cta, H);
+  if (threadIdx.x < k) {
+    const int j = threadIdx.x;
+    const int64_t e = a.ids[t * k + j];
+    if (e < 0 || e >= a.E) __trap();
+    s_e[j] = e;
+    s_w[j] = a.weights[t * k + j];
+    s_gm[j] = FMT == kFmtNvfp4 ? nvfp4_gmul(a.dgs[e], a.d_modelopt != 0) : 0.0f;
+    s_ts[j] = a.dis ? a.dis[e] : 1.0f;
+  }
+  __syncthreads();
+  // Each warp prefetches one expert's rows of this block; thread j ranks expert j (ascending id,
+  // ids of a token are distinct; equal ids keep slot order).
+  for (int j = threadIdx.x / 32; j < k; j += kWarps) {
+    const int64_t e = s_e[j];
+    const uint8_t* base = a.dw + (e * H + h0) * a.d_row_bytes;
+    for (int64_t off = (threadIdx.x % 32) * 128; off < min((h1 - h0) * a.d_row_bytes, int64_t{64 * 1024});
+         off += 32 * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+  }
+  if (threadIdx.x < k) {
+    const int i = threadIdx.x;
+    int rank = 0;
+    for (int j = 0; j < k; ++j) rank += s_e[j] < s_e[i] || (s_e[j] == s_e[i] && j < i);
+    s_order[rank] = i;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* xt = a.act + t * k * I;
+  for (int64_t h = h0 + warp; h < h1; h += kWarps) {
+    Row rows[KE];
+#pragma unroll
+    for (int j = 0; j < KE; ++j) {
+      const bool valid = j < k;
+      const int64_t e = s_e[valid ? j : 0];
+      rows[j] = Row{a.dw + (e * H + h) * a.d_row_bytes, FMT == kFmtNvfp4 ? a.dws + (e * H + h) * (I / 16) : nullptr,
+                    xt + (valid ? j : 0) * I, s_gm[valid ? j : 0], valid};
+    }
+    float acc[KE][1];
+    rows_dot<FMT, KE, U, 1, false>(rows, a.d_cpr, I, acc);
+    float y[KE];
+#pragma unroll
+    for (int j = 0; j < KE; ++j)
+      y[j] = finish<FMT>(warp_sum(acc[j][0]), a.d_act, reinterpret_cast<const float*>(a.dws) + s_e[j < k ? j : 0] * H,
+                         h, s_ts[j < k ? j : 0]);
+    if (lane == 0) {
+      float o = 0.0f;
+      for (int i = 0; i < k; ++i) {
+        const int j = s_order[i];
+        float yj = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < KE; ++jj)
+          if (jj == j) yj = y[jj];
+        o += s_w[j] * yj;
+      }
+      a.out[t * H + h] = o;
+    }
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+// What the kernels need to know about a weight, or false when they do not take it.
+struct View {
+  int fmt = 0;
+  int64_t row_bytes = 0;
+  int cpr = 0;
+  bool modelopt = false;
+};
+bool make_view(const Linear& w, View& v) {
+  const int64_t K = w.in_features;
+  if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0) return false;
+  switch (w.format) {
+    case WeightFormat::kBf16:
+      if (w.activation != ActivationQuant::kNone) return false;
+      v.fmt = kFmtBf16;
+      v.row_bytes = K * 2;
+      break;
+    case WeightFormat::kFp8Channel:
+    case WeightFormat::kFp8Tensor:
+      if (w.activation == ActivationQuant::kNvfp4) return false;
+      v.fmt = kFmtFp8;
+      v.row_bytes = K;
+      break;
+    case WeightFormat::kNvfp4:
+    case WeightFormat::kNvfp4ModelOpt:
+      if (w.activation != ActivationQuant::kNone && w.activation != ActivationQuant::kNvfp4) return false;
+      if (K % 32 != 0) return false;
+      v.fmt = kFmtNvfp4;
+      v.row_bytes = K / 2;
+      v.modelopt = w.format == WeightFormat::kNvfp4ModelOpt;
+      break;
+    default:
+      return false;
+  }
+  if (v.row_bytes % 16 != 0 || v.row_bytes / 16 > (1 << 30)) return false;
+  if (w.activation != ActivationQuant::kNone && w.activation != ActivationQuant::kFp8TokenDynamic &&
+      w.input_scale.data == nullptr)
+    return false;
+  v.cpr = static_cast<int>(v.row_bytes / 16);
+  return true;
+}
+
+// Dynamic shared memory above the default 48 KB is opt-in per kernel; each instantiation remembers
+// the most it has been allowed (host-side only, so this is safe inside a stream capture).
+template <class Kernel>
+void allow_smem(Kernel k, int64_t bytes, int64_t& allowed) {
+  if (bytes > 40 * 1024 && bytes > allowed) {  // the static arrays count against the 48 KB too
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    allowed = bytes;
+  }
+}
+
+// Shared memory one block may hold: the device's opt-in limit (227 KB on sm_90 / sm_100, 99 KB on
+// sm_120) less room for the static arrays, at most 200 KB.
+int64_t smem_budget() {
+  static const int64_t budget = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return std::min<int64_t>(200 * 1024, static_cast<int64_t>(optin) - 1024);
+  }();
+  return budget;
+}
+
+template <int FMT, int RPW, int U, int TT>
+void launch_dense_t(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_t s) {
+  auto k = dense_gemv_kernel<FMT, RPW, U, TT>;
+  static int64_t allowed = 0;
+  allow_smem(k, smem, allowed);
+  k<<<grid, kThreads, static_cast<size_t>(smem), s>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Rows per warp and chunks per lane in flight: 4 x 16 bytes per lane either way. Several tokens or
+// short rows: 4 rows at once (each activation load from shared memory serves 4 rows); one token and
+// long rows: 4 chunks of one row.
+template <int FMT, int TT>
+void launch_dense_rows(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_t s, bool long_rows) {
+  if constexpr (TT == 1) {
+    if (long_rows) {
+      launch_dense_t<FMT, 1, 4, TT>(a, grid, smem, s);
+      return;
+    }
+  }
+  launch_dense_t<FMT, 4, 1, TT>(a, grid, smem, s);
+}
+
+template <int FMT>
+void launch_dense_fmt(const DenseArgs& a, int tt, unsigned grid, int64_t smem, cudaStream_t s, bool long_rows) {
+  switch (tt) {
+    case 1: launch_dense_rows<FMT, 1>(a, grid, smem, s, long_rows); break;
+    case 2: launch_dense_rows<FMT, 2>(a, grid, smem, s, long_rows); break;
+    case 4: launch_dense_rows<FMT, 4>(a, grid, smem, s, long_rows); break;
+    default: launch_dense_rows<FMT, 8>(a, grid, smem, s, long_rows); break;
+  }
+}
+
+}  // namespace
+
+bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
+  View v;
+  if (!make_view(w, v)) return false;
+  const int64_t K = w.in_features, N = w.out_features, P = w.partitions;
+  if (!is_quantized(w.format) && T > 2 * kMaxTokens) return false;  // bf16 prefill: the tiled GEMM
+  if (P < 1 || N % P != 0 || K <= 0) return false;
+  if ((reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;  // the prologue's float4 loads
+  // Tokens per weight pass: a power of two (the kernels' register tiles) whose activations fit.
+  int64_t chunk = kMaxTokens;
+  while (chunk > 1 && chunk * K * 4 > smem_budget()) chunk /= 2;
+  if (K * 4 > smem_budget()) return false;
+  if (T == 0 || N == 0) return true;
+  const int64_t Np = N / P;
+  const bool long_rows = v.cpr >= 96 && T == 1;
+  const int64_t unit = kWarps * (long_rows ? 1 : 4);  // rows per block step
+  // Blocks for ~2 per SM, each at least one step of rows: the prologue runs once per block.
+  const int64_t steps = (N + unit - 1) / unit;
+  const int64_t per_block = std::max<int64_t>(1, steps / (2 * static_cast<int64_t>(b.sm_count())));
+  DenseArgs a{};
+  a.w = static_cast<const uint8_t*>(w.weight.data);
+  a.ws = static_cast<const uint8_t*>(w.weight_scale.data);
+  a.gscale = is_nvfp4(w.format) ? static_cast<const float*>(w.global_scale.data) : nullptr;
+  a.iscale = w.activation != ActivationQuant::kNone ? static_cast<const float*>(w.input_scale.data) : nullptr;
+  a.K = K;
+  a.Np = Np;
+  a.ldo = N;
+  a.row_bytes = v.row_bytes;
+  a.rows_per_cta = unit * per_block;
+  a.cpr = v.cpr;
+  a.act = static_cast<int>(w.activation);
+  a.modelopt = v.modelopt ? 1 : 0;
+  const int64_t blocks = P * ((Np + a.rows_per_cta - 1) / a.rows_per_cta);
+  CHECK(blocks <= INT32_MAX);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int tc = static_cast<int>(std::min<int64_t>(chunk, T - t0));
+    const int tt = tc <= 1 ? 1 : tc <= 2 ? 2 : tc <= 4 ? 4 : 8;  // <= chunk: both powers of two
+    a.x = x + t0 * K;
+    a.out = out + t0 * N;
+    a.T = tc;
+    const int64_t smem = tt * K * 4;
+    switch (v.fmt) {
+      case kFmtBf16: launch_dense_fmt<kFmtBf16>(a, tt, static_cast<unsigned>(blocks), smem, b.stream(), long_rows); break;
+      case kFmtFp8: launch_dense_fmt<kFmtFp8>(a, tt, static_cast<unsigned>(blocks), smem, b.stream(), long_rows); break;
+      default: launch_dense_fmt<kFmtNvfp4>(a, tt, static_cast<unsigned>(blocks), smem, b.stream(), long_rows); break;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+template <int FMT>
+void launch_gate_up(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s) {
+  auto k = moe_gate_up_kernel<FMT, 2, 2>;
+  static int64_t allowed = 0;
+  allow_smem(k, smem, allowed);
+  k<<<grid, kThreads, static_cast<size_t>(smem), s>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int FMT>
+void launch_down(const MoeArgs& a, dim3 grid, cudaStream_t s, bool two_chunks) {
+  if (two_chunks)
+    moe_down_kernel<FMT, 2><<<grid, kThreads, 0, s>>>(a);
+  else
+    moe_down_kernel<FMT, 1><<<grid, kThreads, 0, s>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
+                int64_t k, const Linear& gate_up, const Linear& down) {
+  View g, d;
+  if (!make_view(gate_up, g) || !make_view(down, d)) return false;
+  const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0);
+  if (k < 1 || k > kMaxExperts) return false;
+  if ((reinterpret_cast<uintptr_t>(x) & 15u) != 0 || H % 4 != 0) return false;  // float4 prologue loads
+  const int64_t P = gate_up.partitions;
+  if (!(P == 1 || (P == 2 && gate_up.out_features / 2 == I))) return false;
+  if (down.partitions != 1) return false;
+  if (down.activation == ActivationQuant::kFp8TokenDynamic) return false;  // needs the whole row's amax
+  if (d.fmt == kFmtNvfp4 && I % 16 != 0) return false;
+  const int64_t slots = T * k;
+  if (slots > 65535 || T > 65535) return false;
+  // Gate rows per block: a multiple of 16 (the down input's NVFP4 blocks) and of the 16-row step.
+  const int64_t unit = 16;
+  const int64_t steps = (I + unit - 1) / unit;
+  const int64_t want_blocks = std::max<int64_t>(1, static_cast<int64_t>(b.sm_count()) / slots);
+  const int64_t per_block = std::max<int64_t>(1, steps / want_blocks);
+  const int64_t rows_gu = unit * per_block;
+  const int64_t smem_gu = (P * H + rows_gu) * 4;
+  if (smem_gu > smem_budget()) return false;
+  if (T == 0) return true;
+  CudaBackend::Scratch act(&b, static_cast<size_t>(slots * I) * 4);
+  MoeArgs a{};
+  a.gw = static_cast<const uint8_t*>(gate_up.weight.data);
+  a.gws = static_cast<const uint8_t*>(gate_up.weight_scale.data);
+  a.dw = static_cast<const uint8_t*>(down.weight.data);
+  a.dws = static_cast<const uint8_t*>(down.weight_scale.data);
+  a.ggs = g.fmt == kFmtNvfp4 ? static_cast<const float*>(gate_up.global_scale.data) : nullptr;
+  a.dgs = d.fmt == kFmtNvfp4 ? static_cast<const float*>(down.global_scale.data) : nullptr;
+  a.gis = gate_up.activation != ActivationQuant::kNone ? static_cast<const float*>(gate_up.input_scale.data) : nullptr;
+  a.dis = down.activation != ActivationQuant::kNone ? static_cast<const float*>(down.input_scale.data) : nullptr;
+  a.g_row_bytes = g.row_bytes;
+  a.d_row_bytes = d.row_bytes;
+  a.g_cpr = g.cpr;
+  a.d_cpr = d.cpr;
+  a.g_act = static_cast<int>(gate_up.activation);
+  a.d_act = static_cast<int>(down.activation);
+  a.g_P = static_cast<int>(P);
+  a.g_modelopt = g.modelopt ? 1 : 0;
+  a.d_modelopt = d.modelopt ? 1 : 0;
+  a.x = x;
+  a.ids = ids;
+  a.weights = weights;
+  a.act = act.as<float>();
+  a.out = out;
+  a.H = H;
+  a.I = I;
+  a.E = E;
+  a.k = k;
+  a.rows_per_cta = rows_gu;
+  const dim3 grid_gu(static_cast<unsigned>((I + rows_gu - 1) / rows_gu), static_cast<unsigned>(slots));
+  switch (g.fmt) {
+    case kFmtBf16: launch_gate_up<kFmtBf16>(a, grid_gu, smem_gu, b.stream()); break;
+    case kFmtFp8: launch_gate_up<kFmtFp8>(a, grid_gu, smem_gu, b.stream()); break;
+    default: launch_gate_up<kFmtNvfp4>(a, grid_gu, smem_gu, b.stream()); break;
+  }
+  // Down: one output row per warp step; blocks for ~2 per SM.
+  const int64_t dsteps = (H + kWarps - 1) / kWarps;
+  const int64_t dwant = std::max<int64_t>(1, 2 * static_cast<int64_t>(b.sm_count()) / T);
+  a.rows_per_cta = kWarps * std::max<int64_t>(1, dsteps / dwant);
+  const dim3 grid_d(static_cast<unsigned>((H + a.rows_per_cta - 1) / a.rows_per_cta), static_cast<unsigned>(T));
+  const bool two = d.cpr >= 64;
+  switch (d.fmt) {
+    case kFmtBf16: launch_down<kFmtBf16>(a, grid_d, b.stream(), two); break;
+    case kFmtFp8: launch_down<kFmtFp8>(a, grid_d, b.stream(), two); break;
+    default: launch_down<kFmtNvfp4>(a, grid_d, b.stream(), two); break;
+  }
+  return true;
+}
+
+cudaStream_t cuda_stream_of(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c ? c->stream() : nullptr;
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,25 @@
+// Fast decode (small-T) paths of linear and moe_experts on CUDA: decode_gemv.cu. Each returns false
+// when the weight layout is not one it takes (unaligned rows, f32 weights, an unusual partition
+// split, more than 8 routed experts per token), and the caller then runs its general kernels.
+// Nothing here synchronises with the host: every launch goes to the backend's stream, scratch is
+// stream-ordered, so the ops can be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace sparkserve {
+
+// out = x W^T for any T (token chunks of up to 8 share one pass over W), W bf16 / FP8 / NVFP4 with
+// the Linear's activation quantization computed in each block's prologue.
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+
+// moe_experts in two launches: gate_up GEMV + SiLU·mul per (token, slot) pair, then down GEMV over
+// the token's k experts + the routing-weighted sum in ascending expert id.
+// x: [T, H] f32, ids: [T, k] i32, weights: [T, k] f32 (device) -> out: [T, H] f32
+bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
+                int64_t k, const Linear& gate_up, const Linear& down);
+
+}  // namespace sparkserve
