@@ -43,7 +43,7 @@ constexpr int kActFp8Static = static_cast<int>(ActivationQuant::kFp8TensorStatic
 struct Row {
   const uint8_t* w;   // row payload, 16-byte aligned
   const uint8_t* s;   // NVFP4: the row's K/16 E4M3 block scales
-  const float* x;     // the activation row(s) the product reads (shared or global memory), stride ldx
+  const float* x;     // the activation row(s) the product reads (shared memory, swizzled), stride ldx
   float gmul;         // NVFP4: 2^14 / weight_global_scale (CT) or 2^14 · weight_scale_2 (ModelOpt)
   bool valid;
 };
@@ -80,6 +80,15 @@ __device__ __forceinline__ float2 e4m3_pair(uint32_t v) {
 __device__ __forceinline__ float e4m3_scale(uint32_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b & 0xffu), __NV_E4M3)));
 }
+
+// Activation rows in shared memory are stored by float4 granule g (elements 4g..4g+3) at position
+// swz(g): lane i of a warp reads chunk i, i.e. granules 16 bytes x (chunk elements / 4) apart, which
+// in a plain layout puts 4-8 lanes of each 8-lane phase on the same banks (measured: a 4-8x slower
+// FP8 / NVFP4 GEMV). XOR-ing the granule index with bits 3..5 permutes granules inside each aligned
+// group of 8 (32 floats) so that the 8 lanes of a phase hit 8 different bank groups, for the 2-, 4-
+// and 8-granule chunks of bf16, FP8 and NVFP4 alike. Rows are padded to a multiple of 32 floats.
+__device__ __forceinline__ int64_t swz(int64_t g) { return g ^ ((g >> 3) & 7); }
+__host__ __device__ constexpr int64_t padded32(int64_t k) { return (k + 31) / 32 * 32; }
 
 // Weights of 8-weight group G of a 16-byte chunk widened to f32 (NVFP4: times 2^-14, the block
 // factor applied to the block's partial sum).
@@ -128,9 +137,9 @@ __device__ __forceinline__ void group_fma(const uint4 (&q)[NR], const Row (&rows
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (!kSharedX || r == 0) {
-        const float* xp = rows[r].x + t * ldx + k;
-        a = *reinterpret_cast<const float4*>(xp);
-        b = *reinterpret_cast<const float4*>(xp + 4);
+        const float* xp = rows[r].x + t * ldx;
+        a = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4));
+        b = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4 + 1));
       }
       if (!rows[r].valid) continue;
       float s = acc[r][t];
@@ -229,10 +238,10 @@ __device__ __forceinline__ void prefetch_l2(const uint8_t* p, int64_t n) {
 // The activation rows the product reads, computed by the whole block: xs[t, :] for t < TT from
 // x[t, :] (t < T; zero rows above T), quantized as `act` says with the partition's input scale;
 // ts[t] = the FP8 activation scale of token t. Uses red[kWarps * TT]. Ends with a barrier.
-// x: [T, K] f32 (global) -> xs: [TT, K] f32 (shared), ts: [TT]
+// x: [T, K] f32 (global) -> xs: [TT, ldx] f32 (shared, swizzled), ts: [TT]
 template <int TT>
-__device__ void quantize_rows(float* xs, float* ts, float* red, const float* x, int T, int64_t K, int act,
-                              bool modelopt, float in_s) {
+__device__ void quantize_rows(float* xs, int64_t ldx, float* ts, float* red, const float* x, int T, int64_t K,
+                              int act, bool modelopt, float in_s) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (act == kActNvfp4) {
     // Four threads per 16-block (4 values each), the block amax by two shuffles.
@@ -257,13 +266,13 @@ __device__ void quantize_rows(float* xs, float* ts, float* red, const float* x, 
           o.z = nvfp4_fake_quant_value(v.z, sf, out_scale, gs, in_s, modelopt);
           o.w = nvfp4_fake_quant_value(v.w, sf, out_scale, gs, in_s, modelopt);
         }
-        *reinterpret_cast<float4*>(xs + t * K + k) = o;
+        *reinterpret_cast<float4*>(xs + t * ldx + 4 * swz(k / 4)) = o;
       }
     }
   } else if (act == kActNone) {
     for (int t = 0; t < TT; ++t)
       for (int64_t k = tid * 4; k < K; k += kThreads * 4)
-        *reinterpret_cast<float4*>(xs + t * K + k) =
+        *reinterpret_cast<float4*>(xs + t * ldx + 4 * swz(k / 4)) =
             t < T ? *reinterpret_cast<const float4*>(x + t * K + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   } else {
     if (act == kActFp8Dyn) {  // every thread's share of every token's amax, then one reduction
@@ -298,7 +307,7 @@ __device__ void quantize_rows(float* xs, float* ts, float* red, const float* x, 
           o = make_float4(fp8_quant_value(v.x, s), fp8_quant_value(v.y, s), fp8_quant_value(v.z, s),
                           fp8_quant_value(v.w, s));
         }
-        *reinterpret_cast<float4*>(xs + t * K + k) = o;
+        *reinterpret_cast<float4*>(xs + t * ldx + 4 * swz(k / 4)) = o;
       }
   }
   __syncthreads();
@@ -346,7 +355,8 @@ __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(DenseArgs a) {
   const int64_t n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
   prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
   if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
-  quantize_rows<TT>(xs, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
+  const int64_t ldx = padded32(a.K);
+  quantize_rows<TT>(xs, ldx, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
   const float gmul = FMT == kFmtNvfp4 ? nvfp4_gmul(a.gscale[p], a.modelopt != 0) : 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += kWarps * RPW) {
@@ -358,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(DenseArgs a) {
       rows[r] = Row{a.w + n * a.row_bytes, FMT == kFmtNvfp4 ? a.ws + n * (a.K / 16) : nullptr, xs, gmul, valid};
     }
     float acc[RPW][TT];
-    rows_dot<FMT, RPW, U, TT, true>(rows, a.cpr, a.K, acc);
+    rows_dot<FMT, RPW, U, TT, true>(rows, a.cpr, ldx, acc);
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
 #pragma unroll
@@ -393,7 +403,8 @@ template <int FMT, int RPW, int U>
 __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);  // [P][H]
-  float* acts = xs + a.g_P * a.H;               // [rows_per_cta]
+  const int64_t ldx = padded32(a.H);
+  float* acts = xs + a.g_P * ldx;               // [rows_per_cta]
   __shared__ float ts[2], red[kWarps];
   const int64_t slot = blockIdx.y, t = slot / a.k;
   const int64_t e = a.ids[slot];
@@ -409,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
     prefetch_l2(sbase + (a.I + n0) * (H / 16), (n1 - n0) * (H / 16));
   }
   for (int p = 0; p < a.g_P; ++p)
-    quantize_rows<1>(xs + p * H, ts + p, red, a.x + t * H, 1, H, a.g_act, a.g_modelopt != 0,
+    quantize_rows<1>(xs + p * ldx, ldx, ts + p, red, a.x + t * H, 1, H, a.g_act, a.g_modelopt != 0,
                      a.gis ? a.gis[e * a.g_P + p] : 1.0f);
   const int pu = a.g_P - 1;  // partition of the up rows
   const float gm0 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P], a.g_modelopt != 0) : 0.0f;
@@ -424,10 +435,10 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
       const int64_t n = valid ? r0 + r : r0;
       rows[r] = Row{wbase + n * a.g_row_bytes, sbase ? sbase + n * (H / 16) : nullptr, xs, gm0, valid};
       rows[RPW + r] = Row{wbase + (a.I + n) * a.g_row_bytes, sbase ? sbase + (a.I + n) * (H / 16) : nullptr,
-                          xs + pu * H, gm1, valid};
+                          xs + pu * ldx, gm1, valid};
     }
     float acc[2 * RPW][1];
-    rows_dot<FMT, 2 * RPW, U, 1, false>(rows, a.g_cpr, H, acc);
+    rows_dot<FMT, 2 * RPW, U, 1, false>(rows, a.g_cpr, ldx, acc);
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       const float g = finish<FMT>(warp_sum(acc[r][0]), a.g_act, wsf, r0 + r, ts[0]);
@@ -506,8 +517,16 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a) {
     s_order[rank] = i;
   }
   __syncthreads();
+  // The token's k activation rows (already quantized by the gate_up kernel) into shared memory.
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  const int64_t ldx = padded32(I);
+  for (int j = 0; j < k; ++j)
+    for (int64_t g = threadIdx.x; g < I / 4; g += kThreads)
+      *reinterpret_cast<float4*>(xs + j * ldx + 4 * swz(g)) =
+          *reinterpret_cast<const float4*>(a.act + (t * k + j) * I + 4 * g);
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* xt = a.act + t * k * I;
   for (int64_t h = h0 + warp; h < h1; h += kWarps) {
     Row rows[KE];
 #pragma unroll
@@ -515,10 +534,10 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a) {
       const bool valid = j < k;
       const int64_t e = s_e[valid ? j : 0];
       rows[j] = Row{a.dw + (e * H + h) * a.d_row_bytes, FMT == kFmtNvfp4 ? a.dws + (e * H + h) * (I / 16) : nullptr,
-                    xt + (valid ? j : 0) * I, s_gm[valid ? j : 0], valid};
+                    xs + (valid ? j : 0) * ldx, s_gm[valid ? j : 0], valid};
     }
     float acc[KE][1];
-    rows_dot<FMT, KE, U, 1, false>(rows, a.d_cpr, I, acc);
+    rows_dot<FMT, KE, U, 1, false>(rows, a.d_cpr, ldx, acc);
     float y[KE];
 #pragma unroll
     for (int j = 0; j < KE; ++j)
@@ -648,8 +667,8 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
   if ((reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;  // the prologue's float4 loads
   // Tokens per weight pass: a power of two (the kernels' register tiles) whose activations fit.
   int64_t chunk = kMaxTokens;
-  while (chunk > 1 && chunk * K * 4 > smem_budget()) chunk /= 2;
-  if (K * 4 > smem_budget()) return false;
+  while (chunk > 1 && chunk * padded32(K) * 4 > smem_budget()) chunk /= 2;
+  if (padded32(K) * 4 > smem_budget()) return false;
   if (T == 0 || N == 0) return true;
   const int64_t Np = N / P;
   const bool long_rows = v.cpr >= 96 && T == 1;
@@ -678,7 +697,7 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
     a.x = x + t0 * K;
     a.out = out + t0 * N;
     a.T = tc;
-    const int64_t smem = tt * K * 4;
+    const int64_t smem = tt * padded32(K) * 4;
     switch (v.fmt) {
       case kFmtBf16: launch_dense_fmt<kFmtBf16>(a, tt, static_cast<unsigned>(blocks), smem, b.stream(), long_rows); break;
       case kFmtFp8: launch_dense_fmt<kFmtFp8>(a, tt, static_cast<unsigned>(blocks), smem, b.stream(), long_rows); break;
@@ -699,13 +718,21 @@ void launch_gate_up(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <int FMT>
-void launch_down(const MoeArgs& a, dim3 grid, cudaStream_t s, bool two_chunks) {
-  if (two_chunks)
-    moe_down_kernel<FMT, 2><<<grid, kThreads, 0, s>>>(a);
-  else
-    moe_down_kernel<FMT, 1><<<grid, kThreads, 0, s>>>(a);
+template <int FMT, int U>
+void launch_down_t(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s) {
+  auto k = moe_down_kernel<FMT, U>;
+  static int64_t allowed = 0;
+  allow_smem(k, smem, allowed);
+  k<<<grid, kThreads, static_cast<size_t>(smem), s>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+template <int FMT>
+void launch_down(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s, bool two_chunks) {
+  if (two_chunks)
+    launch_down_t<FMT, 2>(a, grid, smem, s);
+  else
+    launch_down_t<FMT, 1>(a, grid, smem, s);
 }
 
 }  // namespace
@@ -730,7 +757,9 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   const int64_t want_blocks = std::max<int64_t>(1, static_cast<int64_t>(b.sm_count()) / slots);
   const int64_t per_block = std::max<int64_t>(1, steps / want_blocks);
   const int64_t rows_gu = unit * per_block;
-  const int64_t smem_gu = (P * H + rows_gu) * 4;
+  const int64_t smem_gu = (P * padded32(H) + rows_gu) * 4;
+  const int64_t smem_d = k * padded32(I) * 4;
+  if (smem_d > smem_budget() || I % 4 != 0) return false;
   if (smem_gu > smem_budget()) return false;
   if (T == 0) return true;
   CudaBackend::Scratch act(&b, static_cast<size_t>(slots * I) * 4);
@@ -775,9 +804,9 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   const dim3 grid_d(static_cast<unsigned>((H + a.rows_per_cta - 1) / a.rows_per_cta), static_cast<unsigned>(T));
   const bool two = d.cpr >= 64;
   switch (d.fmt) {
-    case kFmtBf16: launch_down<kFmtBf16>(a, grid_d, b.stream(), two); break;
-    case kFmtFp8: launch_down<kFmtFp8>(a, grid_d, b.stream(), two); break;
-    default: launch_down<kFmtNvfp4>(a, grid_d, b.stream(), two); break;
+    case kFmtBf16: launch_down<kFmtBf16>(a, grid_d, smem_d, b.stream(), two); break;
+    case kFmtFp8: launch_down<kFmtFp8>(a, grid_d, smem_d, b.stream(), two); break;
+    default: launch_down<kFmtNvfp4>(a, grid_d, smem_d, b.stream(), two); break;
   }
   return true;
 }
