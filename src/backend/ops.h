@@ -107,6 +107,8 @@ class Recording {
  public:
   virtual ~Recording() = default;
   virtual void replay() = 0;
+  // Kernels one replay runs (-1: not known).
+  virtual int64_t kernel_nodes() const { return -1; }
 };
 
 class Backend {
@@ -194,6 +196,42 @@ class Backend {
   // x, z: [R, D] f32, w: [D] f32 -> out: [R, D] f32.
   virtual void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
                              float eps) = 0;
+
+  // ---- fused chains (fewer kernel boundaries per decode step) ---------------------------------
+  // Each computes exactly the composition of the ops named, in that order; the defaults below
+  // (backend/fused_ops.cpp) ARE that composition, so the CPU reference is unchanged by them. A
+  // device backend may override one with fewer kernels (other fp32 rounding, same function).
+  //
+  // A GDN layer's token mixing for a batch of single-token spans (every span num_tokens == 1),
+  // after the two big projections (mixed = in_proj_qkv(h), z = in_proj_z(h)):
+  //   linear(b, h, in_proj_b) -> linear(a, h, in_proj_a) -> gdn_conv(qkv, mixed)
+  //   -> gdn_gating(g, beta, a, b) -> gdn_recurrent(core, qkv, g, beta)
+  //   -> gated_rmsnorm(out, core, z, norm_w) over rows of dv.
+  // h: [T, H] f32, mixed: [T, conv_dim] f32, z: [T, Hv*dv] f32, in_proj_a, in_proj_b: [Hv, H],
+  // conv_w: [conv_dim, K] f32, A_log, dt_bias: [Hv] f32, norm_w: [dv] f32,
+  // conv_state_pool: [slots, conv_dim, K-1] f32, state_pool: [slots, Hv, dk, dv] f32
+  // -> out: [T, Hv*dv] f32. Both pools are updated.
+  virtual void gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
+                               const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                               const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                               const Tensor& conv_state_pool, const Tensor& state_pool,
+                               const BatchLayout& batch, const GdnDims& dims);
+  // Attention input preparation, any layout:
+  //   split_query_gate(q, gate, qg) -> rmsnorm(q per head, q_norm_w) -> rmsnorm(k per head, k_norm_w)
+  //   -> rope(q) -> rope(k) -> kv_cache_write(k_pool, v_pool, k, v).
+  // qg: [T, nh, 2*hd] f32, k, v: [T, kvh, hd] f32 (k is left normalised and rotated, as the
+  // composition leaves it), q_norm_w, k_norm_w: [hd] f32, positions: [T] i32 (device)
+  // -> q, gate: [T, nh, hd] f32; pools [num_blocks, block_size, kvh, hd] get the span rows.
+  virtual void attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
+                              const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
+                              const Tensor& positions, int64_t rotary_dim, double theta,
+                              const Tensor& k_pool, const Tensor& v_pool, const BatchLayout& batch);
+  // attention(out, q, pools) -> sigmoid_mul(out, gate). q, gate: [T, nh, hd] f32 -> out: [T, nh, hd] f32.
+  virtual void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
+                               const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims);
+  // The shared expert's gated add: linear(logit, h, shared_gate) -> add_sigmoid_scaled(out, y, logit).
+  // h: [T, H] f32, shared_gate: [1, H], y: [T, D] f32 -> out: [T, D] f32 (out += sigmoid(h.w) y).
+  virtual void add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate);
 
   // ---- MoE (model-qwen35.md §2.7) ------------------------------------------------------------
   // fp32 softmax over all E experts, top-k (ties: lower id first), renormalised to sum 1.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,6 +35,8 @@ Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weig
   for (LayerType t : config_.layer_types) layer_slot_.push_back(t == LayerType::kLinearAttention ? gdn++ : attn++);
   const char* env = std::getenv("SPARKSERVE_CUDA_GRAPHS");
   graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
+  const char* fused = std::getenv("SPARKSERVE_FUSED_DECODE");
+  fused_ = !(fused && std::strcmp(fused, "0") == 0);
 }
 
 Qwen35Model::~Qwen35Model() = default;
@@ -234,6 +237,10 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
       return std::nullopt;
     }
     ++graph_stats_.recorded;
+    graph_stats_.kernels = g->recording->kernel_nodes();
+    if (const char* v = std::getenv("SPARKSERVE_GRAPH_STATS"); v && std::strcmp(v, "1") == 0)
+      std::fprintf(stderr, "sparkserve: recorded decode step B=%lld: %lld kernels, fused chains %s\n",
+                   static_cast<long long>(B), static_cast<long long>(graph_stats_.kernels), fused_ ? "on" : "off");
     graph_stats_.record_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -253,23 +260,30 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const GdnDims dims = gdn_dims(config_);
   const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
   Buffer mixed = buffer({T, dims.conv_dim()}), z = buffer({T, Hv * dv});
-  Buffer a = buffer({T, Hv}), b = buffer({T, Hv});
   backend_.linear(mixed, h, w.in_proj_qkv);
   backend_.linear(z, h, w.in_proj_z);
+
+  const Tensor& rec = state.gdn().recurrent_pool(gdn_index);
+  Buffer normed = buffer({T, Hv * dv});
+  if (fused_ && layout.prefill.seqs.empty()) {
+    // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
+    backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
+                             config_.rms_norm_eps, state.gdn().conv_pool(gdn_index), rec, layout.decode, dims);
+    backend_.linear(out, normed, w.out_proj);
+    return;
+  }
+  Buffer a = buffer({T, Hv}), b = buffer({T, Hv});
   backend_.linear(b, h, w.in_proj_b);
   backend_.linear(a, h, w.in_proj_a);
-
   Buffer qkv = buffer({T, dims.conv_dim()});
   backend_.gdn_conv(qkv, mixed, w.conv, state.gdn().conv_pool(gdn_index), layout.all);
   Buffer g = buffer({T, Hv}), beta = buffer({T, Hv});
   backend_.gdn_gating(g, beta, a, b, w.A_log, w.dt_bias);
 
   Buffer core = buffer({T, Hv, dv});
-  const Tensor& rec = state.gdn().recurrent_pool(gdn_index);
   if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
   if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
 
-  Buffer normed = buffer({T, Hv * dv});
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
   backend_.linear(out, normed, w.out_proj);
@@ -285,17 +299,15 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   backend_.linear(k, h, w.k_proj);
   backend_.linear(v, h, w.v_proj);
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
-  backend_.split_query_gate(q, gate, qg);
-  // Per-head zero-centred RMSNorm before RoPE.
-  backend_.rmsnorm(q.tensor().view({T * nh, hd}), q.tensor().view({T * nh, hd}), w.q_norm, c.rms_norm_eps);
-  backend_.rmsnorm(k.tensor().view({T * kvh, hd}), k.tensor().view({T * kvh, hd}), w.k_norm, c.rms_norm_eps);
-  // Text-only positions: interleaved M-RoPE with three equal position rows is 1-D RoPE.
-  backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
-  backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
-
   const Tensor& k_pool = state.kv().k_pool(attn_index);
   const Tensor& v_pool = state.kv().v_pool(attn_index);
-  backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
+  if (fused_) {
+    // The same chain as below in one op (one kernel on CUDA).
+    backend_.attention_prep(q, gate, qg, k, v, w.q_norm, w.k_norm, c.rms_norm_eps, layout.positions,
+                            c.rotary_dim(), c.rope_theta, k_pool, v_pool, layout.all);
+  } else {
+    unfused_attention_prep(q, gate, qg, k, v, w, layout, k_pool, v_pool);
+  }
   AttentionDims dims;
   dims.num_heads = nh;
   dims.num_kv_heads = kvh;
@@ -303,9 +315,28 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   dims.block_size = state.kv().block_size();
   dims.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Buffer o = buffer({T, nh, hd});
-  backend_.attention(o, q, k_pool, v_pool, layout.all, dims);
-  backend_.sigmoid_mul(o, gate);
+  if (fused_) {
+    backend_.gated_attention(o, q, gate, k_pool, v_pool, layout.all, dims);
+  } else {
+    backend_.attention(o, q, k_pool, v_pool, layout.all, dims);
+    backend_.sigmoid_mul(o, gate);
+  }
   backend_.linear(out, o.tensor().view({T, nh * hd}), w.o_proj);
+}
+
+void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
+                                         const Tensor& v, const AttentionWeights& w, const Layout& layout,
+                                         const Tensor& k_pool, const Tensor& v_pool) {
+  const ModelConfig& c = config_;
+  const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), kvh = k.dim(1);
+  backend_.split_query_gate(q, gate, qg);
+  // Per-head zero-centred RMSNorm before RoPE.
+  backend_.rmsnorm(q.view({T * nh, hd}), q.view({T * nh, hd}), w.q_norm, c.rms_norm_eps);
+  backend_.rmsnorm(k.view({T * kvh, hd}), k.view({T * kvh, hd}), w.k_norm, c.rms_norm_eps);
+  // Text-only positions: interleaved M-RoPE with three equal position rows is 1-D RoPE.
+  backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
+  backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
+  backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
 }
 
 void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w) {
@@ -322,9 +353,13 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w) {
   backend_.linear(gu, h, w.shared_gate_up);
   backend_.silu_mul(act, gu);
   backend_.linear(shared, act, w.shared_down);
-  Buffer gate = buffer({T, 1});
-  backend_.linear(gate, h, w.shared_gate);
-  backend_.add_sigmoid_scaled(out, shared, gate);
+  if (fused_) {
+    backend_.add_gated_shared(out, shared, h, w.shared_gate);
+  } else {
+    Buffer gate = buffer({T, 1});
+    backend_.linear(gate, h, w.shared_gate);
+    backend_.add_sigmoid_scaled(out, shared, gate);
+  }
 }
 
 void Qwen35Model::mlp(const Tensor& out, const Tensor& h, const MlpWeights& w) {

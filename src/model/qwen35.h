@@ -52,10 +52,16 @@ class Qwen35Model {
   // Recorded decode steps are on unless the environment says SPARKSERVE_CUDA_GRAPHS=0 at construction.
   void set_graphs_enabled(bool on);
   bool graphs_enabled() const { return graphs_enabled_; }
+  // Fused chains (Backend::gdn_decode_step for pure-decode GDN layers, Backend::attention_prep) are
+  // on unless the environment says SPARKSERVE_FUSED_DECODE=0 at construction. On the CPU backend
+  // both settings compute bit-identical results (the fused ops are the compositions there).
+  void set_fused_enabled(bool on) { fused_ = on; }
+  bool fused_enabled() const { return fused_; }
   struct GraphStats {
     int64_t recorded = 0;  // decode steps recorded (a new batch size, more KV blocks, new state pools)
     int64_t replayed = 0;  // forwards that replayed a recording (recording steps included)
     double record_ms = 0;  // host time spent recording and instantiating, all recordings
+    int64_t kernels = -1;  // kernel nodes of the latest recording (-1: unknown)
   };
   GraphStats graph_stats() const { return graph_stats_; }
 
@@ -77,6 +83,11 @@ class Qwen35Model {
                  const Layout& layout, ModelState& state);
   void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int attn_index,
                        const Layout& layout, ModelState& state);
+  // The attention input chain op by op (split, q/k norms, RoPE, KV write): what attention_prep
+  // fuses; run when fused ops are off. qg: [T, nh, 2hd], k, v: [T, kvh, hd] -> q, gate: [T, nh, hd].
+  void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
+                              const Tensor& v, const AttentionWeights& w, const Layout& layout,
+                              const Tensor& k_pool, const Tensor& v_pool);
   void moe(const Tensor& out, const Tensor& h, const MoeWeights& w);
   void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
   // hidden: [R, H] final-normalised rows -> [R, V] logits on the host.
@@ -92,6 +103,7 @@ class Qwen35Model {
   std::vector<int> layer_slot_;  // per layer: its index among GDN layers or among attention layers
 
   bool graphs_enabled_ = true;
+  bool fused_ = true;
   GraphStats graph_stats_;
   std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by batch size
   std::vector<uintptr_t> graph_state_key_;  // block size and the state pools the recordings write

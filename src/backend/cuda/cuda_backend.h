@@ -96,6 +96,20 @@ class CudaBackend final : public Backend {
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
                      float eps) override;
 
+  // Fused chains: gdn.cu (conv kernel + one a/b-projection/gating/delta/gated-norm kernel), attention.cu
+  // (prep in one kernel; attention with its output gate), elementwise.cu (shared-expert gated add).
+  void gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
+                       const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w, const Tensor& A_log,
+                       const Tensor& dt_bias, const Tensor& norm_w, float eps, const Tensor& conv_state_pool,
+                       const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k, const Tensor& v,
+                      const Tensor& q_norm_w, const Tensor& k_norm_w, float eps, const Tensor& positions,
+                      int64_t rotary_dim, double theta, const Tensor& k_pool, const Tensor& v_pool,
+                      const BatchLayout& batch) override;
+  void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
+                       const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) override;
+  void add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate) override;
+
   void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
@@ -126,6 +140,9 @@ class CudaBackend final : public Backend {
   // Quantized (NVFP4 / FP8) out[r, n] = x[r / x_div] . W_e[n], e = ids[r] (expert 0 when ids is null);
   // quant_linear.cu. x: [*, K] f32 (device), ids: [R] i32 (device) -> out: [R, N] f32.
   void quant_matmul(float* out, const float* x, int64_t R, int64_t x_div, const int32_t* ids, const Linear& w);
+  // attention / gated_attention (attention.cu); gate: [T, nh, hd] device or null.
+  void launch_attention(const Tensor& out, const Tensor& q, const float* gate, const Tensor& k_pool,
+                        const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& d);
   // Copies a small host array to fresh device scratch (stream-ordered).
   Scratch upload_scratch(const void* host, size_t bytes);
   // inv_freq of rotate-half RoPE computed on the host exactly as the CPU backend does, cached.

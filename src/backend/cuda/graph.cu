@@ -5,6 +5,8 @@
 // before each replay (pack_layout / set_fixed_layout).
 #include <cstdio>
 
+#include <vector>
+
 #include "backend/cuda/cuda_backend.h"
 
 namespace sparkserve {
@@ -12,7 +14,9 @@ namespace {
 
 class CudaRecording final : public Recording {
  public:
-  CudaRecording(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaRecording(cudaGraphExec_t exec, cudaStream_t stream, int64_t kernels)
+      : exec_(exec), stream_(stream), kernels_(kernels) {}
+  int64_t kernel_nodes() const override { return kernels_; }
   ~CudaRecording() override {
     // A replay still queued keeps using the graph's memory: let it finish first.
     cudaStreamSynchronize(stream_);
@@ -23,6 +27,7 @@ class CudaRecording final : public Recording {
  private:
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
+  int64_t kernels_;
 };
 
 }  // namespace
@@ -44,6 +49,17 @@ std::unique_ptr<Recording> CudaBackend::record(const std::function<void()>& body
     if (graph) cudaGraphDestroy(graph);
     return nullptr;
   }
+  // Kernel nodes: what a replay pays a kernel boundary for (docs/performance.md).
+  int64_t kernels = 0;
+  size_t num_nodes = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &num_nodes) == cudaSuccess && num_nodes > 0) {
+    std::vector<cudaGraphNode_t> nodes(num_nodes);
+    if (cudaGraphGetNodes(graph, nodes.data(), &num_nodes) == cudaSuccess)
+      for (size_t i = 0; i < num_nodes; ++i) {
+        cudaGraphNodeType t;
+        if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel) ++kernels;
+      }
+  }
   cudaGraphExec_t exec = nullptr;
   e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -55,7 +71,7 @@ std::unique_ptr<Recording> CudaBackend::record(const std::function<void()>& body
   }
   // Upload once now so the first replay does not pay for it.
   CUDA_CHECK(cudaGraphUpload(exec, stream_));
-  return std::make_unique<CudaRecording>(exec, stream_);
+  return std::make_unique<CudaRecording>(exec, stream_, kernels);
 }
 
 int64_t CudaBackend::layout_words(int64_t spans, int64_t rows, int64_t max_blocks) const {

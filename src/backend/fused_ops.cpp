@@ -1,0 +1,54 @@
+// The fused-chain ops of backend/ops.h as the compositions they are defined to be. The CPU
+// reference backend uses these (so its results are those of the separate ops, bit for bit); a
+// device backend overrides them with fewer kernels.
+#include "backend/ops.h"
+
+#include "core/check.h"
+
+namespace sparkserve {
+
+void Backend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
+                              const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                              const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                              const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
+                              const GdnDims& dims) {
+  const int64_t T = mixed.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
+  for (const SeqSpan& s : batch.seqs) CHECK_MSG(s.num_tokens == 1, "gdn_decode_step takes single-token spans");
+  Buffer a(this, DType::kF32, {T, Hv}), b(this, DType::kF32, {T, Hv});
+  linear(b, h, in_proj_b);
+  linear(a, h, in_proj_a);
+  Buffer qkv(this, DType::kF32, {T, dims.conv_dim()});
+  gdn_conv(qkv, mixed, conv_w, conv_state_pool, batch);
+  Buffer g(this, DType::kF32, {T, Hv}), beta(this, DType::kF32, {T, Hv});
+  gdn_gating(g, beta, a, b, A_log, dt_bias);
+  Buffer core(this, DType::kF32, {T, Hv, dv});
+  gdn_recurrent(core, qkv, g, beta, state_pool, batch, dims);
+  gated_rmsnorm(out.view({T * Hv, dv}), core.tensor().view({T * Hv, dv}), z.view({T * Hv, dv}), norm_w, eps);
+}
+
+void Backend::attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
+                             const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
+                             const Tensor& positions, int64_t rotary_dim, double theta,
+                             const Tensor& k_pool, const Tensor& v_pool, const BatchLayout& batch) {
+  const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), kvh = k.dim(1);
+  split_query_gate(q, gate, qg);
+  rmsnorm(q.view({T * nh, hd}), q.view({T * nh, hd}), q_norm_w, eps);
+  rmsnorm(k.view({T * kvh, hd}), k.view({T * kvh, hd}), k_norm_w, eps);
+  rope(q, positions, rotary_dim, theta);
+  rope(k, positions, rotary_dim, theta);
+  kv_cache_write(k_pool, v_pool, k, v, batch);
+}
+
+void Backend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
+                              const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) {
+  attention(out, q, k_pool, v_pool, batch, dims);
+  sigmoid_mul(out, gate);
+}
+
+void Backend::add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate) {
+  Buffer logit(this, DType::kF32, {h.dim(0), 1});
+  linear(logit, h, shared_gate);
+  add_sigmoid_scaled(out, y, logit);
+}
+
+}  // namespace sparkserve
