@@ -536,6 +536,11 @@ void test_decode_paths(Harness& h) {
       {WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, "fp8 dyn k_proj", 512, 3072, 1, {1, 8}},
       {WeightFormat::kFp8Tensor, ActivationQuant::kFp8TensorStatic, "fp8 static sh down", 3072, 1024, 1, {1, 6, 64}},
       {WeightFormat::kFp8Channel, ActivationQuant::kNone, "fp8 w8a16 qkv", 12288, 3072, 1, {1, 5}},
+      // One-token FP8 rows go round-robin over the grid's warps with 4 / 6 / 8 chunks in flight per
+      // lane (by row length): a row count that is no multiple of the 8-row step and wraps the grid
+      // several times, and a 128-chunk row (the 4-chunk variant).
+      {WeightFormat::kFp8Tensor, ActivationQuant::kFp8TensorStatic, "fp8 static odd rows", 8195, 3072, 1, {1}},
+      {WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, "fp8 dyn K 2048", 1001, 2048, 1, {1}},
       {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4 qkv", 12288, 3072, 1, {1, 4, 16}},
       {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4 shared gu", 2048, 3072, 2, {1, 3, 64}},
       {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4 out_proj", 3072, 8192, 1, {1, 2}},

@@ -123,35 +123,63 @@ __host__ __device__ constexpr int groups_per_chunk() {
   return FMT == kFmtBf16 ? 1 : (FMT == kFmtFp8 ? 2 : 4);
 }
 
-// acc[r][t] += dot(group G of chunk c of row r, x_r[t]): weights of all rows decoded first, then each
-// token's 8 activations loaded once (once for all rows when kSharedX) and used NR times.
+// acc[r][t] += dot(group G of chunk c of row r, x_r[t]) over the group's 8 weights.
 template <int FMT, int G, int NR, int TT, bool kSharedX>
 __device__ __forceinline__ void group_fma(const uint4 (&q)[NR], const Row (&rows)[NR], int64_t ldx, int64_t k,
                                           float (&acc)[NR][TT]) {
-  float w[NR][8];
-#pragma unroll
-  for (int r = 0; r < NR; ++r) decode8<FMT, G>(q[r], w[r]);
-#pragma unroll
-  for (int t = 0; t < TT; ++t) {
-    float4 a, b;
+  if constexpr (!kSharedX) {
+    // Each row has its own activations: decode, load and use one row at a time, so only 8 decoded
+    // weights are live (the MoE down kernel's 8 experts x 8 weights made it 165 registers, 1 block/SM).
+    // Same products in the same order per accumulator as the shared-x path.
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
-      if (!kSharedX || r == 0) {
-        const float* xp = rows[r].x + t * ldx;
-        a = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4));
-        b = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4 + 1));
-      }
       if (!rows[r].valid) continue;
-      float s = acc[r][t];
-      s = fmaf(w[r][0], a.x, s);
-      s = fmaf(w[r][1], a.y, s);
-      s = fmaf(w[r][2], a.z, s);
-      s = fmaf(w[r][3], a.w, s);
-      s = fmaf(w[r][4], b.x, s);
-      s = fmaf(w[r][5], b.y, s);
-      s = fmaf(w[r][6], b.z, s);
-      s = fmaf(w[r][7], b.w, s);
-      acc[r][t] = s;
+      float w[8];
+      decode8<FMT, G>(q[r], w);
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        const float* xp = rows[r].x + t * ldx;
+        const float4 a = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4));
+        const float4 b = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4 + 1));
+        float s = acc[r][t];
+        s = fmaf(w[0], a.x, s);
+        s = fmaf(w[1], a.y, s);
+        s = fmaf(w[2], a.z, s);
+        s = fmaf(w[3], a.w, s);
+        s = fmaf(w[4], b.x, s);
+        s = fmaf(w[5], b.y, s);
+        s = fmaf(w[6], b.z, s);
+        s = fmaf(w[7], b.w, s);
+        acc[r][t] = s;
+      }
+    }
+  } else {
+    // All rows share the activations: decode every row first, then each x load serves NR rows.
+    float w[NR][8];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) decode8<FMT, G>(q[r], w[r]);
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      float4 a, b;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (r == 0) {  // one activation load serves all rows
+          const float* xp = rows[r].x + t * ldx;
+          a = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4));
+          b = *reinterpret_cast<const float4*>(xp + 4 * swz(k / 4 + 1));
+        }
+        if (!rows[r].valid) continue;
+        float s = acc[r][t];
+        s = fmaf(w[r][0], a.x, s);
+        s = fmaf(w[r][1], a.y, s);
+        s = fmaf(w[r][2], a.z, s);
+        s = fmaf(w[r][3], a.w, s);
+        s = fmaf(w[r][4], b.x, s);
+        s = fmaf(w[r][5], b.y, s);
+        s = fmaf(w[r][6], b.z, s);
+        s = fmaf(w[r][7], b.w, s);
+        acc[r][t] = s;
+      }
     }
   }
 }
@@ -340,26 +368,39 @@ struct DenseArgs {
   float* out;            // [T, ldo]
   int64_t K, Np, ldo, row_bytes, rows_per_cta;
   int T, cpr, act, modelopt;
+  int interleave;        // 1 partition: warp g of the grid takes rows g·RPW + i·(all warps)·RPW
 };
 
 // grid: P x ceil(Np / rows_per_cta) blocks, each a run of rows inside one partition; warp w takes
-// rows n0 + w*RPW.. (+ kWarps*RPW per step).
+// rows n0 + w*RPW.. (+ kWarps*RPW per step). Interleaved (one partition, a grid of ~2 blocks per SM):
+// the rows go round-robin over all warps of the grid, so every SM gets the same share of rows to
+// within one warp step (a run of rows per block left SMs with 2 and 3 blocks' worth).
 template <int FMT, int RPW, int U, int TT>
 __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(DenseArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   __shared__ float ts[TT], red[kWarps * TT];
-  const int64_t bpp = (a.Np + a.rows_per_cta - 1) / a.rows_per_cta;
-  const int64_t p = blockIdx.x / bpp;
-  const int64_t n0 = p * a.Np + (blockIdx.x % bpp) * a.rows_per_cta;
-  const int64_t n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
-  prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
-  if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
+  int64_t p = 0, n0, n1, r_step = kWarps * RPW;
+  if (a.interleave) {
+    n0 = static_cast<int64_t>(blockIdx.x) * kWarps * RPW;
+    n1 = a.Np;
+    r_step = static_cast<int64_t>(gridDim.x) * kWarps * RPW;
+    const int64_t first = min(static_cast<int64_t>(kWarps * RPW), n1 - n0);  // the block's first step
+    prefetch_l2(a.w + n0 * a.row_bytes, first * a.row_bytes);
+    if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), first * (a.K / 16));
+  } else {
+    const int64_t bpp = (a.Np + a.rows_per_cta - 1) / a.rows_per_cta;
+    p = blockIdx.x / bpp;
+    n0 = p * a.Np + (blockIdx.x % bpp) * a.rows_per_cta;
+    n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
+    prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
+    if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
+  }
   const int64_t ldx = padded32(a.K);
   quantize_rows<TT>(xs, ldx, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
   const float gmul = FMT == kFmtNvfp4 ? nvfp4_gmul(a.gscale[p], a.modelopt != 0) : 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += kWarps * RPW) {
+  for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += r_step) {
     Row rows[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -398,13 +439,15 @@ struct MoeArgs {
 };
 
 // One (token, slot) pair per blockIdx.y, gate rows [n0, n1) per blockIdx.x (a multiple of 16, so the
-// epilogue can quantize whole NVFP4 blocks of the down projection's input).
+// epilogue can quantize whole NVFP4 blocks of the down projection's input). Capped at 128 registers
+// so that two blocks share an SM (the launch sizes the grid for that).
 template <int FMT, int RPW, int U>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(MoeArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);  // [P][H]
   const int64_t ldx = padded32(a.H);
   float* acts = xs + a.g_P * ldx;               // [rows_per_cta]
+  float* raw = acts + a.rows_per_cta;           // [H]: the token's x, read from global memory once
   __shared__ float ts[2], red[kWarps];
   const int64_t slot = blockIdx.y, t = slot / a.k;
   const int64_t e = a.ids[slot];
@@ -419,8 +462,25 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
     prefetch_l2(sbase + n0 * (H / 16), (n1 - n0) * (H / 16));
     prefetch_l2(sbase + (a.I + n0) * (H / 16), (n1 - n0) * (H / 16));
   }
+  // x once into shared memory, every load issued before any store (one trip to L2, not one per
+  // quantization pass and partition), then each partition's quantization reads it from there.
+  {
+    const float4* xg = reinterpret_cast<const float4*>(a.x + t * H);
+    float4* r4 = reinterpret_cast<float4*>(raw);
+    const int64_t n4 = H / 4;
+    for (int64_t g0 = threadIdx.x; g0 < n4; g0 += 4 * kThreads) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (g0 + u * kThreads < n4) v[u] = xg[g0 + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (g0 + u * kThreads < n4) r4[g0 + u * kThreads] = v[u];
+    }
+    __syncthreads();
+  }
   for (int p = 0; p < a.g_P; ++p)
-    quantize_rows<1>(xs + p * ldx, ldx, ts + p, red, a.x + t * H, 1, H, a.g_act, a.g_modelopt != 0,
+    quantize_rows<1>(xs + p * ldx, ldx, ts + p, red, raw, 1, H, a.g_act, a.g_modelopt != 0,
                      a.gis ? a.gis[e * a.g_P + p] : 1.0f);
   const int pu = a.g_P - 1;  // partition of the up rows
   const float gm0 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P], a.g_modelopt != 0) : 0.0f;
@@ -482,8 +542,9 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a) {
 // One token per blockIdx.y, down rows [h0, h1) per blockIdx.x; each warp computes one output row h
 // against all of the token's k experts at once (k rows in flight), then the routing-weighted sum in
 // ascending expert id (HF's eager order, as the CPU reference).
+// Capped at 128 registers: two blocks per SM (16 warps streaming), as the launch's grid assumes.
 template <int FMT, int U>
-__global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(MoeArgs a) {
   constexpr int KE = kMaxExperts;
   __shared__ int64_t s_e[KE];
   __shared__ float s_w[KE], s_gm[KE], s_ts[KE];
@@ -634,11 +695,23 @@ void launch_dense_t(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_
 
 // Rows per warp and chunks per lane in flight: 4 x 16 bytes per lane either way. Several tokens or
 // short rows: 4 rows at once (each activation load from shared memory serves 4 rows); one token and
-// long rows: 4 chunks of one row.
+// long rows: 4 chunks of one row. The interleaved FP8 GEMVs at one token keep more in flight: 6
+// chunks when a row is 192 of them (K = 3072: one pass of the lane loop, no idle lanes), 8 for rows
+// of 256 chunks and more (out_proj, K = 8192).
 template <int FMT, int TT>
 void launch_dense_rows(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_t s, bool long_rows) {
   if constexpr (TT == 1) {
     if (long_rows) {
+      if constexpr (FMT == kFmtFp8) {
+        if (a.interleave && a.cpr == 192) {
+          launch_dense_t<FMT, 1, 6, TT>(a, grid, smem, s);
+          return;
+        }
+        if (a.interleave && a.cpr >= 256) {
+          launch_dense_t<FMT, 1, 8, TT>(a, grid, smem, s);
+          return;
+        }
+      }
       launch_dense_t<FMT, 1, 4, TT>(a, grid, smem, s);
       return;
     }
@@ -689,7 +762,10 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
   a.cpr = v.cpr;
   a.act = static_cast<int>(w.activation);
   a.modelopt = v.modelopt ? 1 : 0;
-  const int64_t blocks = P * ((Np + a.rows_per_cta - 1) / a.rows_per_cta);
+  // FP8 at one token with long rows (qkv, z, q, out_proj): rows round-robin over ~2 blocks per SM.
+  a.interleave = v.fmt == kFmtFp8 && long_rows && P == 1 ? 1 : 0;
+  const int64_t blocks = a.interleave ? std::min<int64_t>(steps, 2 * static_cast<int64_t>(b.sm_count()))
+                                      : P * ((Np + a.rows_per_cta - 1) / a.rows_per_cta);
   CHECK(blocks <= INT32_MAX);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int tc = static_cast<int>(std::min<int64_t>(chunk, T - t0));
@@ -711,7 +787,9 @@ namespace {
 
 template <int FMT>
 void launch_gate_up(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s) {
-  auto k = moe_gate_up_kernel<FMT, 2, 2>;
+  // 2 gate + 2 up rows per warp, 3 chunks each in flight: one pass of the lane loop for an NVFP4 row
+  // of H = 3072 (96 chunks), two for FP8.
+  auto k = moe_gate_up_kernel<FMT, 2, 3>;
   static int64_t allowed = 0;
   allow_smem(k, smem, allowed);
   k<<<grid, kThreads, static_cast<size_t>(smem), s>>>(a);
@@ -754,10 +832,12 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   // Gate rows per block: a multiple of 16 (the down input's NVFP4 blocks) and of the 16-row step.
   const int64_t unit = 16;
   const int64_t steps = (I + unit - 1) / unit;
-  const int64_t want_blocks = std::max<int64_t>(1, static_cast<int64_t>(b.sm_count()) / slots);
-  const int64_t per_block = std::max<int64_t>(1, steps / want_blocks);
+  // ~2 blocks per SM (the kernel's register cap lets two share one): at T = 1, 8 slots x 32 blocks of
+  // 32 gate rows (was 1 block per SM, 8 warps streaming per SM).
+  const int64_t want_blocks = std::max<int64_t>(1, 2 * static_cast<int64_t>(b.sm_count()) / slots);
+  const int64_t per_block = std::max<int64_t>(1, (steps + want_blocks - 1) / want_blocks);
   const int64_t rows_gu = unit * per_block;
-  const int64_t smem_gu = (P * padded32(H) + rows_gu) * 4;
+  const int64_t smem_gu = (P * padded32(H) + rows_gu + H) * 4;
   const int64_t smem_d = k * padded32(I) * 4;
   if (smem_d > smem_budget() || I % 4 != 0) return false;
   if (smem_gu > smem_budget()) return false;
@@ -797,10 +877,11 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
     case kFmtFp8: launch_gate_up<kFmtFp8>(a, grid_gu, smem_gu, b.stream()); break;
     default: launch_gate_up<kFmtNvfp4>(a, grid_gu, smem_gu, b.stream()); break;
   }
-  // Down: one output row per warp step; blocks for ~2 per SM.
+  // Down: one output row per warp step; at most ~2 blocks per SM, all resident at once (rounded up:
+  // at T = 1, 192 blocks of 16 rows instead of 384 of 8, half the activation staging per row).
   const int64_t dsteps = (H + kWarps - 1) / kWarps;
   const int64_t dwant = std::max<int64_t>(1, 2 * static_cast<int64_t>(b.sm_count()) / T);
-  a.rows_per_cta = kWarps * std::max<int64_t>(1, dsteps / dwant);
+  a.rows_per_cta = kWarps * std::max<int64_t>(1, (dsteps + dwant - 1) / dwant);
   const dim3 grid_d(static_cast<unsigned>((H + a.rows_per_cta - 1) / a.rows_per_cta), static_cast<unsigned>(T));
   const bool two = d.cpr >= 64;
   switch (d.fmt) {
