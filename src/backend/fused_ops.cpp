@@ -45,10 +45,12 @@ void Backend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& 
   sigmoid_mul(out, gate);
 }
 
-void Backend::add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate) {
+void Backend::add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
+                                       const Linear& shared_gate, const Tensor& norm_w, float eps) {
   Buffer logit(this, DType::kF32, {h.dim(0), 1});
   linear(logit, h, shared_gate);
-  add_sigmoid_scaled(out, y, logit);
+  add_sigmoid_scaled(d, y, logit);
+  add_rmsnorm(residual, h, d, norm_w, eps);
 }
 
 }  // namespace sparkserve

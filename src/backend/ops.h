@@ -229,9 +229,13 @@ class Backend {
   // attention(out, q, pools) -> sigmoid_mul(out, gate). q, gate: [T, nh, hd] f32 -> out: [T, nh, hd] f32.
   virtual void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
                                const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims);
-  // The shared expert's gated add: linear(logit, h, shared_gate) -> add_sigmoid_scaled(out, y, logit).
-  // h: [T, H] f32, shared_gate: [1, H], y: [T, D] f32 -> out: [T, D] f32 (out += sigmoid(h.w) y).
-  virtual void add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate);
+  // The end of an MoE block and the residual step after it:
+  //   linear(logit, h, shared_gate) -> add_sigmoid_scaled(d, y, logit) -> add_rmsnorm(residual, h, d, norm_w).
+  // d: [T, H] f32 the routed experts' sum (left holding the block output), y: [T, H] f32 the shared
+  // expert's output, h: [T, H] f32 the block's input, overwritten with the normalised new residual,
+  // shared_gate: [1, H], norm_w: [H] f32; residual: [T, H] f32 (+= d).
+  virtual void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
+                                        const Linear& shared_gate, const Tensor& norm_w, float eps);
 
   // ---- MoE (model-qwen35.md §2.7) ------------------------------------------------------------
   // fp32 softmax over all E experts, top-k (ties: lower id first), renormalised to sum 1.

@@ -148,13 +148,14 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
       attention_layer(d, h, lw, layer_slot_[l], layout, state);
     }
     backend_.add_rmsnorm(x, h, d, lw.post_attention_norm, c.rms_norm_eps);
+    // h = final norm after the last layer
+    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
     if (c.is_moe) {
-      moe(d, h, lw.moe);
+      moe(d, h, lw.moe, x, next_norm);
     } else {
       mlp(d, h, lw.mlp);
+      backend_.add_rmsnorm(x, h, d, next_norm, c.rms_norm_eps);
     }
-    const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
-    backend_.add_rmsnorm(x, h, d, next_norm, c.rms_norm_eps);  // h = final norm after the last layer
   }
 }
 
@@ -339,7 +340,8 @@ void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, co
   backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
 }
 
-void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w) {
+void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual,
+                      const Tensor& next_norm) {
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), E = c.num_experts, k = c.num_experts_per_tok;
   Buffer logits = buffer({T, E});
@@ -354,11 +356,12 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w) {
   backend_.silu_mul(act, gu);
   backend_.linear(shared, act, w.shared_down);
   if (fused_) {
-    backend_.add_gated_shared(out, shared, h, w.shared_gate);
+    backend_.add_gated_shared_rmsnorm(residual, h, out, shared, w.shared_gate, next_norm, c.rms_norm_eps);
   } else {
     Buffer gate = buffer({T, 1});
     backend_.linear(gate, h, w.shared_gate);
     backend_.add_sigmoid_scaled(out, shared, gate);
+    backend_.add_rmsnorm(residual, h, out, next_norm, c.rms_norm_eps);
   }
 }
 

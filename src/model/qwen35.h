@@ -52,8 +52,9 @@ class Qwen35Model {
   // Recorded decode steps are on unless the environment says SPARKSERVE_CUDA_GRAPHS=0 at construction.
   void set_graphs_enabled(bool on);
   bool graphs_enabled() const { return graphs_enabled_; }
-  // Fused chains (Backend::gdn_decode_step for pure-decode GDN layers, Backend::attention_prep) are
-  // on unless the environment says SPARKSERVE_FUSED_DECODE=0 at construction. On the CPU backend
+  // Fused chains (Backend::gdn_decode_step for pure-decode GDN layers, attention_prep,
+  // gated_attention, add_gated_shared_rmsnorm) are on unless the environment says
+  // SPARKSERVE_FUSED_DECODE=0 at construction. On the CPU backend
   // both settings compute bit-identical results (the fused ops are the compositions there).
   void set_fused_enabled(bool on) { fused_ = on; }
   bool fused_enabled() const { return fused_; }
@@ -88,7 +89,9 @@ class Qwen35Model {
   void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                               const Tensor& v, const AttentionWeights& w, const Layout& layout,
                               const Tensor& k_pool, const Tensor& v_pool);
-  void moe(const Tensor& out, const Tensor& h, const MoeWeights& w);
+  // The MoE block and the residual step after it: out = the block's output, residual += out,
+  // h = rmsnorm(residual) with next_norm. residual: [T, H], next_norm: [H].
+  void moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual, const Tensor& next_norm);
   void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
   // hidden: [R, H] final-normalised rows -> [R, V] logits on the host.
   Logits lm_head(const Tensor& hidden);

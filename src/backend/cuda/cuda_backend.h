@@ -97,7 +97,7 @@ class CudaBackend final : public Backend {
                      float eps) override;
 
   // Fused chains: gdn.cu (conv kernel + one a/b-projection/gating/delta/gated-norm kernel), attention.cu
-  // (prep in one kernel; attention with its output gate), elementwise.cu (shared-expert gated add).
+  // (prep in one kernel; attention with its output gate), norm.cu (shared-expert gated add + residual + norm).
   void gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
                        const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w, const Tensor& A_log,
                        const Tensor& dt_bias, const Tensor& norm_w, float eps, const Tensor& conv_state_pool,
@@ -108,7 +108,8 @@ class CudaBackend final : public Backend {
                       const BatchLayout& batch) override;
   void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
                        const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) override;
-  void add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate) override;
+  void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
+                                const Linear& shared_gate, const Tensor& norm_w, float eps) override;
 
   void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -37,25 +37,6 @@ __global__ void add_sigmoid_scaled_kernel(float* out, const float* y, const floa
   out[i] += sigmoid_f(g[i / H]) * y[i];
 }
 
-// add_gated_shared: one block per row computes the gate logit h[t] . w (strided per thread, warp
-// sums added in warp order), then out[t] += sigmoid(logit) * y[t] as add_sigmoid_scaled_kernel does.
-constexpr int kGateThreads = 512;
-__global__ void __launch_bounds__(kGateThreads) add_gated_shared_kernel(float* out, const float* y, const float* h,
-                                                                        const void* w, bool bf16, int64_t H,
-                                                                        int64_t D) {
-  __shared__ float part[kGateThreads / 32];
-  const int64_t t = blockIdx.x;
-  float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < H; i += kGateThreads) acc += h[t * H + i] * load_weight(w, bf16, i);
-  acc = warp_sum(acc);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  float logit = 0.0f;
-  for (int i = 0; i < kGateThreads / 32; ++i) logit += part[i];
-  const float s = sigmoid_f(logit);
-  for (int64_t i = threadIdx.x; i < D; i += kGateThreads) out[t * D + i] += s * y[t * D + i];
-}
-
 __global__ void gather_rows_kernel(float* out, const float* x, const int64_t* rows, int64_t R, int64_t D) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= R * D) return;
@@ -139,22 +120,6 @@ void CudaBackend::add_sigmoid_scaled(const Tensor& out, const Tensor& y, const T
   if (T * H == 0) return;
   add_sigmoid_scaled_kernel<<<blocks_for(T * H, kThreads), kThreads, 0, stream_>>>(
       out.ptr<float>(), y.ptr<const float>(), gate_logit.ptr<const float>(), T, H);
-  CUDA_CHECK_LAUNCH();
-}
-
-void CudaBackend::add_gated_shared(const Tensor& out, const Tensor& y, const Tensor& h, const Linear& shared_gate) {
-  const bool plain = (shared_gate.format == WeightFormat::kBf16 || shared_gate.format == WeightFormat::kF32) &&
-                     shared_gate.activation == ActivationQuant::kNone;
-  if (!plain) {
-    Backend::add_gated_shared(out, y, h, shared_gate);  // a quantized gate row: the op chain
-    return;
-  }
-  const int64_t T = out.dim(0), D = out.dim(1), H = shared_gate.in_features;
-  CHECK(y.numel() == T * D && h.numel() == T * H && shared_gate.out_features == 1);
-  if (T == 0) return;
-  add_gated_shared_kernel<<<static_cast<unsigned>(T), kGateThreads, 0, stream_>>>(
-      out.ptr<float>(), y.ptr<const float>(), h.ptr<const float>(), shared_gate.weight.data,
-      shared_gate.format == WeightFormat::kBf16, H, D);
   CUDA_CHECK_LAUNCH();
 }
 

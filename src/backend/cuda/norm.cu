@@ -1,5 +1,7 @@
 // RMSNorm variants, one block per row. Sums of squares in double, as the CPU reference does, so the
 // scale matches it to float rounding whatever the row length.
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 
 namespace sparkserve {
@@ -52,7 +54,53 @@ __global__ void gated_rmsnorm_kernel(float* out, const float* x, const float* z,
     out[r * D + i] = x[r * D + i] * s * w[i] * silu_f(z[r * D + i]);
 }
 
+// add_gated_shared_rmsnorm, one block per row: the gate logit h . w (strided per thread, warp sums
+// added in warp order), d += sigmoid(logit) y, residual += d, then h = the zero-centred norm of the
+// residual. Every read of h (the logit) precedes the barrier in the logit's reduction; h is written
+// only after it.
+__global__ void __launch_bounds__(kThreads) add_gated_shared_rmsnorm_kernel(
+    float* residual, float* h, float* d, const float* y, const void* gw, bool bf16, const float* w, int64_t D,
+    float eps) {
+  __shared__ float part[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += kThreads) acc += h[r * D + i] * load_weight(gw, bf16, i);
+  acc = warp_sum(acc);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  float logit = 0.0f;
+  for (int i = 0; i < kThreads / 32; ++i) logit += part[i];
+  const float s = sigmoid_f(logit);
+  float* x = residual + r * D;
+  for (int64_t i = threadIdx.x; i < D; i += kThreads) {
+    const float di = d[r * D + i] + s * y[r * D + i];
+    d[r * D + i] = di;
+    x[i] = x[i] + di;
+  }
+  // As add_rmsnorm_kernel: each thread reads back only the elements it wrote.
+  const float sc = inv_rms(x, D, eps);
+  for (int64_t i = threadIdx.x; i < D; i += kThreads) h[r * D + i] = x[i] * sc * (1.0f + w[i]);
+}
+
 }  // namespace
+
+void CudaBackend::add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
+                                           const Linear& shared_gate, const Tensor& norm_w, float eps) {
+  const bool plain = (shared_gate.format == WeightFormat::kBf16 || shared_gate.format == WeightFormat::kF32) &&
+                     shared_gate.activation == ActivationQuant::kNone;
+  const int64_t D = norm_w.numel(), R = residual.numel() / std::max<int64_t>(D, 1);
+  if (!plain || shared_gate.in_features != D) {
+    Backend::add_gated_shared_rmsnorm(residual, h, d, y, shared_gate, norm_w, eps);  // the op chain
+    return;
+  }
+  CHECK(residual.numel() == R * D && h.numel() == R * D && d.numel() == R * D && y.numel() == R * D &&
+        shared_gate.out_features == 1);
+  if (R == 0) return;
+  add_gated_shared_rmsnorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
+      residual.ptr<float>(), h.ptr<float>(), d.ptr<float>(), y.ptr<const float>(), shared_gate.weight.data,
+      shared_gate.format == WeightFormat::kBf16, norm_w.ptr<const float>(), D, eps);
+  CUDA_CHECK_LAUNCH();
+}
 
 void CudaBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) {
   const int64_t D = w.numel(), R = x.numel() / D;
