@@ -23,6 +23,12 @@
 #include "core/dtype.h"
 
 namespace sparkserve {
+
+// backend/cuda/decode_gemv.h (a header for nvcc-built files): decode_moe with only some launches
+// (stages: bit 0 gate_up, bit 1 down) and the gate_up grid for gu_blocks_per_sm blocks per SM (0: default).
+bool decode_moe_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                      const Linear& gate_up, const Linear& down, int stages, int gu_blocks_per_sm);
+
 namespace {
 
 #define BENCH_CHECK(x)                                                                              \
@@ -149,7 +155,8 @@ double copy_bandwidth(Backend& cb) {
 
 }  // namespace
 
-int run_bench_kernels(Backend& gpu) {
+// filter: run only the cases whose name contains it (empty: all).
+int run_bench_kernels(Backend& gpu, const std::string& filter) {
   if (!cuda_stream_of(gpu)) return 2;
   Backend& cb = gpu;
   const double copy_gbs = copy_bandwidth(cb);
@@ -183,6 +190,7 @@ int run_bench_kernels(Backend& gpu) {
       {"nvfp4 w4a4 gdn out_proj 3072x8192", WeightFormat::kNvfp4, ActivationQuant::kNvfp4, 3072, 8192, 1, {1}},
   };
   for (const auto& c : dense) {
+    if (std::string(c.name).find(filter) == std::string::npos) continue;
     const double one = is_nvfp4(c.fmt) ? c.N * c.K * (0.5 + 1.0 / 16) : (c.fmt == WeightFormat::kBf16 ? c.N * c.K * 2.0 : c.N * (c.K + 4.0));
     const int copies = static_cast<int>(std::max<double>(1.0, std::min<double>(64.0, 512e6 / one)));
     std::vector<BenchLinear> ws;
@@ -206,13 +214,14 @@ int run_bench_kernels(Backend& gpu) {
     ActivationQuant act;
   };
   for (const MoeCase& c : {MoeCase{"moe nvfp4 w4a4 256x(2x1024x3072 + 3072x1024)", WeightFormat::kNvfp4, ActivationQuant::kNvfp4}}) {
+    if (std::string(c.name).find(filter) == std::string::npos) continue;
     const int64_t E = 256, k = 8, H = 3072, I = 1024;
     BenchLinear gu = make_linear(&gpu, c.fmt, c.act, E, 2 * I, H, 2);
     BenchLinear dn = make_linear(&gpu, c.fmt, c.act, E, H, I, 1);
     for (int64_t T : {1, 4, 16}) {
       constexpr int kSets = 32;
       std::vector<Buffer> ids, wts;
-      double bytes = 0;
+      double bytes = 0, bytes_gu = 0;
       for (int sidx = 0; sidx < kSets; ++sidx) {
         std::vector<int32_t> iv;
         std::vector<float> wv;
@@ -228,12 +237,14 @@ int run_bench_kernels(Backend& gpu) {
           }
         }
         bytes += static_cast<double>(touched.size()) * (gu.bytes_per_expert + dn.bytes_per_expert);
+        bytes_gu += static_cast<double>(touched.size()) * gu.bytes_per_expert;
         ids.emplace_back(&gpu, DType::kI32, std::vector<int64_t>{T, k});
         gpu.upload(ids.back(), iv.data());
         wts.emplace_back(&gpu, DType::kF32, std::vector<int64_t>{T, k});
         gpu.upload(wts.back(), wv.data());
       }
       bytes /= kSets;
+      bytes_gu /= kSets;
       Buffer x(&gpu, DType::kF32, {T, H}), out(&gpu, DType::kF32, {T, H});
       std::vector<float> xv(static_cast<size_t>(T * H));
       std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -247,6 +258,26 @@ int run_bench_kernels(Backend& gpu) {
           },
           kSets);
       report(c.name, T, bytes, ms);
+      // Where the time goes: each launch alone, and the gate_up grid at 1 and 4 blocks per SM.
+      if (T > 4) continue;
+      struct Probe {
+        const char* what;
+        int stages, per_sm;
+        double bytes;
+      };
+      for (const Probe& p : {Probe{" gate_up only", 1, 0, bytes_gu}, Probe{" down only", 2, 0, bytes - bytes_gu},
+                             Probe{" gate_up 1/SM", 3, 1, bytes}, Probe{" gate_up 4/SM", 3, 4, bytes}}) {
+        bool taken = true;
+        const double pms = time_graph(
+            cb,
+            [&](int i) {
+              taken = decode_moe_probe(gpu, out, x, ids[static_cast<size_t>(i % kSets)],
+                                       wts[static_cast<size_t>(i % kSets)], gu.lin, dn.lin, p.stages, p.per_sm) &&
+                      taken;
+            },
+            kSets);
+        if (taken) report(std::string("moe") + p.what, T, p.bytes, pms);
+      }
     }
   }
   return 0;

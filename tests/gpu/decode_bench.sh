@@ -3,7 +3,8 @@
 # "Decode kernels"):  tests/gpu/decode_bench.sh BIN_DIR [ops|bench|slice]...
 #   ops    gpu_ops --ops-only (every op vs the CPU backend, the decode GEMV / MoE checks included)
 #   full   tests/gpu/run_gpu_tests.sh (gpu_ops ops + fixture models, and the CLI end to end)
-#   bench  gpu_ops --bench-kernels (per-kernel GB/s at the 122B shapes vs copy bandwidth)
+#   bench  gpu_ops --bench-kernels (per-kernel GB/s at the 122B shapes vs copy bandwidth; BENCH_FILTER=moe
+#          runs only the cases whose name contains it, e.g. the MoE with its per-launch split)
 #   slice  `sparkserve bench --synth` of the whole qwen3.5-122b-a10b (LAYOUT, default nvfp4-fp8dense),
 #          CUDA graphs on (batches 1, 4, 16) and off (batch 1)
 # Logs go to $OUT (or /tmp/decode-bench-out); the last lines printed are a short summary.
@@ -26,7 +27,7 @@ for step in "$@"; do
       cp "$LOG/gpu_ops.log" "$LOG/ops.log" 2>/dev/null
       ;;
     bench)
-      timeout 90 "$BIN/gpu_ops" --bench-kernels >"$LOG/bench.log" 2>&1
+      timeout 90 "$BIN/gpu_ops" --bench-kernels ${BENCH_FILTER:+--bench-filter "$BENCH_FILTER"} >"$LOG/bench.log" 2>&1
       summary+=("bench rc=$?")
       ;;
     slice)

@@ -39,7 +39,7 @@
 #include "model/load.h"
 
 namespace sparkserve {
-int run_bench_kernels(Backend& gpu);  // bench_kernels.cpp
+int run_bench_kernels(Backend& gpu, const std::string& filter);  // bench_kernels.cpp
 namespace {
 
 constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
@@ -841,14 +841,16 @@ int main(int argc, char** argv) {
   using namespace sparkserve;
   uint64_t seed = std::random_device{}();
   bool ops = true, models = true, bench = false;
+  std::string bench_filter;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
     else if (a == "--bench-kernels") bench = true;
+    else if (a == "--bench-filter" && i + 1 < argc) bench_filter = argv[++i];
     else if (a == "--ops-only") models = false;
     else if (a == "--models-only") ops = false;
     else {
-      std::fprintf(stderr, "usage: gpu_ops [--seed N] [--ops-only|--models-only|--bench-kernels]\n");
+      std::fprintf(stderr, "usage: gpu_ops [--seed N] [--ops-only|--models-only|--bench-kernels [--bench-filter SUBSTR]]\n");
       return 2;
     }
   }
@@ -857,7 +859,7 @@ int main(int argc, char** argv) {
     std::printf("SKIP: %s\n", gpu.message().c_str());
     return 77;
   }
-  if (bench) return run_bench_kernels(**gpu);
+  if (bench) return run_bench_kernels(**gpu, bench_filter);
   auto cpu = make_cpu_backend(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   g_rng.seed(seed);

@@ -815,8 +815,12 @@ void launch_down(const MoeArgs& a, dim3 grid, int64_t smem, cudaStream_t s, bool
 
 }  // namespace
 
-bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
-                int64_t k, const Linear& gate_up, const Linear& down) {
+namespace {
+// decode_moe with only the launches `stages` names (bit 0 gate_up, bit 1 down) and the gate_up grid
+// sized for gu_per_sm blocks per SM (0: the default, 2): decode_moe itself, and the kernel
+// benchmark's split timing and grid sweep (decode_moe_probe).
+bool decode_moe_impl(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights,
+                     int64_t T, int64_t k, const Linear& gate_up, const Linear& down, int stages, int gu_per_sm) {
   View g, d;
   if (!make_view(gate_up, g) || !make_view(down, d)) return false;
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0);
@@ -834,7 +838,8 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   const int64_t steps = (I + unit - 1) / unit;
   // ~2 blocks per SM (the kernel's register cap lets two share one): at T = 1, 8 slots x 32 blocks of
   // 32 gate rows (was 1 block per SM, 8 warps streaming per SM).
-  const int64_t want_blocks = std::max<int64_t>(1, 2 * static_cast<int64_t>(b.sm_count()) / slots);
+  const int64_t want_blocks =
+      std::max<int64_t>(1, (gu_per_sm > 0 ? gu_per_sm : 2) * static_cast<int64_t>(b.sm_count()) / slots);
   const int64_t per_block = std::max<int64_t>(1, (steps + want_blocks - 1) / want_blocks);
   const int64_t rows_gu = unit * per_block;
   const int64_t smem_gu = (P * padded32(H) + rows_gu + H) * 4;
@@ -872,11 +877,11 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   a.k = k;
   a.rows_per_cta = rows_gu;
   const dim3 grid_gu(static_cast<unsigned>((I + rows_gu - 1) / rows_gu), static_cast<unsigned>(slots));
-  switch (g.fmt) {
-    case kFmtBf16: launch_gate_up<kFmtBf16>(a, grid_gu, smem_gu, b.stream()); break;
-    case kFmtFp8: launch_gate_up<kFmtFp8>(a, grid_gu, smem_gu, b.stream()); break;
-    default: launch_gate_up<kFmtNvfp4>(a, grid_gu, smem_gu, b.stream()); break;
-  }
+  if (stages & 1) switch (g.fmt) {
+      case kFmtBf16: launch_gate_up<kFmtBf16>(a, grid_gu, smem_gu, b.stream()); break;
+      case kFmtFp8: launch_gate_up<kFmtFp8>(a, grid_gu, smem_gu, b.stream()); break;
+      default: launch_gate_up<kFmtNvfp4>(a, grid_gu, smem_gu, b.stream()); break;
+    }
   // Down: one output row per warp step; at most ~2 blocks per SM, all resident at once (rounded up:
   // at T = 1, 192 blocks of 16 rows instead of 384 of 8, half the activation staging per row).
   const int64_t dsteps = (H + kWarps - 1) / kWarps;
@@ -884,12 +889,26 @@ bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, 
   a.rows_per_cta = kWarps * std::max<int64_t>(1, (dsteps + dwant - 1) / dwant);
   const dim3 grid_d(static_cast<unsigned>((H + a.rows_per_cta - 1) / a.rows_per_cta), static_cast<unsigned>(T));
   const bool two = d.cpr >= 64;
-  switch (d.fmt) {
-    case kFmtBf16: launch_down<kFmtBf16>(a, grid_d, smem_d, b.stream(), two); break;
-    case kFmtFp8: launch_down<kFmtFp8>(a, grid_d, smem_d, b.stream(), two); break;
-    default: launch_down<kFmtNvfp4>(a, grid_d, smem_d, b.stream(), two); break;
-  }
+  if (stages & 2) switch (d.fmt) {
+      case kFmtBf16: launch_down<kFmtBf16>(a, grid_d, smem_d, b.stream(), two); break;
+      case kFmtFp8: launch_down<kFmtFp8>(a, grid_d, smem_d, b.stream(), two); break;
+      default: launch_down<kFmtNvfp4>(a, grid_d, smem_d, b.stream(), two); break;
+    }
   return true;
+}
+}  // namespace
+
+bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
+                int64_t k, const Linear& gate_up, const Linear& down) {
+  return decode_moe_impl(b, out, x, ids, weights, T, k, gate_up, down, 3, 0);
+}
+
+bool decode_moe_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                      const Linear& gate_up, const Linear& down, int stages, int gu_blocks_per_sm) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  return decode_moe_impl(*c, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(),
+                         weights.ptr<const float>(), x.dim(0), ids.dim(1), gate_up, down, stages, gu_blocks_per_sm);
 }
 
 cudaStream_t cuda_stream_of(Backend& b) {

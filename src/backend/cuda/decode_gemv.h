@@ -22,4 +22,13 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
 bool decode_moe(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
                 int64_t k, const Linear& gate_up, const Linear& down);
 
+// For the kernel benchmark only (tests/gpu/bench_kernels.cpp, which declares it itself: it is built
+// without nvcc): decode_moe with only some launches (stages: bit 0 gate_up, bit 1 down; the down
+// launch alone reads whatever the activation scratch holds) and the gate_up grid sized for
+// gu_blocks_per_sm blocks per SM (0: decode_moe's choice). False when `b` is not the CUDA backend or
+// decode_moe does not take the layout.
+// x: [T, H] f32, ids: [T, k] i32, weights: [T, k] f32 -> out: [T, H] f32
+bool decode_moe_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                      const Linear& gate_up, const Linear& down, int stages, int gu_blocks_per_sm);
+
 }  // namespace sparkserve
