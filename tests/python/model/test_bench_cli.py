@@ -150,3 +150,11 @@ def test_slow_cases_are_skipped_not_run():
 ])
 def test_bad_arguments_fail_cleanly(args, needle):
     assert_clean_error(run("bench", "--device", "cpu", *args) if "--device" not in args else run("bench", *args), needle)
+
+
+def test_time_budget_skips_the_remaining_cases():
+    d = bench_json("--synth", "tiny", "--layout", "nvfp4", "--prompt-lens", "8,16", "--batches", "1,2",
+                   "--decode-steps", 1, "--time-budget-s", 0.000001)
+    assert all("time-budget-s" in p["skipped"] for p in d["prefill"])
+    assert all("time-budget-s" in r["skipped"] for r in d["decode"])
+    assert d["logits_finite"] is True  # nothing ran, nothing non-finite
