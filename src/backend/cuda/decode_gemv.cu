@@ -278,7 +278,7 @@ __device__ void quantize_rows(float* xs, int64_t ldx, float* ts, float* red, con
     const int64_t rounds = (quads + kThreads - 1) / kThreads;
     for (int64_t i = 0; i < rounds; ++i) {
       const int64_t qd = i * kThreads + tid;
-      const int64_t t = qd * 4 / K, k = qd * 4 - t * K;
+      const int64_t t = TT == 1 ? 0 : qd * 4 / K, k = qd * 4 - t * K;  // no 64-bit division at one token
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (qd < quads && t < T) v = *reinterpret_cast<const float4*>(x + t * K + k);
       float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -431,12 +431,28 @@ struct MoeArgs {
   int64_t g_row_bytes, d_row_bytes;
   int g_cpr, d_cpr, g_act, d_act, g_P, g_modelopt, d_modelopt;
   const float* x;          // [T, H]
+  float* xq;               // [T*k, P, padded32(H)]: each slot's gate_up input, quantized once (swizzled)
+  float* xts;              // [T*k, P]: its FP8 activation scales
   const int32_t* ids;      // [T, k]
   const float* weights;    // [T, k]
   float* act;              // [T*k, I]: silu(gate)*up, already quantized for down's input
   float* out;              // [T, H]
   int64_t H, I, E, k, rows_per_cta;
 };
+
+// Each (token, slot) pair's gate_up input for partition blockIdx.y, quantized once with the
+// expert's input scale (was: by every gate_up block of the slot, 32 blocks at T = 1).
+__global__ void __launch_bounds__(kThreads) moe_quantize_x_kernel(MoeArgs a) {
+  __shared__ float ts[1], red[kWarps];
+  const int64_t slot = blockIdx.x, t = slot / a.k;
+  const int p = static_cast<int>(blockIdx.y);
+  const int64_t e = a.ids[slot];
+  if (e < 0 || e >= a.E) __trap();
+  const int64_t ldx = padded32(a.H);
+  quantize_rows<1>(a.xq + (slot * a.g_P + p) * ldx, ldx, ts, red, a.x + t * a.H, 1, a.H, a.g_act,
+                   a.g_modelopt != 0, a.gis ? a.gis[e * a.g_P + p] : 1.0f);
+  if (threadIdx.x == 0) a.xts[slot * a.g_P + p] = ts[0];  // only meaningful for FP8 activations
+}
 
 // One (token, slot) pair per blockIdx.y, gate rows [n0, n1) per blockIdx.x (a multiple of 16, so the
 // epilogue can quantize whole NVFP4 blocks of the down projection's input). Capped at 128 registers
@@ -447,9 +463,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(MoeArgs a) {
   float* xs = reinterpret_cast<float*>(smem4);  // [P][H]
   const int64_t ldx = padded32(a.H);
   float* acts = xs + a.g_P * ldx;               // [rows_per_cta]
-  float* raw = acts + a.rows_per_cta;           // [H]: the token's x, read from global memory once
-  __shared__ float ts[2], red[kWarps];
-  const int64_t slot = blockIdx.y, t = slot / a.k;
+  __shared__ float ts[2];
+  const int64_t slot = blockIdx.y;
   const int64_t e = a.ids[slot];
   if (e < 0 || e >= a.E) __trap();  // the CPU reference CHECKs this too
   const int64_t N = 2 * a.I, H = a.H;
@@ -462,26 +477,23 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(MoeArgs a) {
     prefetch_l2(sbase + n0 * (H / 16), (n1 - n0) * (H / 16));
     prefetch_l2(sbase + (a.I + n0) * (H / 16), (n1 - n0) * (H / 16));
   }
-  // x once into shared memory, every load issued before any store (one trip to L2, not one per
-  // quantization pass and partition), then each partition's quantization reads it from there.
+  // The slot's quantized input (moe_quantize_x_kernel) from L2, every load issued before any store.
   {
-    const float4* xg = reinterpret_cast<const float4*>(a.x + t * H);
-    float4* r4 = reinterpret_cast<float4*>(raw);
-    const int64_t n4 = H / 4;
+    const float4* src = reinterpret_cast<const float4*>(a.xq + slot * a.g_P * ldx);
+    float4* dst = reinterpret_cast<float4*>(xs);
+    const int64_t n4 = a.g_P * ldx / 4;
     for (int64_t g0 = threadIdx.x; g0 < n4; g0 += 4 * kThreads) {
       float4 v[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (g0 + u * kThreads < n4) v[u] = xg[g0 + u * kThreads];
+        if (g0 + u * kThreads < n4) v[u] = src[g0 + u * kThreads];
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (g0 + u * kThreads < n4) r4[g0 + u * kThreads] = v[u];
+        if (g0 + u * kThreads < n4) dst[g0 + u * kThreads] = v[u];
     }
+    if (threadIdx.x < a.g_P) ts[threadIdx.x] = a.xts[slot * a.g_P + threadIdx.x];
     __syncthreads();
   }
-  for (int p = 0; p < a.g_P; ++p)
-    quantize_rows<1>(xs + p * ldx, ldx, ts + p, red, raw, 1, H, a.g_act, a.g_modelopt != 0,
-                     a.gis ? a.gis[e * a.g_P + p] : 1.0f);
   const int pu = a.g_P - 1;  // partition of the up rows
   const float gm0 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P], a.g_modelopt != 0) : 0.0f;
   const float gm1 = FMT == kFmtNvfp4 ? nvfp4_gmul(a.ggs[e * a.g_P + pu], a.g_modelopt != 0) : 0.0f;
@@ -842,12 +854,13 @@ bool decode_moe_impl(CudaBackend& b, float* out, const float* x, const int32_t* 
       std::max<int64_t>(1, (gu_per_sm > 0 ? gu_per_sm : 2) * static_cast<int64_t>(b.sm_count()) / slots);
   const int64_t per_block = std::max<int64_t>(1, (steps + want_blocks - 1) / want_blocks);
   const int64_t rows_gu = unit * per_block;
-  const int64_t smem_gu = (P * padded32(H) + rows_gu + H) * 4;
+  const int64_t smem_gu = (P * padded32(H) + rows_gu) * 4;
   const int64_t smem_d = k * padded32(I) * 4;
   if (smem_d > smem_budget() || I % 4 != 0) return false;
   if (smem_gu > smem_budget()) return false;
   if (T == 0) return true;
-  CudaBackend::Scratch act(&b, static_cast<size_t>(slots * I) * 4);
+  CudaBackend::Scratch act(&b, static_cast<size_t>(slots * I) * 4),
+      xq(&b, static_cast<size_t>(slots * P * padded32(H)) * 4), xts(&b, static_cast<size_t>(slots * P) * 4);
   MoeArgs a{};
   a.gw = static_cast<const uint8_t*>(gate_up.weight.data);
   a.gws = static_cast<const uint8_t*>(gate_up.weight_scale.data);
@@ -870,6 +883,8 @@ bool decode_moe_impl(CudaBackend& b, float* out, const float* x, const int32_t* 
   a.ids = ids;
   a.weights = weights;
   a.act = act.as<float>();
+  a.xq = xq.as<float>();
+  a.xts = xts.as<float>();
   a.out = out;
   a.H = H;
   a.I = I;
@@ -877,6 +892,10 @@ bool decode_moe_impl(CudaBackend& b, float* out, const float* x, const int32_t* 
   a.k = k;
   a.rows_per_cta = rows_gu;
   const dim3 grid_gu(static_cast<unsigned>((I + rows_gu - 1) / rows_gu), static_cast<unsigned>(slots));
+  if (stages & 1) {
+    moe_quantize_x_kernel<<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(P)), kThreads, 0, b.stream()>>>(a);
+    CUDA_CHECK_LAUNCH();
+  }
   if (stages & 1) switch (g.fmt) {
       case kFmtBf16: launch_gate_up<kFmtBf16>(a, grid_gu, smem_gu, b.stream()); break;
       case kFmtFp8: launch_gate_up<kFmtFp8>(a, grid_gu, smem_gu, b.stream()); break;
