@@ -346,15 +346,17 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
   res.set_chunked_content_provider(
       "text/event-stream",
       [&ctx, g, meta, first, any_tool_call, want_logprobs, token_ids, include_usage](size_t, httplib::DataSink& sink) {
-        if (*first) {
+        // The role chunk goes out with the first generated piece, not before the prefill (as vLLM
+        // does): clients such as llama-benchy time the prefill up to the first chunk.
+        auto with_role = [&](std::string event) {
+          if (!*first) return event;
           *first = false;
           ChatDelta role;
           role.role = true;
           role.content = "";
-          if (!sse_write(*g, sink, sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr,
-                                                             token_ids ? &g->er->prompt : nullptr))))
-            return false;
-        }
+          return sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr,
+                                           token_ids ? &g->er->prompt : nullptr)) + event;
+        };
         const Streamed st = stream_pieces(ctx, *g, sink, [&](const Piece& p) {
           ChatDelta d = to_chat_delta(*g, p.delta);
           if (!d.tool_calls.empty()) *any_tool_call = true;
@@ -367,9 +369,10 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
             ex.logprobs = &lp;
           }
           if (token_ids) ex.token_ids = &p.token_ids;
-          return sse_event(chat_chunk_json(meta, d, std::nullopt, ex));
+          return with_role(sse_event(chat_chunk_json(meta, d, std::nullopt, ex)));
         });
         if (st != Streamed::kEnded) return st == Streamed::kFailed;
+        if (*first && !sse_write(*g, sink, with_role(std::string()))) return false;
         ChoiceEnd end{*any_tool_call ? std::string("tool_calls") : g->finish_reason, g->stop_reason};
         return end_stream(*g, sink, chat_chunk_json(meta, ChatDelta{}, end),
                           include_usage ? std::optional(chat_usage_chunk_json(meta, usage_of(*g))) : std::nullopt);
