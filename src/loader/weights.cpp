@@ -9,6 +9,7 @@
 #include "loader/load_progress.h"
 #include "loader/quant_config.h"
 #include "loader/quant_scheme.h"
+#include "loader/weight_layout.h"
 #include "loader/weight_stream.h"
 
 namespace sparkserve {
@@ -29,10 +30,7 @@ std::vector<std::string> LoadReport::notes() const {
 
 namespace {
 
-struct Part {
-  std::string name;
-  std::vector<int64_t> shape;
-};
+using Part = WeightPart;
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
@@ -42,6 +40,7 @@ class WeightLoader {
       : ckpt_(ckpt), plan_(plan), backend_(backend), stream_(stream), w_(w) {}
 
   std::set<std::string>& used() { return used_; }
+  const TensorInfo* find(const std::string& name) const { return ckpt_.find(name); }
 
   // The tensor, checked for presence, shape and a float dtype.
   Expected<const TensorInfo*> require(const Part& p) {
@@ -280,69 +279,6 @@ class WeightLoader {
   std::set<std::string> used_;
 };
 
-Status load_gdn(WeightLoader& L, const ModelConfig& c, const std::string& P, GdnWeights& g) {
-  const int64_t H = c.hidden_size, Hv = c.linear_num_value_heads, conv = c.gdn_conv_dim();
-  const int64_t K = c.linear_conv_kernel_dim, dv = c.linear_value_head_dim, vdim = c.gdn_value_dim();
-  SS_ASSIGN_OR_RETURN(g.in_proj_qkv, L.linear(P + "in_proj_qkv.weight", conv, H));
-  SS_ASSIGN_OR_RETURN(g.in_proj_z, L.linear(P + "in_proj_z.weight", vdim, H));
-  SS_ASSIGN_OR_RETURN(g.in_proj_b, L.linear(P + "in_proj_b.weight", Hv, H));
-  SS_ASSIGN_OR_RETURN(g.in_proj_a, L.linear(P + "in_proj_a.weight", Hv, H));
-  SS_ASSIGN_OR_RETURN(g.out_proj, L.linear(P + "out_proj.weight", H, vdim));
-  SS_ASSIGN_OR_RETURN(g.conv, L.vector_f32({P + "conv1d.weight", {conv, 1, K}}, {conv, K}));
-  SS_ASSIGN_OR_RETURN(g.A_log, L.vector_f32({P + "A_log", {Hv}}));
-  SS_ASSIGN_OR_RETURN(g.dt_bias, L.vector_f32({P + "dt_bias", {Hv}}));
-  SS_ASSIGN_OR_RETURN(g.norm, L.vector_f32({P + "norm.weight", {dv}}));
-  return Status::Ok();
-}
-
-Status load_attention(WeightLoader& L, const ModelConfig& c, const std::string& P, AttentionWeights& a) {
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
-  SS_ASSIGN_OR_RETURN(a.q_proj, L.linear(P + "q_proj.weight", nh * hd * 2, H));
-  SS_ASSIGN_OR_RETURN(a.k_proj, L.linear(P + "k_proj.weight", kvh * hd, H));
-  SS_ASSIGN_OR_RETURN(a.v_proj, L.linear(P + "v_proj.weight", kvh * hd, H));
-  SS_ASSIGN_OR_RETURN(a.o_proj, L.linear(P + "o_proj.weight", H, nh * hd));
-  SS_ASSIGN_OR_RETURN(a.q_norm, L.vector_f32({P + "q_norm.weight", {hd}}));
-  SS_ASSIGN_OR_RETURN(a.k_norm, L.vector_f32({P + "k_norm.weight", {hd}}));
-  return Status::Ok();
-}
-
-Status load_moe(WeightLoader& L, const Checkpoint& ckpt, const ModelConfig& c, const std::string& P,
-                MoeWeights& m, bool& per_expert) {
-  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
-  const int64_t Is = c.shared_expert_intermediate_size;
-  SS_ASSIGN_OR_RETURN(m.router, L.linear(P + "gate.weight", E, H));
-  const bool has_expert0 = ckpt.find(P + "experts.0.gate_proj.weight") || ckpt.find(P + "experts.0.gate_proj.weight_packed");
-  if (ckpt.find(P + "experts.gate_up_proj") || !has_expert0) {
-    SS_ASSIGN_OR_RETURN(m.experts_gate_up, L.matrix({{P + "experts.gate_up_proj", {E, 2 * I, H}}}, {E, 2 * I, H}));
-    SS_ASSIGN_OR_RETURN(m.experts_down, L.matrix({{P + "experts.down_proj", {E, H, I}}}, {E, H, I}));
-  } else {
-    per_expert = true;
-    std::vector<Part> gate_up, down;
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string X = P + "experts." + std::to_string(e) + ".";
-      gate_up.push_back({X + "gate_proj.weight", {I, H}});
-      gate_up.push_back({X + "up_proj.weight", {I, H}});
-      down.push_back({X + "down_proj.weight", {H, I}});
-    }
-    SS_ASSIGN_OR_RETURN(m.experts_gate_up, L.matrix(gate_up, {E, 2 * I, H}));
-    SS_ASSIGN_OR_RETURN(m.experts_down, L.matrix(down, {E, H, I}));
-  }
-  SS_ASSIGN_OR_RETURN(m.shared_gate_up, L.matrix({{P + "shared_expert.gate_proj.weight", {Is, H}},
-                                                  {P + "shared_expert.up_proj.weight", {Is, H}}},
-                                                 {2 * Is, H}));
-  SS_ASSIGN_OR_RETURN(m.shared_down, L.linear(P + "shared_expert.down_proj.weight", H, Is));
-  SS_ASSIGN_OR_RETURN(m.shared_gate, L.linear(P + "shared_expert_gate.weight", 1, H));
-  return Status::Ok();
-}
-
-Status load_mlp(WeightLoader& L, const ModelConfig& c, const std::string& P, MlpWeights& m) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  SS_ASSIGN_OR_RETURN(m.gate_up, L.matrix({{P + "gate_proj.weight", {I, H}}, {P + "up_proj.weight", {I, H}}},
-                                          {2 * I, H}));
-  SS_ASSIGN_OR_RETURN(m.down, L.linear(P + "down_proj.weight", H, I));
-  return Status::Ok();
-}
-
 bool has_quantized_tensors(const Checkpoint& ckpt) {
   for (const auto& [name, info] : ckpt.tensors()) {
     if (info.dtype == DType::kU8 || info.dtype == DType::kF8E4M3 || info.dtype == DType::kF8E5M2) return true;
@@ -384,36 +320,11 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
                       "is missing: not a Qwen3.5 checkpoint?");
   }
   w.report.prefix = prefix;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  SS_ASSIGN_OR_RETURN(w.embed, L.linear(prefix + "embed_tokens.weight", V, H, /*allow_quantized=*/false));
   if (static_cast<int>(c.layer_types.size()) != c.num_hidden_layers)
     return make_error("config.json: layer_types has " + std::to_string(c.layer_types.size()) +
                       " entries for num_hidden_layers " + std::to_string(c.num_hidden_layers));
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string P = prefix + "layers." + std::to_string(i) + ".";
-    LayerWeights lw;
-    lw.type = c.layer_types[static_cast<size_t>(i)];
-    SS_ASSIGN_OR_RETURN(lw.input_norm, L.vector_f32({P + "input_layernorm.weight", {H}}));
-    SS_ASSIGN_OR_RETURN(lw.post_attention_norm, L.vector_f32({P + "post_attention_layernorm.weight", {H}}));
-    if (lw.type == LayerType::kLinearAttention) {
-      SS_RETURN_IF_ERROR(load_gdn(L, c, P + "linear_attn.", lw.gdn));
-    } else {
-      SS_RETURN_IF_ERROR(load_attention(L, c, P + "self_attn.", lw.attn));
-    }
-    if (c.is_moe) {
-      SS_RETURN_IF_ERROR(load_moe(L, ckpt, c, P + "mlp.", lw.moe, w.report.per_expert_layout));
-    } else {
-      SS_RETURN_IF_ERROR(load_mlp(L, c, P + "mlp.", lw.mlp));
-    }
-    w.layers.push_back(std::move(lw));
-  }
-  SS_ASSIGN_OR_RETURN(w.final_norm, L.vector_f32({prefix + "norm.weight", {H}}));
-  if (c.tie_word_embeddings) {
-    w.lm_head = w.embed;
-    if (ckpt.find("lm_head.weight")) L.used().insert("lm_head.weight");  // a saved copy of the tie
-  } else {
-    SS_ASSIGN_OR_RETURN(w.lm_head, L.linear("lm_head.weight", V, H));
-  }
+  SS_RETURN_IF_ERROR(weight_layout::text_model(L, c, prefix, w));
+  if (c.tie_word_embeddings && ckpt.find("lm_head.weight")) L.used().insert("lm_head.weight");  // a saved copy of the tie
   for (const auto& [name, info] : ckpt.tensors()) {
     if (L.used().count(name)) continue;
     if (name.rfind("model.visual.", 0) == 0 || name.rfind("visual.", 0) == 0) {
