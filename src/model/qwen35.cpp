@@ -247,12 +247,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
   }
   g->recording->replay();
   ++graph_stats_.replayed;
-  Logits out;
-  out.rows = B;
-  out.vocab = V;
-  out.data.resize(static_cast<size_t>(B * V));
-  backend_.download(out.data.data(), logits);
-  return out;
+  return download_logits(logits);
 }
 
 void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,
@@ -377,10 +372,14 @@ Logits Qwen35Model::lm_head(const Tensor& hidden) {
   const int64_t R = hidden.dim(0), V = config_.vocab_size;
   Buffer logits = buffer({R, V});
   backend_.linear(logits, hidden, w_.lm_head);
+  return download_logits(logits);
+}
+
+Logits Qwen35Model::download_logits(const Tensor& logits) {
   Logits out;
-  out.rows = R;
-  out.vocab = V;
-  out.data.resize(static_cast<size_t>(R * V));
+  out.rows = logits.dim(0);
+  out.vocab = logits.dim(1);
+  out.data.resize(static_cast<size_t>(out.rows * out.vocab));
   backend_.download(out.data.data(), logits);
   return out;
 }

@@ -95,6 +95,8 @@ class Qwen35Model {
   void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
   // hidden: [R, H] final-normalised rows -> [R, V] logits on the host.
   Logits lm_head(const Tensor& hidden);
+  // logits: [R, V] f32 in backend memory -> host copy.
+  Logits download_logits(const Tensor& logits);
 
   Buffer buffer(std::vector<int64_t> shape, DType dtype = DType::kF32) {
     return Buffer(&backend_, dtype, std::move(shape));
