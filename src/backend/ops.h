@@ -246,6 +246,16 @@ class Backend {
   virtual void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids,
                            const Tensor& weights, const Linear& gate_up, const Linear& down) = 0;
 
+  // ---- independent branches -----------------------------------------------------------------
+  // Runs each branch, a sequence of ops, as if one after another in order. The caller promises that
+  // no branch reads or writes what another branch writes, and that buffers a branch allocates are
+  // freed inside it; the backend may then run the branches at the same time (CUDA: branch 0 on the
+  // stream, the others on side streams forked from it and joined before this returns), with the
+  // same results bit for bit. Ops issued after the call see every branch's writes.
+  virtual void run_branches(const std::vector<std::function<void()>>& branches) {
+    for (const auto& b : branches) b();
+  }
+
   // ---- recorded forward passes (CUDA graphs; the CPU backend runs every op as it comes) --------
   // The ops `body` issues, recorded instead of run; null where the backend cannot record. Inside
   // body, ops must not upload, download or synchronize, and state ops must read a fixed layout.

@@ -256,8 +256,8 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const GdnDims dims = gdn_dims(config_);
   const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
   Buffer mixed = buffer({T, dims.conv_dim()}), z = buffer({T, Hv * dv});
-  backend_.linear(mixed, h, w.in_proj_qkv);
-  backend_.linear(z, h, w.in_proj_z);
+  backend_.run_branches({[&] { backend_.linear(mixed, h, w.in_proj_qkv); },
+                         [&] { backend_.linear(z, h, w.in_proj_z); }});
 
   const Tensor& rec = state.gdn().recurrent_pool(gdn_index);
   Buffer normed = buffer({T, Hv * dv});
@@ -291,9 +291,8 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
   Buffer qg = buffer({T, nh, 2 * hd}), k = buffer({T, kvh, hd}), v = buffer({T, kvh, hd});
-  backend_.linear(qg, h, w.q_proj);
-  backend_.linear(k, h, w.k_proj);
-  backend_.linear(v, h, w.v_proj);
+  backend_.run_branches({[&] { backend_.linear(qg, h, w.q_proj); }, [&] { backend_.linear(k, h, w.k_proj); },
+                         [&] { backend_.linear(v, h, w.v_proj); }});
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
   const Tensor& k_pool = state.kv().k_pool(attn_index);
   const Tensor& v_pool = state.kv().v_pool(attn_index);
@@ -339,17 +338,22 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, c
                       const Tensor& next_norm) {
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), E = c.num_experts, k = c.num_experts_per_tok;
-  Buffer logits = buffer({T, E});
-  backend_.linear(logits, h, w.router);
-  Buffer topk_w = buffer({T, k}), topk_ids = buffer({T, k}, DType::kI32);
-  backend_.moe_route_topk(topk_w, topk_ids, logits);
-  backend_.moe_experts(out, h, topk_ids, topk_w, w.experts_gate_up, w.experts_down);
-
   const int64_t Is = c.shared_expert_intermediate_size;
-  Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is}), shared = buffer({T, c.hidden_size});
-  backend_.linear(gu, h, w.shared_gate_up);
-  backend_.silu_mul(act, gu);
-  backend_.linear(shared, act, w.shared_down);
+  Buffer shared = buffer({T, c.hidden_size});
+  // The routed experts and the shared expert read only h: independent branches.
+  backend_.run_branches({[&] {
+                           Buffer logits = buffer({T, E});
+                           backend_.linear(logits, h, w.router);
+                           Buffer topk_w = buffer({T, k}), topk_ids = buffer({T, k}, DType::kI32);
+                           backend_.moe_route_topk(topk_w, topk_ids, logits);
+                           backend_.moe_experts(out, h, topk_ids, topk_w, w.experts_gate_up, w.experts_down);
+                         },
+                         [&] {
+                           Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is});
+                           backend_.linear(gu, h, w.shared_gate_up);
+                           backend_.silu_mul(act, gu);
+                           backend_.linear(shared, act, w.shared_down);
+                         }});
   if (fused_) {
     backend_.add_gated_shared_rmsnorm(residual, h, out, shared, w.shared_gate, next_norm, c.rms_norm_eps);
   } else {

@@ -115,6 +115,9 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
 
+  // Branches on side streams (branches.cu); SPARKSERVE_CONCURRENT_BRANCHES=0 runs them in order.
+  void run_branches(const std::vector<std::function<void()>>& branches) override;
+
   // CUDA graphs (graph.cu): stream capture of the ops, and layouts at a fixed device address.
   bool can_record() const override { return true; }
   std::unique_ptr<Recording> record(const std::function<void()>& body) override;
@@ -152,7 +155,17 @@ class CudaBackend final : public Backend {
  private:
   int device_ = 0;
   int sm_count_ = 0;
+  // The stream ops are issued to: main_stream_, or inside run_branches a branch's side stream.
   cudaStream_t stream_ = nullptr;
+  cudaStream_t main_stream_ = nullptr;
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;  // recorded at the branch's end; the forking stream waits on it
+  };
+  std::vector<SideStream> side_;
+  cudaEvent_t fork_ = nullptr;
+  bool branches_concurrent_ = true;
+  bool in_branches_ = false;
   struct CachedLayout {
     std::vector<int32_t> host;
     int32_t* dev = nullptr;

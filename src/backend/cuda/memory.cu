@@ -26,7 +26,10 @@ bool weight_is_bf16(const Linear& w) {
 CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&main_stream_, cudaStreamNonBlocking));
+  stream_ = main_stream_;
+  const char* conc = std::getenv("SPARKSERVE_CONCURRENT_BRANCHES");
+  branches_concurrent_ = !(conc && std::strcmp(conc, "0") == 0);
   // Keep freed pool memory instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool;
   CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
@@ -39,7 +42,13 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (auto& kv : inv_freq_) cudaFree(kv.second);
   cudaStreamSynchronize(stream_);
-  cudaStreamDestroy(stream_);
+  for (auto& s : side_) {
+    cudaStreamSynchronize(s.stream);
+    cudaEventDestroy(s.done);
+    cudaStreamDestroy(s.stream);
+  }
+  if (fork_) cudaEventDestroy(fork_);
+  cudaStreamDestroy(main_stream_);
 }
 
 Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {

@@ -1,5 +1,10 @@
 // RMSNorm variants, one block per row. Sums of squares in double, as the CPU reference does, so the
 // scale matches it to float rounding whatever the row length.
+//
+// Every pass over a row loads its kV elements per thread (and those of the other operands) before
+// any store: the row pointers may alias (residual / out / delta), so a plain strided
+// load-add-store loop is compiled as one serial global-memory round trip per element step, which made
+// a 3072-wide decode row take 12-18 µs (ncu, docs/performance.md) instead of a few.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -7,79 +12,173 @@
 namespace sparkserve {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 1024;
+constexpr int kV = 4;  // elements per thread per pass: a row of up to kV * 1024 in one pass
 
-// Block-wide sum; every thread gets the result.
+// Threads for a row of D: whole warps, enough for one pass when D allows.
+unsigned row_threads(int64_t D) {
+  const int64_t t = (std::max<int64_t>(D, 1) + kV - 1) / kV;
+  return static_cast<unsigned>(std::min<int64_t>(kMaxThreads, (t + 31) / 32 * 32));
+}
+
+// Block-wide sums, added warp by warp in warp order; every thread gets the result.
 __device__ double block_sum_d(double v) {
-  __shared__ double part[kThreads / 32];
+  __shared__ double part[kMaxThreads / 32];
   v = warp_sum_d(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   __syncthreads();  // part[] may still be read by a previous call
   if (lane == 0) part[warp] = v;
   __syncthreads();
   double s = 0;
-  for (int w = 0; w < kThreads / 32; ++w) s += part[w];
+  for (int w = 0; w < nw; ++w) s += part[w];
+  return s;
+}
+__device__ float block_sum_f(float v) {
+  __shared__ float part[kMaxThreads / 32];
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float s = 0;
+  for (int w = 0; w < nw; ++w) s += part[w];
   return s;
 }
 
-__device__ float inv_rms(const float* x, int64_t D, float eps) {
-  double ss = 0;
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) ss += static_cast<double>(x[i]) * x[i];
-  ss = block_sum_d(ss);
+__device__ __forceinline__ float inv_rms_of(double ss, int64_t D, float eps) {
   return static_cast<float>(1.0 / sqrt(ss / static_cast<double>(D) + eps));
 }
+// Index of element v of this thread's share of the pass starting at `base`.
+__device__ __forceinline__ int64_t elem(int64_t base, int v) {
+  return base + static_cast<int64_t>(v) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t pass_len() { return static_cast<int64_t>(kV) * blockDim.x; }
 
-__global__ void rmsnorm_kernel(float* out, const float* x, const float* w, int64_t D, float eps) {
-  const int64_t r = blockIdx.x;
-  const float s = inv_rms(x + r * D, D, eps);
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) out[r * D + i] = x[r * D + i] * s * (1.0f + w[i]);
+// Sum of squares of x[0, D).
+__device__ double row_sumsq(const float* x, int64_t D) {
+  double ss = 0;
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float xv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) xv[v] = elem(base, v) < D ? x[elem(base, v)] : 0.0f;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) ss += static_cast<double>(xv[v]) * xv[v];
+  }
+  return ss;
 }
 
-// residual += delta, then the zero-centred norm of the new residual, in one pass over the row.
-__global__ void add_rmsnorm_kernel(float* residual, float* out, const float* delta, const float* w, int64_t D,
-                                   float eps) {
+// out[i] = x[i] * s * (1 + w[i]) (in place allowed: each element is read and written by one thread).
+__device__ void write_norm(float* out, const float* x, const float* w, float s, int64_t D) {
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float xv[kV], wv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = elem(base, v);
+      xv[v] = i < D ? x[i] : 0.0f;
+      wv[v] = i < D ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v)
+      if (elem(base, v) < D) out[elem(base, v)] = xv[v] * s * (1.0f + wv[v]);
+  }
+}
+
+__global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(float* out, const float* x, const float* w, int64_t D,
+                                                             float eps) {
+  const int64_t r = blockIdx.x;
+  const float s = inv_rms_of(block_sum_d(row_sumsq(x + r * D, D)), D, eps);
+  write_norm(out + r * D, x + r * D, w, s, D);
+}
+
+// residual += delta, then the zero-centred norm of the new residual.
+__global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residual, float* out, const float* delta,
+                                                                 const float* w, int64_t D, float eps) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * D;
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) x[i] = x[i] + delta[r * D + i];
-  // Each thread reads back only the elements it wrote, so no barrier is needed before inv_rms.
-  const float s = inv_rms(x, D, eps);
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) out[r * D + i] = x[i] * s * (1.0f + w[i]);
+  const float* dl = delta + r * D;
+  double ss = 0;
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float xv[kV], dv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = elem(base, v);
+      xv[v] = i < D ? x[i] : 0.0f;
+      dv[v] = i < D ? dl[i] : 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      xv[v] = xv[v] + dv[v];
+      if (elem(base, v) < D) x[elem(base, v)] = xv[v];
+      ss += static_cast<double>(xv[v]) * xv[v];
+    }
+  }
+  // write_norm reads back only elements this thread wrote.
+  write_norm(out + r * D, x, w, inv_rms_of(block_sum_d(ss), D, eps), D);
 }
 
-__global__ void gated_rmsnorm_kernel(float* out, const float* x, const float* z, const float* w, int64_t D,
-                                     float eps) {
+__global__ void __launch_bounds__(kMaxThreads) gated_rmsnorm_kernel(float* out, const float* x, const float* z,
+                                                                   const float* w, int64_t D, float eps) {
   const int64_t r = blockIdx.x;
-  const float s = inv_rms(x + r * D, D, eps);
-  for (int64_t i = threadIdx.x; i < D; i += kThreads)
-    out[r * D + i] = x[r * D + i] * s * w[i] * silu_f(z[r * D + i]);
+  const float s = inv_rms_of(block_sum_d(row_sumsq(x + r * D, D)), D, eps);
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float xv[kV], zv[kV], wv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = elem(base, v);
+      xv[v] = i < D ? x[r * D + i] : 0.0f;
+      zv[v] = i < D ? z[r * D + i] : 0.0f;
+      wv[v] = i < D ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v)
+      if (elem(base, v) < D) out[r * D + elem(base, v)] = xv[v] * s * wv[v] * silu_f(zv[v]);
+  }
 }
 
-// add_gated_shared_rmsnorm, one block per row: the gate logit h . w (strided per thread, warp sums
-// added in warp order), d += sigmoid(logit) y, residual += d, then h = the zero-centred norm of the
-// residual. Every read of h (the logit) precedes the barrier in the logit's reduction; h is written
-// only after it.
-__global__ void __launch_bounds__(kThreads) add_gated_shared_rmsnorm_kernel(
+// add_gated_shared_rmsnorm, one block per row: the gate logit h . w (each thread's products summed
+// in element order, then warp sums added in warp order), d += sigmoid(logit) y, residual += d, then
+// h = the zero-centred norm of the residual. Every read of h (the logit) precedes the barrier in
+// the logit's reduction; h is written only after it.
+__global__ void __launch_bounds__(kMaxThreads) add_gated_shared_rmsnorm_kernel(
     float* residual, float* h, float* d, const float* y, const void* gw, bool bf16, const float* w, int64_t D,
     float eps) {
-  __shared__ float part[kThreads / 32];
   const int64_t r = blockIdx.x;
   float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) acc += h[r * D + i] * load_weight(gw, bf16, i);
-  acc = warp_sum(acc);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  float logit = 0.0f;
-  for (int i = 0; i < kThreads / 32; ++i) logit += part[i];
-  const float s = sigmoid_f(logit);
-  float* x = residual + r * D;
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) {
-    const float di = d[r * D + i] + s * y[r * D + i];
-    d[r * D + i] = di;
-    x[i] = x[i] + di;
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float hv[kV], gv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = elem(base, v);
+      hv[v] = i < D ? h[r * D + i] : 0.0f;
+      gv[v] = i < D ? load_weight(gw, bf16, i) : 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v) acc += hv[v] * gv[v];
   }
-  // As add_rmsnorm_kernel: each thread reads back only the elements it wrote.
-  const float sc = inv_rms(x, D, eps);
-  for (int64_t i = threadIdx.x; i < D; i += kThreads) h[r * D + i] = x[i] * sc * (1.0f + w[i]);
+  const float s = sigmoid_f(block_sum_f(acc));
+  float* x = residual + r * D;
+  double ss = 0;
+  for (int64_t base = 0; base < D; base += pass_len()) {
+    float dv[kV], yv[kV], xv[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = elem(base, v);
+      dv[v] = i < D ? d[r * D + i] : 0.0f;
+      yv[v] = i < D ? y[r * D + i] : 0.0f;
+      xv[v] = i < D ? x[i] : 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const float di = dv[v] + s * yv[v];
+      xv[v] = xv[v] + di;
+      if (elem(base, v) < D) {
+        d[r * D + elem(base, v)] = di;
+        x[elem(base, v)] = xv[v];
+      }
+      ss += static_cast<double>(xv[v]) * xv[v];
+    }
+  }
+  write_norm(h + r * D, x, w, inv_rms_of(block_sum_d(ss), D, eps), D);
 }
 
 }  // namespace
@@ -96,7 +195,7 @@ void CudaBackend::add_gated_shared_rmsnorm(const Tensor& residual, const Tensor&
   CHECK(residual.numel() == R * D && h.numel() == R * D && d.numel() == R * D && y.numel() == R * D &&
         shared_gate.out_features == 1);
   if (R == 0) return;
-  add_gated_shared_rmsnorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
+  add_gated_shared_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(
       residual.ptr<float>(), h.ptr<float>(), d.ptr<float>(), y.ptr<const float>(), shared_gate.weight.data,
       shared_gate.format == WeightFormat::kBf16, norm_w.ptr<const float>(), D, eps);
   CUDA_CHECK_LAUNCH();
@@ -106,7 +205,7 @@ void CudaBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, f
   const int64_t D = w.numel(), R = x.numel() / D;
   CHECK(x.numel() == R * D && out.numel() == x.numel());
   if (R == 0) return;
-  rmsnorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(),
+  rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(),
                                                                      w.ptr<const float>(), D, eps);
   CUDA_CHECK_LAUNCH();
 }
@@ -116,7 +215,7 @@ void CudaBackend::add_rmsnorm(const Tensor& residual, const Tensor& out, const T
   const int64_t D = w.numel(), R = residual.numel() / D;
   CHECK(residual.numel() == delta.numel() && out.numel() == residual.numel() && residual.numel() == R * D);
   if (R == 0) return;
-  add_rmsnorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
+  add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(
       residual.ptr<float>(), out.ptr<float>(), delta.ptr<const float>(), w.ptr<const float>(), D, eps);
   CUDA_CHECK_LAUNCH();
 }
@@ -125,7 +224,7 @@ void CudaBackend::gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor
   const int64_t D = w.numel(), R = x.numel() / D;
   CHECK(x.numel() == R * D && z.numel() == x.numel() && out.numel() == x.numel());
   if (R == 0) return;
-  gated_rmsnorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
+  gated_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(
       out.ptr<float>(), x.ptr<const float>(), z.ptr<const float>(), w.ptr<const float>(), D, eps);
   CUDA_CHECK_LAUNCH();
 }
