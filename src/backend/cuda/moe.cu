@@ -3,8 +3,12 @@
 // slot, for prefill and large batches the slots grouped by expert on the device and a grouped
 // SIMT GEMM (each 64-slot tile reads its expert once); then a per-token combine in ascending expert
 // id (HF's eager order, as the CPU reference).
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/decode_gemv.h"
+#include "backend/cuda/moe_w4a4.h"
 
 namespace sparkserve {
 namespace {
@@ -231,6 +235,15 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   if (slots == 0) return;
   const int64_t E = gate_up.weight.dim(0);
   const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
+  // W4A4 NVFP4 experts at any T: integer block dot products (moe_w4a4.cu). SPARKSERVE_MOE_W4A4=0
+  // turns it off (A/B measurements; the float kernels below take the same layouts).
+  static const bool w4a4_on = [] {
+    const char* v = std::getenv("SPARKSERVE_MOE_W4A4");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  if (w4a4_on && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(),
+                          weights.ptr<const float>(), T, k, gate_up, down))
+    return;
   // Decode (and quantized experts at any T): decode_gemv.cu's two fused launches.
   if ((quantized || slots <= 4 * E) &&
       decode_moe(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(),
