@@ -53,4 +53,11 @@ void Backend::add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, 
   add_rmsnorm(residual, h, d, norm_w, eps);
 }
 
+void Backend::moe_route_experts(const Tensor& out, const Tensor& weights, const Tensor& ids,
+                                const Tensor& router_logits, const Tensor& x, const Linear& gate_up,
+                                const Linear& down) {
+  moe_route_topk(weights, ids, router_logits);
+  moe_experts(out, x, ids, weights, gate_up, down);
+}
+
 }  // namespace sparkserve

@@ -237,6 +237,13 @@ class Backend {
   virtual void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
                                         const Linear& shared_gate, const Tensor& norm_w, float eps);
 
+  // The routed experts of an MoE block from the router's logits:
+  //   moe_route_topk(weights, ids, router_logits) -> moe_experts(out, x, ids, weights, gate_up, down).
+  // router_logits: [T, E] f32, x: [T, H] f32 -> weights: [T, k] f32, ids: [T, k] i32, out: [T, H] f32.
+  virtual void moe_route_experts(const Tensor& out, const Tensor& weights, const Tensor& ids,
+                                 const Tensor& router_logits, const Tensor& x, const Linear& gate_up,
+                                 const Linear& down);
+
   // ---- MoE (model-qwen35.md §2.7) ------------------------------------------------------------
   // fp32 softmax over all E experts, top-k (ties: lower id first), renormalised to sum 1.
   // router_logits: [T, E] f32 -> weights: [T, k] f32, ids: [T, k] i32.

@@ -345,8 +345,13 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, c
                            Buffer logits = buffer({T, E});
                            backend_.linear(logits, h, w.router);
                            Buffer topk_w = buffer({T, k}), topk_ids = buffer({T, k}, DType::kI32);
-                           backend_.moe_route_topk(topk_w, topk_ids, logits);
-                           backend_.moe_experts(out, h, topk_ids, topk_w, w.experts_gate_up, w.experts_down);
+                           if (fused_) {
+                             backend_.moe_route_experts(out, topk_w, topk_ids, logits, h, w.experts_gate_up,
+                                                        w.experts_down);
+                           } else {
+                             backend_.moe_route_topk(topk_w, topk_ids, logits);
+                             backend_.moe_experts(out, h, topk_ids, topk_w, w.experts_gate_up, w.experts_down);
+                           }
                          },
                          [&] {
                            Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is});

@@ -573,6 +573,31 @@ void test_decode_paths(Harness& h) {
     int64_t E, k, H, I;
     std::vector<int64_t> Ts;
   };
+  // Per-token error of an MoE output whose down input is re-quantized (W4A4 / W8A8): the two
+  // backends compute silu(gate)*up in different f32 orders (~1e-7 apart), so an element that close
+  // to a rounding threshold takes the neighbouring code on one side (measured ~1-2% of tokens at
+  // these sizes), moving that token's output by one code step of one input (observed 5e-4 .. 1.4e-3
+  // of max|ref|; a block-scale step moves 16 inputs), while a formula or indexing error moves every
+  // token by O(0.1-1). So err_t = max|d| over token t's row / max|ref|; tokens over kFp32 are
+  // "flipped" and counted; bounds: every token <= 2e-2, flipped tokens <= max(1, T/4).
+  auto moe_token_errors = [&](const Pair& o, int64_t T, int64_t H) {
+    const auto g = h.gpu_f(o), r = h.cpu_f(o);
+    double mr = 0, worst = 0;
+    for (float v : r) mr = std::max(mr, std::fabs(static_cast<double>(v)));
+    int flipped = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      double d = 0;
+      for (int64_t i = 0; i < H; ++i) {
+        const size_t j = static_cast<size_t>(t * H + i);
+        const double dd = std::fabs(static_cast<double>(g[j]) - r[j]);
+        d = std::max(d, std::isfinite(dd) ? dd : INFINITY);
+      }
+      const double et = mr > 0 ? d / mr : INFINITY;
+      worst = std::max(worst, et);
+      flipped += et > kFp32;
+    }
+    return std::pair<double, int>(worst, flipped);
+  };
   const std::vector<Moe> moes = {
       {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4", 12, 8, 3072, 1024, {1, 2, 5, 16, 64}},
       {WeightFormat::kNvfp4, ActivationQuant::kNone, "nvfp4 w4a16", 12, 8, 3072, 1024, {1, 3}},
@@ -608,29 +633,31 @@ void test_decode_paths(Harness& h) {
         record("decode_moe", name, h.err(o), kFp32);
         continue;
       }
-      // The down projection's input is quantized (W4A4 / W8A8) from silu(gate)*up, which the two
-      // backends compute in different f32 orders (~1e-7 apart): an element that close to a rounding
-      // threshold takes the neighbouring code on one side (measured ~1-2% of tokens at these sizes),
-      // moving that token's output by one code step of one input (observed 5e-4 .. 1.4e-3 of
-      // max|ref|; a block-scale step moves 16 inputs), while a formula or indexing error moves every
-      // token by O(0.1-1). So per token err_t = max|d| over its row / max|ref|; tokens over kFp32
-      // are "flipped" and counted; bounds: every token <= 2e-2, flipped tokens <= max(1, T/4).
-      const auto g = h.gpu_f(o), r = h.cpu_f(o);
-      double mr = 0, worst = 0;
-      for (float v : r) mr = std::max(mr, std::fabs(static_cast<double>(v)));
-      int flipped = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        double d = 0;
-        for (int64_t i = 0; i < c.H; ++i) {
-          const size_t j = static_cast<size_t>(t * c.H + i);
-          const double dd = std::fabs(static_cast<double>(g[j]) - r[j]);
-          d = std::max(d, std::isfinite(dd) ? dd : INFINITY);
-        }
-        const double et = mr > 0 ? d / mr : INFINITY;
-        worst = std::max(worst, et);
-        flipped += et > kFp32;
-      }
+      // Re-quantized down input: per-token bound (moe_token_errors).
+      const auto [worst, flipped] = moe_token_errors(o, T, c.H);
       record("decode_moe", name + " all tokens", worst, 2e-2);
+      record("decode_moe_flips", name + " tokens > 1e-5", flipped, static_cast<double>(std::max<int64_t>(1, T / 4)));
+    }
+  }
+  // Backend::moe_route_experts: the routing fused into the W4A4 experts' first launch on CUDA, vs
+  // the CPU's moe_route_topk -> moe_experts on random router logits. The ids must be identical (the
+  // fused kernel runs route_topk's own device function) and the weights within 1e-5; the output is
+  // bounded as the W4A4 cases above.
+  for (const auto& c : std::vector<Moe>{
+           {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4", 64, 8, 3072, 1024, {1, 4, 33}},
+           {WeightFormat::kNvfp4ModelOpt, ActivationQuant::kNvfp4, "nvfp4-mo w4a4", 10, 6, 512, 256, {1, 7}}}) {
+    QWeight gu = make_qweight(h, c.E, 2 * c.I, c.H, 2, c.fmt, c.act, 4.0f);
+    QWeight dn = make_qweight(h, c.E, c.H, c.I, 1, c.fmt, c.act, 1.0f);
+    for (int64_t T : c.Ts) {
+      Pair x = h.f32({T, c.H}, randn(T * c.H)), lg = h.f32({T, c.E}, randn(T * c.E)), o = h.out({T, c.H}),
+           wt = h.out({T, c.k}), id = h.i32({T, c.k}, std::vector<int32_t>(static_cast<size_t>(T * c.k), -1));
+      h.cpu->moe_route_experts(o.cpu(), wt.cpu(), id.cpu(), lg.cpu(), x.cpu(), gu.cpu_lin, dn.cpu_lin);
+      h.gpu->moe_route_experts(o.gpu(), wt.gpu(), id.gpu(), lg.gpu(), x.gpu(), gu.gpu_lin, dn.gpu_lin);
+      const std::string name = std::string(c.name) + " routed TxExkxHxI " + sz({T, c.E, c.k, c.H, c.I});
+      record("moe_route_experts", name + " ids differ", h.gpu_f(id) == h.cpu_f(id) ? 0.0 : 1.0, 0.0);
+      record("moe_route_experts", name + " weights", h.err(wt), kFp32);
+      const auto [worst, flipped] = moe_token_errors(o, T, c.H);
+      record("moe_route_experts", name + " all tokens", worst, 2e-2);
       record("decode_moe_flips", name + " tokens > 1e-5", flipped, static_cast<double>(std::max<int64_t>(1, T / 4)));
     }
   }

@@ -112,6 +112,9 @@ class CudaBackend final : public Backend {
                                 const Linear& shared_gate, const Tensor& norm_w, float eps) override;
 
   void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
+  // W4A4 NVFP4 experts: the routing fused into the experts' first launch (moe_w4a4.cu).
+  void moe_route_experts(const Tensor& out, const Tensor& weights, const Tensor& ids, const Tensor& router_logits,
+                         const Tensor& x, const Linear& gate_up, const Linear& down) override;
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
 

@@ -8,53 +8,17 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/decode_gemv.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_w4a4.h"
 
 namespace sparkserve {
 namespace {
 
-// One warp per token; probabilities in shared memory [E].
+// One warp per token (moe_route.cuh); probabilities in shared memory [E].
 __global__ void route_topk_kernel(float* weights, int32_t* ids, const float* logits, int64_t E, int64_t k) {
   extern __shared__ float p[];
   const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x;
-  const float* l = logits + t * E;
-  float mx = -INFINITY;
-  for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.0f;
-  for (int64_t e = lane; e < E; e += 32) sum += (p[e] = expf(l[e] - mx));
-  sum = warp_sum(sum);
-  for (int64_t e = lane; e < E; e += 32) p[e] /= sum;
-  __syncwarp();
-  float top_sum = 0.0f;
-  for (int64_t j = 0; j < k; ++j) {
-    // Largest remaining probability, lowest id among ties (a stable descending sort's order).
-    float best = -1.0f;
-    int32_t best_e = -1;
-    for (int64_t e = lane; e < E; e += 32)
-      if (p[e] > best) {
-        best = p[e];
-        best_e = static_cast<int32_t>(e);
-      }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int32_t oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e))) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    if (lane == 0) {
-      ids[t * k + j] = best_e;
-      weights[t * k + j] = best;  // probability for now, renormalised below
-      p[best_e] = -2.0f;          // taken
-    }
-    top_sum += best;
-    __syncwarp();
-  }
-  if (lane == 0)
-    for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= top_sum;
+  route_topk_warp(p, logits + t * E, E, k, ids + t * k, weights + t * k);
 }
 
 constexpr int kWarps = 8;
@@ -225,6 +189,31 @@ void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// SPARKSERVE_MOE_W4A4=0 turns the integer W4A4 expert path off (A/B measurements; the float
+// kernels of decode_gemv.cu take the same layouts).
+bool w4a4_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPARKSERVE_MOE_W4A4");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+}  // namespace
+
+void CudaBackend::moe_route_experts(const Tensor& out, const Tensor& weights, const Tensor& ids,
+                                    const Tensor& router_logits, const Tensor& x, const Linear& gate_up,
+                                    const Linear& down) {
+  const int64_t T = x.dim(0), k = ids.dim(1), E = router_logits.dim(1);
+  CHECK(router_logits.dim(0) == T && ids.dim(0) == T && weights.numel() == T * k && ids.dtype == DType::kI32);
+  CHECK(k <= E && out.numel() == T * x.dim(1));
+  if (T > 0 && E == gate_up.weight.dim(0) && w4a4_enabled() &&
+      moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+               router_logits.ptr<const float>(), T, k, gate_up, down))
+    return;
+  Backend::moe_route_experts(out, weights, ids, router_logits, x, gate_up, down);  // the two ops
+}
+
 void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                               const Linear& gate_up, const Linear& down) {
   const int64_t T = x.dim(0), H = x.dim(1), k = ids.dim(1);
@@ -235,14 +224,9 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   if (slots == 0) return;
   const int64_t E = gate_up.weight.dim(0);
   const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
-  // W4A4 NVFP4 experts at any T: integer block dot products (moe_w4a4.cu). SPARKSERVE_MOE_W4A4=0
-  // turns it off (A/B measurements; the float kernels below take the same layouts).
-  static const bool w4a4_on = [] {
-    const char* v = std::getenv("SPARKSERVE_MOE_W4A4");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  if (w4a4_on && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(),
-                          weights.ptr<const float>(), T, k, gate_up, down))
+  // W4A4 NVFP4 experts at any T: integer block dot products (moe_w4a4.cu).
+  if (w4a4_enabled() && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(),
+                                  weights.ptr<float>(), nullptr, T, k, gate_up, down))
     return;
   // Decode (and quantized experts at any T): decode_gemv.cu's two fused launches.
   if ((quantized || slots <= 4 * E) &&

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/quant_math.cuh"
 
 namespace sparkserve {
@@ -52,6 +53,9 @@ struct Args {
   float* xf;               // [slots, P, xfs] block factors (H/16 used; rows padded to 16 bytes)
   const int32_t* ids;      // [T, k]
   const float* weights;    // [T, k]
+  const float* logits;     // [T, E] router logits when the routing is fused (ids / weights are then its output)
+  int32_t* ids_out;        // = ids, written by the fused routing
+  float* weights_out;      // = weights
   int8_t* aq;              // [slots, I] the down input's codes (half-major)
   float* af;               // [slots, afs] its block factors (I/16 used; rows padded to 16 bytes)
   float* out;              // [T, H]
@@ -135,10 +139,27 @@ __device__ __forceinline__ void quantize_quad(float4 v, float in_s, bool modelop
 }
 
 // x[t] quantized for partition blockIdx.y of slot blockIdx.x with the slot's expert's input scale.
+// With a.logits, the routing runs here first (route_topk_warp, the same function as the separate
+// route_topk kernel, so the same ids and weights): every block of token t computes it, the block of
+// slot (t, 0), partition 0 writes it out for the gate_up / down kernels.
 __global__ void __launch_bounds__(kThreads) w4a4_quantize_x_kernel(Args a) {
-  const int64_t slot = blockIdx.x, t = slot / a.k;
+  extern __shared__ float probs[];  // [E] with fused routing
+  __shared__ int32_t s_ids[kMaxK];
+  __shared__ float s_w[kMaxK];
+  const int64_t slot = blockIdx.x, t = slot / a.k, j = slot % a.k;
   const int p = static_cast<int>(blockIdx.y);
-  const int64_t e = a.ids[slot];
+  int64_t e;
+  if (a.logits) {
+    if (threadIdx.x < 32) route_topk_warp(probs, a.logits + t * a.E, a.E, a.k, s_ids, s_w);
+    __syncthreads();
+    e = s_ids[j];
+    if (j == 0 && p == 0 && threadIdx.x < a.k) {
+      a.ids_out[t * a.k + threadIdx.x] = s_ids[threadIdx.x];
+      a.weights_out[t * a.k + threadIdx.x] = s_w[threadIdx.x];
+    }
+  } else {
+    e = a.ids[slot];
+  }
   if (e < 0 || e >= a.E) __trap();  // the CPU reference CHECKs this too
   const float in_s = a.gis[e * a.g_P + p];
   const int64_t H = a.H, cpr = H / 32;
@@ -192,53 +213,70 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_gate_up_kernel(Args a) {
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * a.rows_gu, n1 = min(n0 + a.rows_gu, I);
   const uint8_t* wbase = a.gw + e * N * rb;
   const uint8_t* sbase = a.gws + e * N * sb;
+  const int pu = static_cast<int>(P) - 1;  // partition of the up rows
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Work items of a warp: (step r0, chunk pass base); each item's weight loads are issued before
+  // the previous item's arithmetic, and the first item's before the activation staging, so the
+  // DRAM latency of the first loads overlaps the L2 round trips of the staging.
+  uint4 q[U][2 * RPW];
+  uint32_t sc[U][2 * RPW];
+  auto load = [&](int64_t r0, int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = base + lane + 32 * u;
+#pragma unroll
+      for (int r = 0; r < 2 * RPW; ++r) {
+        const int64_t n = (r < RPW ? 0 : I) + min(r0 + r % RPW, n1 - 1);
+        const bool ok = c < cpr;
+        q[u][r] = ok ? ld_stream(wbase + n * rb + c * 16) : make_uint4(0, 0, 0, 0);
+        sc[u][r] = ok ? __ldg(reinterpret_cast<const unsigned short*>(sbase + n * sb) + c) : 0u;
+      }
+    }
+  };
+  int64_t r0 = n0 + warp * RPW, base = 0;
+  if (r0 < n1) load(r0, base);
   prefetch(wbase + n0 * rb, (n1 - n0) * rb);
   prefetch(wbase + (I + n0) * rb, (n1 - n0) * rb);
   stage(xs, a.xq + slot * P * H, P * H);
   stage(fs, a.xf + slot * P * a.xfs, P * a.xfs * 4);
   __syncthreads();
-  const int pu = static_cast<int>(P) - 1;  // partition of the up rows
   const float g0 = weight_factor(a.ggs[e * P], a.g_modelopt != 0);
   const float g1 = weight_factor(a.ggs[e * P + pu], a.g_modelopt != 0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += kWarps * RPW) {
-    float acc[2 * RPW];
+  float acc[2 * RPW];
 #pragma unroll
-    for (int r = 0; r < 2 * RPW; ++r) acc[r] = 0.0f;
-    for (int64_t c0 = lane; c0 < cpr; c0 += 32 * U) {
-      uint4 q[U][2 * RPW];
-      uint32_t sc[U][2 * RPW];
+  for (int r = 0; r < 2 * RPW; ++r) acc[r] = 0.0f;
+  while (r0 < n1) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + 32 * u;
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = base + lane + 32 * u;
+      if (c >= cpr) continue;
 #pragma unroll
-        for (int r = 0; r < 2 * RPW; ++r) {
-          const int64_t n = (r < RPW ? 0 : I) + min(r0 + r % RPW, n1 - 1);
-          const bool ok = c < cpr;
-          q[u][r] = ok ? ld_stream(wbase + n * rb + c * 16) : make_uint4(0, 0, 0, 0);
-          sc[u][r] = ok ? __ldg(reinterpret_cast<const unsigned short*>(sbase + n * sb) + c) : 0u;
-        }
-      }
+      for (int part = 0; part < 2; ++part) {
+        const int p = part == 0 ? 0 : pu;
+        const uint4 lo = reinterpret_cast<const uint4*>(xs + p * H)[c];
+        const uint4 hi = reinterpret_cast<const uint4*>(xs + p * H)[cpr + c];
+        const float2 fa = reinterpret_cast<const float2*>(fs + p * a.xfs)[c];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + 32 * u;
-        if (c >= cpr) continue;
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {
-          const int p = part == 0 ? 0 : pu;
-          const uint4 lo = reinterpret_cast<const uint4*>(xs + p * H)[c];
-          const uint4 hi = reinterpret_cast<const uint4*>(xs + p * H)[cpr + c];
-          const float2 fa = reinterpret_cast<const float2*>(fs + p * a.xfs)[c];
-#pragma unroll
-          for (int r = 0; r < RPW; ++r) acc[part * RPW + r] += chunk_dot(q[u][part * RPW + r], sc[u][part * RPW + r], lo, hi, fa);
-        }
+        for (int r = 0; r < RPW; ++r) acc[part * RPW + r] += chunk_dot(q[u][part * RPW + r], sc[u][part * RPW + r], lo, hi, fa);
       }
     }
+    base += 32 * U;
+    const int64_t cur = r0;
+    const bool step_done = base >= cpr;
+    if (step_done) {
+      base = 0;
+      r0 += kWarps * RPW;
+    }
+    if (r0 < n1) load(r0, base);
+    if (step_done) {
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const float g = warp_sum(acc[r]) * g0;
-      const float u = warp_sum(acc[RPW + r]) * g1;
-      if (lane == r && r0 + r < n1) acts[r0 + r - n0] = silu_f(g) * u;
+      for (int r = 0; r < RPW; ++r) {
+        const float g = warp_sum(acc[r]) * g0;
+        const float u = warp_sum(acc[RPW + r]) * g1;
+        if (lane == r && cur + r < n1) acts[cur + r - n0] = silu_f(g) * u;
+        acc[r] = 0.0f;
+        acc[RPW + r] = 0.0f;
+      }
     }
   }
   __syncthreads();
@@ -283,39 +321,41 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_down_kernel(Args a) {
     s_g[j] = weight_factor(a.dgs[e], a.d_modelopt != 0);
   }
   __syncthreads();
-  for (int j = threadIdx.x / 32; j < k; j += kWarps) {
-    const uint8_t* base = a.dw + (s_e[j] * H + h0) * rb;
-    const int64_t n = min((h1 - h0) * rb, int64_t{64 * 1024});
-    for (int64_t off = (threadIdx.x % 32) * 128; off < n; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
-  }
   if (threadIdx.x < k) {  // rank of expert j among the token's ids (ties keep slot order)
     const int i = threadIdx.x;
     int rank = 0;
     for (int j = 0; j < k; ++j) rank += s_e[j] < s_e[i] || (s_e[j] == s_e[i] && j < i);
     s_order[rank] = i;
   }
-  stage(xs, a.aq + t * k * I, k * I);
-  stage(fs, a.af + t * k * a.afs, k * a.afs * 4);
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t hb = h0 + warp * R; hb < h1; hb += kWarps * R) {
-    float acc[R][kMaxK];
+  // As in gate_up: each (rows, chunk) item's loads before the previous item's arithmetic, the
+  // first before the activation staging.
+  uint4 q[R][kMaxK];
+  uint32_t sc[R][kMaxK];
+  auto load = [&](int64_t hb, int64_t c) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int j = 0; j < kMaxK; ++j) acc[r][j] = 0.0f;
-    for (int64_t c = lane; c < cpr; c += 32) {
-      uint4 q[R][kMaxK];
-      uint32_t sc[R][kMaxK];
+      for (int j = 0; j < kMaxK; ++j) {
+        const bool ok = j < k && c < cpr;
+        const int64_t row = s_e[j < k ? j : 0] * H + min(hb + r, h1 - 1);
+        q[r][j] = ok ? ld_stream(a.dw + row * rb + c * 16) : make_uint4(0, 0, 0, 0);
+        sc[r][j] = ok ? __ldg(reinterpret_cast<const unsigned short*>(a.dws + row * sb) + c) : 0u;
+      }
+  };
+  int64_t hb = h0 + warp * R, base = 0;
+  if (hb < h1) load(hb, base + lane);
+  stage(xs, a.aq + t * k * I, k * I);
+  stage(fs, a.af + t * k * a.afs, k * a.afs * 4);
+  __syncthreads();
+  float acc[R][kMaxK];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < kMaxK; ++j) {
-          const bool ok = j < k;
-          const int64_t row = s_e[ok ? j : 0] * H + min(hb + r, h1 - 1);
-          q[r][j] = ok ? ld_stream(a.dw + row * rb + c * 16) : make_uint4(0, 0, 0, 0);
-          sc[r][j] = ok ? __ldg(reinterpret_cast<const unsigned short*>(a.dws + row * sb) + c) : 0u;
-        }
+    for (int j = 0; j < kMaxK; ++j) acc[r][j] = 0.0f;
+  while (hb < h1) {
+    const int64_t c = base + lane;
+    if (c < cpr) {
 #pragma unroll
       for (int j = 0; j < kMaxK; ++j) {
         if (j >= k) break;
@@ -326,12 +366,24 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_down_kernel(Args a) {
         for (int r = 0; r < R; ++r) acc[r][j] += chunk_dot(q[r][j], sc[r][j], lo, hi, fa);
       }
     }
+    base += 32;
+    const int64_t cur = hb;
+    const bool rows_done = base >= cpr;
+    if (rows_done) {
+      base = 0;
+      hb += kWarps * R;
+    }
+    if (hb < h1) load(hb, base + lane);
+    if (!rows_done) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float y[kMaxK];
 #pragma unroll
-      for (int j = 0; j < kMaxK; ++j) y[j] = warp_sum(acc[r][j]) * s_g[j < k ? j : 0];
-      if (lane == 0 && hb + r < h1) {
+      for (int j = 0; j < kMaxK; ++j) {
+        y[j] = warp_sum(acc[r][j]) * s_g[j < k ? j : 0];
+        acc[r][j] = 0.0f;
+      }
+      if (lane == 0 && cur + r < h1) {
         float o = 0.0f;
         for (int i = 0; i < k; ++i) {
           const int j = s_order[i];
@@ -341,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_down_kernel(Args a) {
             if (jj == j) yj = y[jj];
           o += s_w[j] * yj;
         }
-        a.out[t * H + hb + r] = o;
+        a.out[t * H + cur + r] = o;
       }
     }
   }
@@ -374,8 +426,8 @@ void allow(Kernel kern, int64_t bytes, int64_t& allowed) {
 
 }  // namespace
 
-bool moe_w4a4(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
-              int64_t k, const Linear& gate_up, const Linear& down) {
+bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* weights, const float* router_logits,
+              int64_t T, int64_t k, const Linear& gate_up, const Linear& down) {
   if (!takes(gate_up) || !takes(down) || gate_up.format != down.format) return false;
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   if (k < 1 || k > kMaxK || down.out_features != H || gate_up.out_features != 2 * I) return false;
@@ -392,6 +444,7 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, const int32_t* ids, co
   const int64_t smem_gu = P * H + P * xfs * 4 + rows_gu * 4;
   const int64_t smem_d = k * I + k * afs * 4;
   if (smem_gu > smem_optin() || smem_d > smem_optin()) return false;
+  if (router_logits && E * 4 > 40 * 1024) return false;  // the routing's probabilities in shared memory
   if (T == 0) return true;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(slots * P * H)), xf(&b, static_cast<size_t>(slots * P * xfs) * 4),
       aq(&b, static_cast<size_t>(slots * I)), af(&b, static_cast<size_t>(slots * afs) * 4);
@@ -412,6 +465,9 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, const int32_t* ids, co
   a.xf = xf.as<float>();
   a.ids = ids;
   a.weights = weights;
+  a.logits = router_logits;
+  a.ids_out = ids;
+  a.weights_out = weights;
   a.aq = aq.as<int8_t>();
   a.af = af.as<float>();
   a.out = out;
@@ -423,7 +479,8 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, const int32_t* ids, co
   a.rows_d = 16;
   a.xfs = xfs;
   a.afs = afs;
-  w4a4_quantize_x_kernel<<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(P)), kThreads, 0, b.stream()>>>(a);
+  const size_t smem_q = router_logits ? static_cast<size_t>(E) * 4 : 0;
+  w4a4_quantize_x_kernel<<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(P)), kThreads, smem_q, b.stream()>>>(a);
   CUDA_CHECK_LAUNCH();
   {
     auto kern = w4a4_gate_up_kernel<2, 3>;

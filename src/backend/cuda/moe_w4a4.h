@@ -11,8 +11,11 @@
 
 namespace sparkserve {
 
-// x: [T, H] f32, ids: [T, k] i32, weights: [T, k] f32 (device) -> out: [T, H] f32
-bool moe_w4a4(CudaBackend& b, float* out, const float* x, const int32_t* ids, const float* weights, int64_t T,
-              int64_t k, const Linear& gate_up, const Linear& down);
+// moe_experts, or with router_logits non-null moe_route_topk + moe_experts in the same launches
+// (ids and weights are then written, as route_topk writes them).
+// x: [T, H] f32, ids: [T, k] i32, weights: [T, k] f32, router_logits: [T, E] f32 or null (device)
+// -> out: [T, H] f32
+bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* weights, const float* router_logits,
+              int64_t T, int64_t k, const Linear& gate_up, const Linear& down);
 
 }  // namespace sparkserve
