@@ -644,7 +644,7 @@ void test_decode_paths(Harness& h) {
   // fused kernel runs route_topk's own device function) and the weights within 1e-5; the output is
   // bounded as the W4A4 cases above.
   for (const auto& c : std::vector<Moe>{
-           {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4", 64, 8, 3072, 1024, {1, 4, 33}},
+           {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4", 24, 8, 3072, 1024, {1, 4, 33}},
            {WeightFormat::kNvfp4ModelOpt, ActivationQuant::kNvfp4, "nvfp4-mo w4a4", 10, 6, 512, 256, {1, 7}}}) {
     QWeight gu = make_qweight(h, c.E, 2 * c.I, c.H, 2, c.fmt, c.act, 4.0f);
     QWeight dn = make_qweight(h, c.E, c.H, c.I, 1, c.fmt, c.act, 1.0f);
