@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/decode_gemv.h"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "core/check.h"
 
@@ -50,14 +51,6 @@ struct Row {
   float gmul;         // NVFP4: 2^14 / weight_global_scale (CT) or 2^14 · weight_scale_2 (ModelOpt)
   bool valid;
 };
-
-__device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
   __half2_raw r;
@@ -239,7 +232,7 @@ __device__ __forceinline__ void rows_dot(const Row (&rows)[NR], int cpr, int64_t
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
         if (c < cpr && rows[r].valid) {
-          q[u][r] = ld_weights(rows[r].w + static_cast<int64_t>(c) * 16);
+          q[u][r] = ld_stream16(rows[r].w + static_cast<int64_t>(c) * 16);
           if constexpr (FMT == kFmtNvfp4) sc[u][r] = __ldg(reinterpret_cast<const unsigned short*>(rows[r].s) + c);
           else sc[u][r] = 0;
         } else {
@@ -254,16 +247,6 @@ __device__ __forceinline__ void rows_dot(const Row (&rows)[NR], int cpr, int64_t
       if (c < cpr) chunk_rows<FMT, NR, TT, kSharedX>(q[u], sc[u], rows, ldx, c, acc);
     }
   }
-}
-
-// Asks L2 to fetch the first bytes of [p, p + n) (the block's weights) while the block computes its
-// prologue, so the weight stream starts at once instead of after the activation quantization. At
-// most 64 KB per call: about what HBM delivers to one SM during a prologue, and ~132 blocks' worth
-// stays well inside the 50 MB L2 (a whole 5 MB lm_head block would evict itself).
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, int64_t n) {
-  n = min(n, static_cast<int64_t>(64 * 1024));
-  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < n; off += kThreads * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
 }
 
 // Two f32 values quantized to E4M3 at scale s and widened back (the CPU's fp8(x / s) per value) with the
@@ -482,7 +465,7 @@ __device__ __forceinline__ void fp8_t1_load(uint4 (&q)[U], const uint8_t* wp, in
   const uint8_t* p = wp + tile0 * 16;
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    q[u] = kFull || tile0 + 32 * u + lane < cpr ? ld_weights(p + 512 * u) : make_uint4(0, 0, 0, 0);
+    q[u] = kFull || tile0 + 32 * u + lane < cpr ? ld_stream16(p + 512 * u) : make_uint4(0, 0, 0, 0);
 }
 
 // Four E4M3 codes -> f16x2 pairs (codes 0,1 and 2,3): the two halves of the word go to the
@@ -882,28 +865,6 @@ bool make_view(const Linear& w, View& v) {
     return false;
   v.cpr = static_cast<int>(v.row_bytes / 16);
   return true;
-}
-
-// Dynamic shared memory above the default 48 KB is opt-in per kernel; each instantiation remembers
-// the most it has been allowed (host-side only, so this is safe inside a stream capture).
-template <class Kernel>
-void allow_smem(Kernel k, int64_t bytes, int64_t& allowed) {
-  if (bytes > 40 * 1024 && bytes > allowed) {  // the static arrays count against the 48 KB too
-    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    allowed = bytes;
-  }
-}
-
-// Shared memory one block may hold: the device's opt-in limit (227 KB on sm_90 / sm_100, 99 KB on
-// sm_120) less room for the static arrays, at most 200 KB.
-int64_t smem_budget() {
-  static const int64_t budget = [] {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return std::min<int64_t>(200 * 1024, static_cast<int64_t>(optin) - 1024);
-  }();
-  return budget;
 }
 
 template <int FMT, int RPW, int U, int TT>

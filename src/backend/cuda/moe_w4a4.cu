@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/quant_math.cuh"
 
@@ -64,19 +65,6 @@ struct Args {
 };
 
 __host__ __device__ constexpr int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
-
-__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-// L2 prefetch of the first bytes of [p, p + n), at most 64 KB (see decode_gemv.cu's prefetch_l2).
-__device__ __forceinline__ void prefetch(const uint8_t* p, int64_t n) {
-  n = min(n, static_cast<int64_t>(64 * 1024));
-  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < n; off += kThreads * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -227,15 +215,15 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_gate_up_kernel(Args a) {
       for (int r = 0; r < 2 * RPW; ++r) {
         const int64_t n = (r < RPW ? 0 : I) + min(r0 + r % RPW, n1 - 1);
         const bool ok = c < cpr;
-        q[u][r] = ok ? ld_stream(wbase + n * rb + c * 16) : make_uint4(0, 0, 0, 0);
+        q[u][r] = ok ? ld_stream16(wbase + n * rb + c * 16) : make_uint4(0, 0, 0, 0);
         sc[u][r] = ok ? __ldg(reinterpret_cast<const unsigned short*>(sbase + n * sb) + c) : 0u;
       }
     }
   };
   int64_t r0 = n0 + warp * RPW, base = 0;
   if (r0 < n1) load(r0, base);
-  prefetch(wbase + n0 * rb, (n1 - n0) * rb);
-  prefetch(wbase + (I + n0) * rb, (n1 - n0) * rb);
+  prefetch_l2(wbase + n0 * rb, (n1 - n0) * rb);
+  prefetch_l2(wbase + (I + n0) * rb, (n1 - n0) * rb);
   stage(xs, a.xq + slot * P * H, P * H);
   stage(fs, a.xf + slot * P * a.xfs, P * a.xfs * 4);
   __syncthreads();
@@ -338,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_down_kernel(Args a) {
       for (int j = 0; j < kMaxK; ++j) {
         const bool ok = j < k && c < cpr;
         const int64_t row = s_e[j < k ? j : 0] * H + min(hb + r, h1 - 1);
-        q[r][j] = ok ? ld_stream(a.dw + row * rb + c * 16) : make_uint4(0, 0, 0, 0);
+        q[r][j] = ok ? ld_stream16(a.dw + row * rb + c * 16) : make_uint4(0, 0, 0, 0);
         sc[r][j] = ok ? __ldg(reinterpret_cast<const unsigned short*>(a.dws + row * sb) + c) : 0u;
       }
   };
@@ -405,24 +393,6 @@ bool takes(const Linear& w) {
          (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 1u) == 0;
 }
 
-int64_t smem_optin() {
-  static const int64_t v = [] {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<int64_t>(optin) - 2048;  // room for the static arrays
-  }();
-  return v;
-}
-
-template <class Kernel>
-void allow(Kernel kern, int64_t bytes, int64_t& allowed) {
-  if (bytes > 40 * 1024 && bytes > allowed) {
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    allowed = bytes;
-  }
-}
-
 }  // namespace
 
 bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* weights, const float* router_logits,
@@ -442,7 +412,7 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* w
   const int64_t xfs = round4(H / 16), afs = round4(I / 16);
   const int64_t smem_gu = P * H + P * xfs * 4 + rows_gu * 4;
   const int64_t smem_d = k * I + k * afs * 4;
-  if (smem_gu > smem_optin() || smem_d > smem_optin()) return false;
+  if (smem_gu > smem_budget() || smem_d > smem_budget()) return false;
   if (router_logits && E * 4 > 40 * 1024) return false;  // the routing's probabilities in shared memory
   if (T == 0) return true;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(slots * P * H)), xf(&b, static_cast<size_t>(slots * P * xfs) * 4),
@@ -484,7 +454,7 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* w
   {
     auto kern = w4a4_gate_up_kernel<2, 3>;
     static int64_t allowed = 0;
-    allow(kern, smem_gu, allowed);
+    allow_smem(kern, smem_gu, allowed);
     kern<<<dim3(static_cast<unsigned>((I + rows_gu - 1) / rows_gu), static_cast<unsigned>(slots)), kThreads,
            static_cast<size_t>(smem_gu), b.stream()>>>(a);
     CUDA_CHECK_LAUNCH();
@@ -492,7 +462,7 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* w
   {
     auto kern = w4a4_down_kernel<2>;
     static int64_t allowed = 0;
-    allow(kern, smem_d, allowed);
+    allow_smem(kern, smem_d, allowed);
     kern<<<dim3(static_cast<unsigned>((H + a.rows_d - 1) / a.rows_d), static_cast<unsigned>(T)), kThreads,
            static_cast<size_t>(smem_d), b.stream()>>>(a);
     CUDA_CHECK_LAUNCH();
