@@ -14,11 +14,11 @@
 namespace sparkserve {
 namespace {
 
-// One block per token (moe_route.cuh); probabilities in shared memory [E].
+// One warp per token (moe_route.cuh); probabilities in shared memory [E].
 __global__ void route_topk_kernel(float* weights, int32_t* ids, const float* logits, int64_t E, int64_t k) {
   extern __shared__ float p[];
   const int64_t t = blockIdx.x;
-  route_topk_block(p, logits + t * E, E, k, ids + t * k, weights + t * k);
+  route_topk_warp(p, logits + t * E, E, k, ids + t * k, weights + t * k);
 }
 
 constexpr int kWarps = 8;
@@ -184,7 +184,7 @@ void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const
   CHECK(ids.dim(1) == k && k <= E && ids.dtype == DType::kI32);
   CHECK_MSG(E * 4 <= 48 * 1024, "CUDA moe_route_topk supports up to 12288 experts");
   if (T == 0) return;
-  route_topk_kernel<<<static_cast<unsigned>(T), 256, static_cast<size_t>(E) * 4, stream_>>>(
+  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, stream_>>>(
       weights.ptr<float>(), ids.ptr<int32_t>(), router_logits.ptr<const float>(), E, k);
   CUDA_CHECK_LAUNCH();
 }

@@ -127,7 +127,7 @@ __device__ __forceinline__ void quantize_quad(float4 v, float in_s, bool modelop
 }
 
 // x[t] quantized for partition blockIdx.y of slot blockIdx.x with the slot's expert's input scale.
-// With a.logits, the routing runs here first (route_topk_block, the same function as the separate
+// With a.logits, the routing runs here first (route_topk_warp, the same function as the separate
 // route_topk kernel, so the same ids and weights): every block of token t computes it, the block of
 // slot (t, 0), partition 0 writes it out for the gate_up / down kernels.
 __global__ void __launch_bounds__(kThreads) w4a4_quantize_x_kernel(Args a) {
@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(kThreads) w4a4_quantize_x_kernel(Args a) {
   const int p = static_cast<int>(blockIdx.y);
   int64_t e;
   if (a.logits) {
-    route_topk_block(probs, a.logits + t * a.E, a.E, a.k, s_ids, s_w);
+    if (threadIdx.x < 32) route_topk_warp(probs, a.logits + t * a.E, a.E, a.k, s_ids, s_w);
+    __syncthreads();
     e = s_ids[j];
     if (j == 0 && p == 0 && threadIdx.x < a.k) {
       a.ids_out[t * a.k + threadIdx.x] = s_ids[threadIdx.x];
