@@ -117,31 +117,19 @@ class SynthBuilder {
         return make_error("synth plan: module of '" + parts[i].name + "' is missing or does not match its weight");
     }
     const WeightFormat fmt = first->format;
-    const bool nvfp4 = is_nvfp4(fmt);
-    const int64_t E = shape.size() == 3 ? shape[0] : 1, N = shape[shape.size() - 2], K = shape.back();
-    const int64_t num_parts = static_cast<int64_t>(parts.size());
-    if (num_parts % E != 0 || parts[0].shape[0] * (num_parts / E) != N)
+    const QuantizedShape q(fmt, shape, static_cast<int64_t>(parts.size()));
+    const bool nvfp4 = q.nvfp4;
+    const int64_t E = q.E, N = q.N, K = q.K, num_parts = q.parts;
+    if (!q.tiles(parts[0].shape[0]))
       return make_error("synth plan: parts of '" + first->name + "' do not tile the weight");
     const int64_t rows = parts[0].shape[0];
-    Linear lin;
-    lin.format = fmt;
-    lin.activation = first->activation;
-    lin.out_features = N;
-    lin.in_features = K;
-    lin.partitions = num_parts / E;
-    std::vector<int64_t> lead;
-    if (shape.size() == 3) lead.push_back(E);
-    auto dims = [&](std::vector<int64_t> tail) {
-      std::vector<int64_t> d = lead;
-      d.insert(d.end(), tail.begin(), tail.end());
-      return d;
-    };
-    const int64_t wcols = nvfp4 ? K / 2 : K;
-    lin.weight = alloc(nvfp4 ? DType::kU8 : DType::kF8E4M3, dims({N, wcols}));
+    Linear lin = q.linear(fmt, first->activation);
+    const int64_t wcols = q.code_cols();
+    lin.weight = alloc(nvfp4 ? DType::kU8 : DType::kF8E4M3, q.code_dims());
     const Tensor wflat = lin.weight.view({E * N, wcols});
     Tensor sflat;
     if (nvfp4) {
-      lin.weight_scale = alloc(DType::kF8E4M3, dims({N, K / 16}));
+      lin.weight_scale = alloc(DType::kF8E4M3, q.block_scale_dims());
       sflat = lin.weight_scale.view({E * N, K / 16});
     }
     std::vector<float> row_scales(nvfp4 ? 0 : static_cast<size_t>(E * N));
@@ -184,7 +172,7 @@ class SynthBuilder {
         SS_ASSIGN_OR_RETURN(input[static_cast<size_t>(i)], scalar(mt.input_scale->name));
       }
     }
-    if (!nvfp4) lin.weight_scale = upload(DType::kF32, dims({N}), row_scales.data());
+    if (!nvfp4) lin.weight_scale = upload(DType::kF32, q.row_scale_dims(), row_scales.data());
     if (nvfp4) lin.global_scale = upload(DType::kF32, {E, lin.partitions}, global.data());
     if (needs_input) lin.input_scale = upload(DType::kF32, {E, lin.partitions}, input.data());
     return lin;

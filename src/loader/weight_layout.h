@@ -27,6 +27,44 @@ struct WeightPart {
   std::vector<int64_t> shape;
 };
 
+// A quantized weight of `shape` ([N, K] or [E, N, K] for stacked experts) made of `parts` checkpoint
+// parts concatenated along N, as both sources store it: codes [(E,) N, K/2] u8 (NVFP4) or [(E,) N, K]
+// E4M3 (FP8); NVFP4 block scales [(E,) N, K/16] E4M3; FP8 row scales [(E,) N] f32.
+struct QuantizedShape {
+  bool nvfp4 = false;
+  int64_t E = 1, N = 0, K = 0, parts = 0;
+  QuantizedShape(WeightFormat fmt, const std::vector<int64_t>& shape, int64_t num_parts)
+      : nvfp4(is_nvfp4(fmt)),
+        E(shape.size() == 3 ? shape[0] : 1),
+        N(shape[shape.size() - 2]),
+        K(shape.back()),
+        parts(num_parts),
+        stacked(shape.size() == 3) {}
+  // The parts tile the weight: each part is `part_rows` rows of every expert.
+  bool tiles(int64_t part_rows) const { return parts % E == 0 && part_rows * (parts / E) == N; }
+  int64_t code_cols() const { return nvfp4 ? K / 2 : K; }
+  std::vector<int64_t> code_dims() const { return dims({N, code_cols()}); }
+  std::vector<int64_t> block_scale_dims() const { return dims({N, K / 16}); }
+  std::vector<int64_t> row_scale_dims() const { return dims({N}); }
+  // The Linear's fields (tensors left empty for the source to fill).
+  Linear linear(WeightFormat fmt, ActivationQuant activation) const {
+    Linear lin;
+    lin.format = fmt;
+    lin.activation = activation;
+    lin.out_features = N;
+    lin.in_features = K;
+    lin.partitions = parts / E;
+    return lin;
+  }
+
+ private:
+  bool stacked;
+  std::vector<int64_t> dims(std::vector<int64_t> tail) const {
+    if (stacked) tail.insert(tail.begin(), E);
+    return tail;
+  }
+};
+
 namespace weight_layout {
 
 template <class Source>

@@ -155,32 +155,20 @@ class WeightLoader {
     if (backend_.device() != Device::kCpu && backend_.device() != Device::kCuda)
       return make_error(where + first->name + "' is " + std::string(weight_format_name(fmt)) + ": the " +
                         backend_.name() + " backend does not run quantized weights yet (use --device cpu)");
-    const bool nvfp4 = is_nvfp4(fmt);
-    const int64_t E = shape.size() == 3 ? shape[0] : 1, N = shape[shape.size() - 2], K = shape.back();
-    const int64_t num_parts = static_cast<int64_t>(parts.size());
-    if (num_parts % E != 0 || parts[0].shape[0] * (num_parts / E) != N)
+    const QuantizedShape q(fmt, shape, static_cast<int64_t>(parts.size()));
+    const bool nvfp4 = q.nvfp4;
+    const int64_t E = q.E, K = q.K, num_parts = q.parts;
+    if (!q.tiles(parts[0].shape[0]))
       return make_error(where + first->name + "': parts do not tile the weight");  // a caller bug, reported
     if (nvfp4 && K % kNvfp4BlockSize != 0)
       return make_error(where + first->name + "': NVFP4 needs in_features divisible by 16, got " + std::to_string(K));
     const int64_t rows = parts[0].shape[0];
-    Linear lin;
-    lin.format = fmt;
-    lin.activation = first->activation;
-    lin.out_features = N;
-    lin.in_features = K;
-    lin.partitions = num_parts / E;
-    std::vector<int64_t> lead;
-    if (shape.size() == 3) lead.push_back(E);
-    auto dims = [&](std::vector<int64_t> tail) {
-      std::vector<int64_t> d = lead;
-      d.insert(d.end(), tail.begin(), tail.end());
-      return d;
-    };
-    const int64_t wcols = nvfp4 ? K / 2 : K;
+    Linear lin = q.linear(fmt, first->activation);
+    const int64_t wcols = q.code_cols();
     // Weights and per-row / per-block scales stream into their backend tensors part by part; only
     // the per-part global / input scales (a few floats per part) are gathered on the host.
-    lin.weight = alloc(nvfp4 ? DType::kU8 : DType::kF8E4M3, dims({N, wcols}));
-    lin.weight_scale = nvfp4 ? alloc(DType::kF8E4M3, dims({N, K / kNvfp4BlockSize})) : alloc(DType::kF32, dims({N}));
+    lin.weight = alloc(nvfp4 ? DType::kU8 : DType::kF8E4M3, q.code_dims());
+    lin.weight_scale = nvfp4 ? alloc(DType::kF8E4M3, q.block_scale_dims()) : alloc(DType::kF32, q.row_scale_dims());
     std::vector<float> global(static_cast<size_t>(num_parts), 1.0f), input(static_cast<size_t>(num_parts), 1.0f);
     const bool needs_input = lin.activation == ActivationQuant::kNvfp4 || lin.activation == ActivationQuant::kFp8TensorStatic;
     for (int64_t i = 0; i < num_parts; ++i) {
