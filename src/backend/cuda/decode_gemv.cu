@@ -672,18 +672,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(MoeArgs a) {
   }
   // The slot's quantized input (moe_quantize_x_kernel) from L2, every load issued before any store.
   {
-    const float4* src = reinterpret_cast<const float4*>(a.xq + slot * a.g_P * ldx);
-    float4* dst = reinterpret_cast<float4*>(xs);
-    const int64_t n4 = a.g_P * ldx / 4;
-    for (int64_t g0 = threadIdx.x; g0 < n4; g0 += 4 * kThreads) {
-      float4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (g0 + u * kThreads < n4) v[u] = src[g0 + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (g0 + u * kThreads < n4) dst[g0 + u * kThreads] = v[u];
-    }
+    stage_to_shared(xs, a.xq + slot * a.g_P * ldx, a.g_P * ldx * 4);
     if (threadIdx.x < a.g_P) ts[threadIdx.x] = a.xts[slot * a.g_P + threadIdx.x];
     __syncthreads();
   }

@@ -168,22 +168,6 @@ __global__ void __launch_bounds__(kThreads) w4a4_quantize_x_kernel(Args a) {
   }
 }
 
-// Copies n bytes (a multiple of 16) from global to shared memory, every load issued before any store.
-__device__ __forceinline__ void stage(void* dst, const void* src, int64_t n) {
-  const uint4* s = static_cast<const uint4*>(src);
-  uint4* d = static_cast<uint4*>(dst);
-  const int64_t n16 = n / 16;
-  for (int64_t g0 = threadIdx.x; g0 < n16; g0 += 4 * kThreads) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (g0 + u * kThreads < n16) v[u] = s[g0 + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (g0 + u * kThreads < n16) d[g0 + u * kThreads] = v[u];
-  }
-}
-
 // gate_up for one (token, slot) pair per blockIdx.y and gate rows [n0, n0 + rows_gu) per blockIdx.x
 // (a multiple of 16: the epilogue quantizes whole blocks of the down input). Warp w takes RPW gate
 // rows and their up rows per step; lane c reads 16-byte chunks c, c + 32, ... of each (U in flight).
@@ -225,8 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_gate_up_kernel(Args a) {
   if (r0 < n1) load(r0, base);
   prefetch_l2(wbase + n0 * rb, (n1 - n0) * rb);
   prefetch_l2(wbase + (I + n0) * rb, (n1 - n0) * rb);
-  stage(xs, a.xq + slot * P * H, P * H);
-  stage(fs, a.xf + slot * P * a.xfs, P * a.xfs * 4);
+  stage_to_shared(xs, a.xq + slot * P * H, P * H);
+  stage_to_shared(fs, a.xf + slot * P * a.xfs, P * a.xfs * 4);
   __syncthreads();
   const float g0 = weight_factor(a.ggs[e * P], a.g_modelopt != 0);
   const float g1 = weight_factor(a.ggs[e * P + pu], a.g_modelopt != 0);
@@ -333,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, 2) w4a4_down_kernel(Args a) {
   };
   int64_t hb = h0 + warp * R, base = 0;
   if (hb < h1) load(hb, base + lane);
-  stage(xs, a.aq + t * k * I, k * I);
-  stage(fs, a.af + t * k * a.afs, k * a.afs * 4);
+  stage_to_shared(xs, a.aq + t * k * I, k * I);
+  stage_to_shared(fs, a.af + t * k * a.afs, k * a.afs * 4);
   __syncthreads();
   float acc[R][kMaxK];
 #pragma unroll
