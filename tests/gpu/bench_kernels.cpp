@@ -21,6 +21,8 @@
 #include "backend/cuda/cuda_stream.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
+#include "gpu_harness.h"
+#include "bench_common.h"
 
 namespace sparkserve {
 
@@ -28,8 +30,6 @@ namespace sparkserve {
 // (stages: bit 0 gate_up, bit 1 down) and the gate_up grid for gu_blocks_per_sm blocks per SM (0: default).
 bool decode_moe_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                       const Linear& gate_up, const Linear& down, int stages, int gu_blocks_per_sm);
-
-namespace {
 
 #define BENCH_CHECK(x)                                                                              \
   do {                                                                                              \
@@ -59,12 +59,6 @@ std::vector<uint8_t> random_bytes(size_t n, int kind) {
   }
   return v;
 }
-
-struct BenchLinear {
-  std::vector<Buffer> keep;
-  Linear lin;
-  double bytes_per_expert = 0;  // payload + scales of one expert
-};
 
 BenchLinear make_linear(Backend* g, WeightFormat fmt, ActivationQuant act, int64_t E, int64_t N, int64_t K, int64_t P) {
   BenchLinear b;
@@ -153,7 +147,6 @@ double copy_bandwidth(Backend& cb) {
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;  // read + write
 }
 
-}  // namespace
 
 // filter: run only the cases whose name contains it (empty: all).
 int run_bench_kernels(Backend& gpu, const std::string& filter) {
@@ -280,6 +273,8 @@ int run_bench_kernels(Backend& gpu, const std::string& filter) {
       }
     }
   }
+  for (const KernelBench& kb : kernel_benches())
+    if (kb.name.find(filter) != std::string::npos) kb.run(gpu);
   return 0;
 }
 

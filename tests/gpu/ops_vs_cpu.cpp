@@ -37,122 +37,11 @@
 #include "core/nvfp4.h"
 #include "core/npy.h"
 #include "model/load.h"
+#include "gpu_harness.h"
 
 namespace sparkserve {
 int run_bench_kernels(Backend& gpu, const std::string& filter);  // bench_kernels.cpp
 namespace {
-
-constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
-
-struct Result {
-  std::string group, name;
-  double err, bound;
-  bool pass;
-};
-std::vector<Result> g_results;
-
-void record(const std::string& group, const std::string& name, double err, double bound) {
-  const bool pass = std::isfinite(err) && err <= bound;
-  g_results.push_back({group, name, err, bound, pass});
-  std::printf("%-5s %-14s %-48s err %.3e  bound %.0e\n", pass ? "ok" : "FAIL", group.c_str(), name.c_str(), err,
-              bound);
-  std::fflush(stdout);
-}
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double md = 0, mr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
-    if (!std::isfinite(got[i]) || std::isnan(d)) return INFINITY;
-    md = std::max(md, d);
-    mr = std::max(mr, std::fabs(static_cast<double>(ref[i])));
-  }
-  if (mr == 0) return md == 0 ? 0 : INFINITY;
-  return md / mr;
-}
-
-std::mt19937_64 g_rng;
-
-std::vector<float> randn(int64_t n, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(g_rng);
-  return v;
-}
-
-// A tensor living on both backends with the same contents.
-struct Pair {
-  Buffer c, g;
-  DType dtype;
-  std::vector<int64_t> shape;
-  const Tensor& cpu() const { return c.tensor(); }
-  const Tensor& gpu() const { return g.tensor(); }
-};
-
-struct Harness {
-  Backend* cpu;
-  Backend* gpu;
-
-  Pair make(DType dt, std::vector<int64_t> shape, const void* host) {
-    Pair p{Buffer(cpu, dt, shape), Buffer(gpu, dt, shape), dt, shape};
-    if (host) {
-      cpu->upload(p.cpu(), host);
-      gpu->upload(p.gpu(), host);
-    } else {
-      // Poison: outputs start as NaN on the GPU side, so an unwritten element fails the check.
-      std::vector<float> nan(static_cast<size_t>(p.cpu().nbytes() / 4 + 1), NAN);
-      cpu->fill_zero(p.cpu());
-      gpu->upload(p.gpu(), nan.data());
-    }
-    return p;
-  }
-  Pair f32(std::vector<int64_t> shape, const std::vector<float>& v) { return make(DType::kF32, std::move(shape), v.data()); }
-  Pair out(std::vector<int64_t> shape) { return make(DType::kF32, std::move(shape), nullptr); }
-  Pair i32(std::vector<int64_t> shape, const std::vector<int32_t>& v) { return make(DType::kI32, std::move(shape), v.data()); }
-
-  std::vector<float> get(Backend* b, const Tensor& t) {
-    std::vector<float> v(t.nbytes() / 4);
-    b->download(v.data(), t);
-    return v;
-  }
-  std::vector<float> gpu_f(const Pair& p) { return get(gpu, p.gpu()); }
-  std::vector<float> cpu_f(const Pair& p) { return get(cpu, p.cpu()); }
-  double err(const Pair& p) { return rel_err(gpu_f(p), cpu_f(p)); }
-};
-
-// A matrix weight in f32 or bf16 (values rounded to bf16 either way when bf16).
-struct Weight {
-  Pair p;
-  Linear cpu_lin, gpu_lin;
-};
-Weight make_weight(Harness& h, std::vector<int64_t> shape, bool bf16, float scale) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  auto v = randn(n, scale);
-  Weight w;
-  if (bf16) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-    w.p = h.make(DType::kBF16, shape, b.data());
-  } else {
-    w.p = h.make(DType::kF32, shape, v.data());
-  }
-  for (Linear* l : {&w.cpu_lin, &w.gpu_lin}) {
-    l->format = bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
-    l->out_features = shape[shape.size() - 2];
-    l->in_features = shape.back();
-  }
-  w.cpu_lin.weight = w.p.cpu();
-  w.gpu_lin.weight = w.p.gpu();
-  return w;
-}
-
-std::string sz(std::initializer_list<int64_t> dims) {
-  std::string s;
-  for (auto d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
-  return s;
-}
 
 // ---- op tests ---------------------------------------------------------------------------------
 
@@ -868,16 +757,20 @@ int main(int argc, char** argv) {
   using namespace sparkserve;
   uint64_t seed = std::random_device{}();
   bool ops = true, models = true, bench = false;
-  std::string bench_filter;
+  std::string bench_filter, only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
     else if (a == "--bench-kernels") bench = true;
     else if (a == "--bench-filter" && i + 1 < argc) bench_filter = argv[++i];
     else if (a == "--ops-only") models = false;
+    else if (a == "--only" && i + 1 < argc) {  // op-check groups whose name holds this; no models
+      only = argv[++i];
+      models = false;
+    }
     else if (a == "--models-only") ops = false;
     else {
-      std::fprintf(stderr, "usage: gpu_ops [--seed N] [--ops-only|--models-only|--bench-kernels [--bench-filter SUBSTR]]\n");
+      std::fprintf(stderr, "usage: gpu_ops [--seed N] [--ops-only|--only GROUP_SUBSTR|--models-only|--bench-kernels [--bench-filter SUBSTR]]\n");
       return 2;
     }
   }
@@ -892,12 +785,13 @@ int main(int argc, char** argv) {
   g_rng.seed(seed);
   Harness h{cpu.get(), gpu->get()};
   if (ops) {
-    test_dense(h);
-    test_attention(h);
-    test_gdn(h);
-    test_moe(h);
-    test_quant(h);
-    test_decode_paths(h);
+    const std::vector<OpCheckGroup> builtin = {{"dense", test_dense},     {"attention", test_attention},
+                                               {"gdn", test_gdn},         {"moe", test_moe},
+                                               {"quant", test_quant},     {"decode_paths", test_decode_paths}};
+    std::vector<OpCheckGroup> groups = builtin;
+    groups.insert(groups.end(), op_check_groups().begin(), op_check_groups().end());
+    for (const OpCheckGroup& g : groups)
+      if (only.empty() || g.name.find(only) != std::string::npos) g.run(h);
   }
   if (models) test_models(*cpu, **gpu);
   // Summary: worst error per group.

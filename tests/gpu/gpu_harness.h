@@ -1,0 +1,166 @@
+// Shared pieces of gpu_ops (tests/gpu): the CPU-vs-CUDA harness, the error metric, result records,
+// and a registry through which each op family's checks (one file per family: tests/gpu/*_checks.cpp)
+// and kernel benchmarks join the run without editing ops_vs_cpu.cpp. Bounds and the metric are
+// explained at the top of ops_vs_cpu.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/dtype.h"
+
+namespace sparkserve {
+
+
+inline constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
+
+struct Result {
+  std::string group, name;
+  double err, bound;
+  bool pass;
+};
+inline std::vector<Result> g_results;
+
+inline void record(const std::string& group, const std::string& name, double err, double bound) {
+  const bool pass = std::isfinite(err) && err <= bound;
+  g_results.push_back({group, name, err, bound, pass});
+  std::printf("%-5s %-14s %-48s err %.3e  bound %.0e\n", pass ? "ok" : "FAIL", group.c_str(), name.c_str(), err,
+              bound);
+  std::fflush(stdout);
+}
+
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!std::isfinite(got[i]) || std::isnan(d)) return INFINITY;
+    md = std::max(md, d);
+    mr = std::max(mr, std::fabs(static_cast<double>(ref[i])));
+  }
+  if (mr == 0) return md == 0 ? 0 : INFINITY;
+  return md / mr;
+}
+
+inline std::mt19937_64 g_rng;
+
+inline std::vector<float> randn(int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g_rng);
+  return v;
+}
+
+// A tensor living on both backends with the same contents.
+struct Pair {
+  Buffer c, g;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const Tensor& cpu() const { return c.tensor(); }
+  const Tensor& gpu() const { return g.tensor(); }
+};
+
+struct Harness {
+  Backend* cpu;
+  Backend* gpu;
+
+  Pair make(DType dt, std::vector<int64_t> shape, const void* host) {
+    Pair p{Buffer(cpu, dt, shape), Buffer(gpu, dt, shape), dt, shape};
+    if (host) {
+      cpu->upload(p.cpu(), host);
+      gpu->upload(p.gpu(), host);
+    } else {
+      // Poison: outputs start as NaN on the GPU side, so an unwritten element fails the check.
+      std::vector<float> nan(static_cast<size_t>(p.cpu().nbytes() / 4 + 1), NAN);
+      cpu->fill_zero(p.cpu());
+      gpu->upload(p.gpu(), nan.data());
+    }
+    return p;
+  }
+  Pair f32(std::vector<int64_t> shape, const std::vector<float>& v) { return make(DType::kF32, std::move(shape), v.data()); }
+  Pair out(std::vector<int64_t> shape) { return make(DType::kF32, std::move(shape), nullptr); }
+  Pair i32(std::vector<int64_t> shape, const std::vector<int32_t>& v) { return make(DType::kI32, std::move(shape), v.data()); }
+
+  std::vector<float> get(Backend* b, const Tensor& t) {
+    std::vector<float> v(t.nbytes() / 4);
+    b->download(v.data(), t);
+    return v;
+  }
+  std::vector<float> gpu_f(const Pair& p) { return get(gpu, p.gpu()); }
+  std::vector<float> cpu_f(const Pair& p) { return get(cpu, p.cpu()); }
+  double err(const Pair& p) { return rel_err(gpu_f(p), cpu_f(p)); }
+};
+
+// A matrix weight in f32 or bf16 (values rounded to bf16 either way when bf16).
+struct Weight {
+  Pair p;
+  Linear cpu_lin, gpu_lin;
+};
+inline Weight make_weight(Harness& h, std::vector<int64_t> shape, bool bf16, float scale) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  auto v = randn(n, scale);
+  Weight w;
+  if (bf16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    w.p = h.make(DType::kBF16, shape, b.data());
+  } else {
+    w.p = h.make(DType::kF32, shape, v.data());
+  }
+  for (Linear* l : {&w.cpu_lin, &w.gpu_lin}) {
+    l->format = bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
+    l->out_features = shape[shape.size() - 2];
+    l->in_features = shape.back();
+  }
+  w.cpu_lin.weight = w.p.cpu();
+  w.gpu_lin.weight = w.p.gpu();
+  return w;
+}
+
+inline std::string sz(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (auto d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+// ---- registries ---------------------------------------------------------------------------------
+// A group of op checks: gpu_ops runs every registered group (in registration order within a file;
+// files in link order) after the built-in ones; `--only SUBSTR` runs the groups whose name holds it.
+struct OpCheckGroup {
+  std::string name;
+  std::function<void(Harness&)> run;
+};
+inline std::vector<OpCheckGroup>& op_check_groups() {
+  static std::vector<OpCheckGroup> groups;
+  return groups;
+}
+// A kernel benchmark case for `gpu_ops --bench-kernels [--bench-filter SUBSTR]`, run after the
+// built-in cases; it prints its own lines.
+struct KernelBench {
+  std::string name;
+  std::function<void(Backend& gpu)> run;
+};
+inline std::vector<KernelBench>& kernel_benches() {
+  static std::vector<KernelBench> benches;
+  return benches;
+}
+struct RegisterOpChecks {
+  RegisterOpChecks(std::string name, std::function<void(Harness&)> fn) {
+    op_check_groups().push_back({std::move(name), std::move(fn)});
+  }
+};
+struct RegisterKernelBench {
+  RegisterKernelBench(std::string name, std::function<void(Backend&)> fn) {
+    kernel_benches().push_back({std::move(name), std::move(fn)});
+  }
+};
+
+}  // namespace sparkserve
