@@ -62,6 +62,7 @@ struct BenchOptions {
   int threads = 0;
   bool json = false;
   std::string json_out;
+  std::string concurrency;  // --url load mode levels, e.g. "1,8,32,64"
   bool weights_digest = false;
 };
 
@@ -164,6 +165,12 @@ int run_bench(const BenchOptions& o) {
     u.gen_tokens = o.decode_steps;
     u.runs = o.runs;
     u.json = o.json;
+    u.json_out = o.json_out;
+    if (!o.concurrency.empty()) {
+      auto conc = parse_list("--concurrency", o.concurrency);
+      if (!conc) return fail(conc.message());
+      u.concurrency = *conc;
+    }
     return run_bench_url(u);
   }
   auto batches = parse_list("--batches", o.batches);
@@ -489,7 +496,10 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--url", opts->url, "Benchmark an OpenAI-compatible server at this base URL instead (e.g. http://host:8000)");
   cmd->add_option("--served-model", opts->served_model, "With --url: model name for requests (default: the only one /v1/models lists)");
   cmd->add_option("--api-key", opts->api_key, "With --url: bearer token");
-  cmd->add_option("--runs", opts->runs, "With --url: runs per prompt length")->capture_default_str();
+  cmd->add_option("--runs", opts->runs, "With --url: runs per prompt length (with --concurrency: requests per client)")
+      ->capture_default_str();
+  cmd->add_option("--concurrency", opts->concurrency,
+                  "With --url: load mode, clients streaming at once per level, e.g. 1,8,32,64");
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->capture_default_str();
   add_load_options(cmd, opts->load);
   cmd->add_option("--prompt-lens", opts->prompt_lens, "Prefill prompt lengths")->capture_default_str();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "core/status.h"
 
@@ -60,7 +61,8 @@ struct RunResult {
 
 class BenchClient {
  public:
-  BenchClient(const Endpoint& e, const BenchUrlOptions& o) : e_(e), o_(o), cli_(e.scheme_host_port) {
+  BenchClient(const Endpoint& e, const BenchUrlOptions& o, uint32_t seed = 20261130)
+      : e_(e), o_(o), cli_(e.scheme_host_port), rng_(seed) {
     cli_.set_connection_timeout(5);
     cli_.set_read_timeout(o.timeout_s);
     cli_.set_write_timeout(60);
@@ -235,7 +237,7 @@ class BenchClient {
   Endpoint e_;
   const BenchUrlOptions& o_;
   httplib::Client cli_;
-  std::mt19937 rng_{20261130};
+  std::mt19937 rng_;
 };
 
 struct Stat {
@@ -255,6 +257,95 @@ Stat stat(const std::vector<double>& v) {
     s.sd = std::sqrt(s.sd / static_cast<double>(v.size() - 1));
   }
   return s;
+}
+
+
+// The value at quantile q (0..1) of v, nearest rank (v is copied and sorted).
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) ;
+  return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
+}
+
+// --concurrency: for each level C and prompt length, C clients stream requests at once, each one
+// request after another (--runs requests per client); aggregate throughput over the phase's wall
+// time, latency percentiles over all requests. A failed request is counted, not fatal.
+json run_load(const Endpoint& ep, const BenchUrlOptions& o, const std::string& model, double per_word, double overhead) {
+  json rows = json::array();
+  if (!o.json)
+    std::printf("%6s %6s %9s %12s %12s %10s %10s %10s %10s %7s\n", "conc", "pp", "requests", "out tok/s", "in tok/s",
+                "ttft p50", "ttft p99", "tpot p50", "tpot p99", "errors");
+  uint32_t seed = 1;
+  for (int C : o.concurrency) {
+    for (int pp : o.prompt_lens) {
+      const int words = std::max(1, static_cast<int>(std::lround((pp - overhead) / per_word)));
+      std::vector<std::vector<RunResult>> done(static_cast<size_t>(C));
+      std::vector<int> errors(static_cast<size_t>(C), 0);
+      std::vector<std::string> first_error(static_cast<size_t>(C));
+      const auto t0 = Clock::now();
+      std::vector<std::thread> threads;
+      for (int c = 0; c < C; ++c) {
+        // Distinct word streams per client and phase: no two prompts share a prefix beyond chance.
+        const uint32_t client_seed = 0x9e3779b9u * (seed++) + 20261201u;
+        threads.emplace_back([&, c, client_seed] {
+          BenchClient client(ep, o, client_seed);
+          for (int r = 0; r < o.runs; ++r) {
+            auto res = client.run(model, words, o.gen_tokens);
+            if (res) {
+              done[static_cast<size_t>(c)].push_back(*res);
+            } else {
+              if (errors[static_cast<size_t>(c)]++ == 0) first_error[static_cast<size_t>(c)] = res.message();
+            }
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      const double wall = since(t0);
+      std::vector<double> ttft, tpot;
+      double out_tokens = 0, in_tokens = 0;
+      int n = 0, n_err = 0;
+      std::string err_text;
+      for (int c = 0; c < C; ++c) {
+        n_err += errors[static_cast<size_t>(c)];
+        if (err_text.empty()) err_text = first_error[static_cast<size_t>(c)];
+        for (const RunResult& r : done[static_cast<size_t>(c)]) {
+          ++n;
+          out_tokens += static_cast<double>(r.gen_tokens);
+          in_tokens += static_cast<double>(r.prompt_tokens);
+          ttft.push_back(r.e2e_ttft_s * 1e3);
+          if (r.gen_tokens > 1) tpot.push_back((r.t_end - r.t_first_token) / static_cast<double>(r.gen_tokens - 1) * 1e3);
+        }
+      }
+      json row{{"concurrency", C},
+               {"pp", pp},
+               {"requests", n},
+               {"errors", n_err},
+               {"wall_s", wall},
+               {"output_tokens_per_s", out_tokens / wall},
+               {"input_tokens_per_s", in_tokens / wall},
+               {"ttft_ms_median", quantile(ttft, 0.5)},
+               {"ttft_ms_p99", quantile(ttft, 0.99)},
+               {"ttft_ms_max", quantile(ttft, 1.0)},
+               {"tpot_ms_median", quantile(tpot, 0.5)},
+               {"tpot_ms_p99", quantile(tpot, 0.99)},
+               {"generated_tokens_mean", n ? out_tokens / n : 0.0},
+               {"prompt_tokens_mean", n ? in_tokens / n : 0.0}};
+      if (n_err) row["first_error"] = err_text;
+      rows.push_back(row);
+      if (!o.json) {
+        std::printf("%6d %6d %9d %12.1f %12.1f %10.1f %10.1f %10.2f %10.2f %7d\n", C, pp, n, out_tokens / wall,
+                    in_tokens / wall, quantile(ttft, 0.5), quantile(ttft, 0.99), quantile(tpot, 0.5), quantile(tpot, 0.99),
+                    n_err);
+        if (n_err) std::printf("       first error: %s\n", err_text.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!o.json)
+    std::printf("\n(out/in tok/s: all clients' generated / prompt tokens over the phase's wall time; ttft: request start ->\n"
+                " first token chunk, ms; tpot: (end of stream - first token) / (generated - 1), ms, per request)\n");
+  return rows;
 }
 
 }  // namespace
@@ -300,6 +391,31 @@ int run_bench_url(const BenchUrlOptions& o) {
   const double overhead = static_cast<double>(p1->prompt_tokens) - 64.0 * per_word;
   // Warm-up request, as llama-benchy's --warmup-runs 1.
   if (auto w = client.run(model, 64, std::min(o.gen_tokens, 4)); !w) return fail(w.message());
+
+  if (!o.concurrency.empty()) {
+    for (int c : o.concurrency)
+      if (c <= 0 || c > 4096) return fail("--concurrency values must be in 1..4096");
+    if (!o.json)
+      std::printf("%s model %s: %.3f tokens per word, chat template %.0f tokens, %d generated tokens, %d requests per client\n\n",
+                  o.url.c_str(), model.c_str(), per_word, overhead, o.gen_tokens, o.runs);
+    json rows = run_load(*ep, o, model, per_word, overhead);
+    if (o.json) {
+      json j{{"url", o.url}, {"model", model}, {"gen_tokens", o.gen_tokens}, {"requests_per_client", o.runs},
+             {"tokens_per_word", per_word}, {"template_overhead_tokens", overhead}, {"results", rows}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+    if (!o.json_out.empty()) {
+      json j{{"url", o.url}, {"model", model}, {"gen_tokens", o.gen_tokens}, {"requests_per_client", o.runs},
+             {"tokens_per_word", per_word}, {"template_overhead_tokens", overhead}, {"results", rows}};
+      if (std::FILE* f = std::fopen(o.json_out.c_str(), "w")) {
+        std::fprintf(f, "%s\n", j.dump(1).c_str());
+        std::fclose(f);
+      } else {
+        return fail("cannot write --json-out " + o.json_out);
+      }
+    }
+    return 0;
+  }
 
   json j;
   j["url"] = o.url;
@@ -361,6 +477,12 @@ int run_bench_url(const BenchUrlOptions& o) {
                   a.mean, a.sd, b.mean, b.sd, c.mean, d.mean, e.mean, f.mean);
       std::fflush(stdout);
     }
+  }
+  if (!o.json_out.empty()) {
+    std::FILE* f = std::fopen(o.json_out.c_str(), "w");
+    if (!f) return fail("cannot write --json-out " + o.json_out);
+    std::fprintf(f, "%s\n", j.dump(1).c_str());
+    std::fclose(f);
   }
   if (o.json) std::printf("%s\n", j.dump().c_str());
   else

@@ -13,7 +13,10 @@
 // Requests: POST /v1/chat/completions, stream, stream_options.include_usage, return_token_ids,
 // max_tokens = min_tokens = N with ignore_eos, temperature 0. Prompt tokens come from the server's
 // usage.prompt_tokens; generated tokens from per-chunk token_ids, else usage.completion_tokens, else
-// one per content chunk. Prompts are random English words sized to the requested token count with a
+// one per content chunk.
+// With --concurrency C1,C2,...: for each level and prompt length, C clients stream --runs requests
+// each at once; `--json` prints one object per (concurrency, prompt length) under "results", each
+// with a `concurrency` field. Prompts are random English words sized to the requested token count with a
 // per-server calibration (two probes give tokens per word and the chat template's overhead).
 #pragma once
 
@@ -31,6 +34,10 @@ struct BenchUrlOptions {
   int runs = 3;
   bool json = false;
   int timeout_s = 600;   // per request
+  // Load mode (non-empty): for each level, that many clients stream requests at once; reports
+  // aggregate output / input tok/s, TTFT and time-per-output-token median / p99 and errors.
+  std::vector<int> concurrency;
+  std::string json_out;  // also write the JSON result here
 };
 
 // Returns the process exit code; errors (bad URL, server down, HTTP errors, a stream without usage)

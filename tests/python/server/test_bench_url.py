@@ -82,3 +82,29 @@ def test_bench_url_not_an_openai_server(server):
     # /v1/models of a path that is not the API: a clear message, not a parse crash.
     proc = bench("--url", server.url + "/nothing", "--prompt-lens", "32", timeout=60)
     assert_clean_error(proc, "/nothing/v1/models")
+
+
+def test_bench_url_concurrency(server, tmp_path):
+    out = tmp_path / "load.json"
+    proc = bench("--url", server.url, "--concurrency", "1,3", "--prompt-lens", "48", "--decode-steps", 6, "--runs", 2,
+                 "--json", "--json-out", out)
+    assert proc.returncode == 0, proc.stderr + server.output()[-2000:]
+    d = json.loads(proc.stdout)
+    assert json.loads(out.read_text()) == d
+    assert [r["concurrency"] for r in d["results"]] == [1, 3]
+    for r in d["results"]:
+        # Every client ran --runs requests, each generating exactly the requested count.
+        assert r["requests"] == 2 * r["concurrency"] and r["errors"] == 0, r
+        assert r["generated_tokens_mean"] == 6
+        for k in ["output_tokens_per_s", "input_tokens_per_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median",
+                  "tpot_ms_p99", "wall_s"]:
+            assert positive(r[k]), (k, r)
+        assert r["ttft_ms_p99"] >= r["ttft_ms_median"] and r["tpot_ms_p99"] >= r["tpot_ms_median"]
+        assert r["ttft_ms_max"] >= r["ttft_ms_p99"]
+        # Aggregate output rate = all generated tokens over the phase's wall time.
+        assert abs(r["output_tokens_per_s"] * r["wall_s"] - 6 * r["requests"]) < 1e-6 * r["requests"] + 1e-3
+
+
+def test_bench_url_concurrency_bad_level(server):
+    assert_clean_error(bench("--url", server.url, "--concurrency", "0", "--prompt-lens", "32", timeout=60),
+                       "--concurrency")
