@@ -1,4 +1,4 @@
-// gpu_ops --bench-kernels: times the decode GEMV / MoE kernels (backend/cuda/decode_gemv.cu) at the
+// gpu_ops --bench-kernels: times the decode GEMV / MoE kernels (backend/cuda/gemv_*.cu, moe_*.cu) at the
 // Qwen3.5-122B-A10B shapes through the backend's own ops, and prints achieved bandwidth against the
 // measured device-to-device copy bandwidth. Method (.library METHOD.md): random (never zero) weights;
 // each op run captured ITERS times into a CUDA graph (strict global capture mode: this also proves
@@ -26,7 +26,7 @@
 
 namespace sparkserve {
 
-// backend/cuda/decode_gemv.h (a header for nvcc-built files): decode_moe with only some launches
+// backend/cuda/moe_decode.h (a header for nvcc-built files): decode_moe with only some launches
 // (stages: bit 0 gate_up, bit 1 down) and the gate_up grid for gu_blocks_per_sm blocks per SM (0: default).
 bool decode_moe_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                       const Linear& gate_up, const Linear& down, int stages, int gu_blocks_per_sm);

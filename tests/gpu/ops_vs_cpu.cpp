@@ -403,7 +403,7 @@ void test_quant(Harness& h) {
   }
 }
 
-// The decode GEMVs (backend/cuda/decode_gemv.cu) at the Qwen3.5-122B-A10B shapes (hidden 3072;
+// The decode GEMVs (backend/cuda/gemv_dense.cu, gemv_fp8_t1.cu, moe_decode.cu) at the Qwen3.5-122B-A10B shapes (hidden 3072;
 // GDN in_proj_qkv 12288, z 8192, out_proj K 8192; attention q 16384, k/v 512, o K 8192; experts
 // gate_up 2x1024, down K 1024; router 256; lm_head 248320), T = 1..64 (up to 8 tokens share a weight
 // pass, so T = 9, 13, 16, 64 cover the token chunking), every format the nvfp4 / nvfp4-fp8dense

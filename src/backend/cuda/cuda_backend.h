@@ -1,6 +1,7 @@
 // The CUDA backend: every op of backend/ops.h as CUDA kernels on one stream, computing the same
 // fp32 function as the CPU reference (bf16 weights are widened inside the kernels). One .cu file per
-// op family: memory.cu, elementwise.cu, norm.cu, linear.cu, attention.cu, gdn.cu, moe.cu.
+// op family: memory.cu, elementwise.cu, norm.cu, linear.cu, attention.cu, gdn.cu, moe.cu (the matmul
+// regimes: gemv_dense.cu / gemv_fp8_t1.cu decode GEMVs, simt_matmul.cu, quant_linear.cu; moe_*.cu).
 // Only the .cu files include this header (it needs cuda_runtime.h); the rest of the program reaches
 // the backend through make_cuda_backend (backend/backend_factory.h).
 #pragma once
@@ -228,10 +229,5 @@ __device__ __forceinline__ void load8(const void* w, int64_t i, float (&v)[8]) {
 
 // Weight formats this backend reads; anything else is a broken invariant (the loader refuses it).
 bool weight_is_bf16(const Linear& w);
-
-// GEMV/GEMM used by linear and moe: out[t, n] = sum_k x[t, k] W[n, k], W = rows of a payload
-// starting at element w_offset (row stride K). x: [T, K] f32 -> out: [T, N] f32.
-void launch_matmul(cudaStream_t s, float* out, const float* x, int64_t T, int64_t K, int64_t N,
-                   const void* w, bool bf16, int64_t w_offset);
 
 }  // namespace sparkserve

@@ -1,4 +1,4 @@
-// Pieces shared by the decode GEMV files (decode_gemv.cu, moe_w4a4.cu): the streaming weight load,
+// Pieces shared by the decode GEMV files (gemv_rows.cuh, moe_w4a4.cu): the streaming weight load,
 // the L2 prefetch of a block's first weights, and the opt-in for dynamic shared memory.
 #pragma once
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_stream.h"
 
 namespace sparkserve {
 
@@ -15,6 +16,11 @@ void cuda_check(cudaError_t e, const char* expr, const char* file, int line) {
   std::fprintf(stderr, "CUDA error: %s (%s) at %s:%d: %s\n", cudaGetErrorName(e), expr, file, line,
                cudaGetErrorString(e));
   std::abort();
+}
+
+cudaStream_t cuda_stream_of(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c ? c->stream() : nullptr;
 }
 
 bool weight_is_bf16(const Linear& w) {

@@ -7,9 +7,10 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/decode_gemv.h"
+#include "backend/cuda/moe_decode.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_w4a4.h"
+#include "backend/cuda/simt_matmul.h"
 
 namespace sparkserve {
 namespace {
@@ -19,43 +20,6 @@ __global__ void route_topk_kernel(float* weights, int32_t* ids, const float* log
   extern __shared__ float p[];
   const int64_t t = blockIdx.x;
   route_topk_warp(p, logits + t * E, E, k, ids + t * k, weights + t * k);
-}
-
-constexpr int kWarps = 8;
-
-// out[slot, n] = x[slot / x_div] . W_e[n], e = ids[slot], W_e = payload + e * N * K.
-// x: [*, K] f32, out: [slots, N] f32.
-__global__ void __launch_bounds__(kWarps * 32) slot_gemv_kernel(float* out, const float* x, int64_t x_div,
-                                                                const int32_t* ids, const void* w, bool bf16,
-                                                                int64_t K, int64_t N, int64_t E) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.y) * kWarps + warp;
-  const int64_t slot = blockIdx.x;
-  if (n >= N) return;
-  const int64_t e = ids[slot];
-  if (e < 0 || e >= E) __trap();  // the CPU reference CHECKs this too
-  const float* xr = x + (slot / x_div) * K;
-  const int64_t base = (e * N + n) * K;
-  float acc = 0.0f;
-  // 16-byte weight loads where rows are aligned (K % 8 == 0 and an aligned x), else element-wise.
-  const bool vec = K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
-                   (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
-  if (vec) {
-    for (int64_t c = lane * 8; c < K; c += 256) {
-      float wv[8];
-      if (bf16)
-        load8<true>(w, base + c, wv);
-      else
-        load8<false>(w, base + c, wv);
-      const float4 a = *reinterpret_cast<const float4*>(xr + c), b = *reinterpret_cast<const float4*>(xr + c + 4);
-      acc += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * b.x + wv[5] * b.y + wv[6] * b.z +
-             wv[7] * b.w;
-    }
-  } else {
-    for (int64_t c = lane; c < K; c += 32) acc += load_weight(w, bf16, base + c) * xr[c];
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) out[slot * N + n] = acc;
 }
 
 __global__ void slot_silu_mul_kernel(float* act, const float* gu, int64_t slots, int64_t I) {
@@ -91,7 +55,7 @@ __global__ void combine_kernel(float* out, const float* y, const int32_t* ids, c
 // first sorted index, rows) of up to kTileRows rows each for the grouped GEMM. The order of slots
 // inside an expert's segment is whatever the atomics give: each output row is computed on its own,
 // so the results do not depend on it.
-constexpr int kTileRows = 64, kTileCols = 64, kTileK = 16;
+constexpr int kTileRows = kSimtTileRows;
 
 __global__ void group_slots_kernel(const int32_t* ids, int64_t slots, int64_t E, int32_t* counts, int32_t* sorted,
                                    int32_t* tile_e, int32_t* tile_start, int32_t* tile_rows, int32_t* num_tiles) {
@@ -120,63 +84,6 @@ __global__ void group_slots_kernel(const int32_t* ids, int64_t slots, int64_t E,
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) sorted[atomicAdd(&counts[ids[s]], 1)] = static_cast<int32_t>(s);
 }
 
-// For each tile of one expert's slots: out[slot, n] = x[slot / x_div] . W_e[n] over a 64x64 output
-// tile, 16-deep K steps, 4x4 outputs per thread (the tiling of linear.cu's GEMM, rows gathered).
-template <bool kBf16>
-__global__ void __launch_bounds__(256) grouped_gemm_kernel(float* out, const float* x, int64_t x_div,
-                                                           const int32_t* sorted, const int32_t* tile_e,
-                                                           const int32_t* tile_start, const int32_t* tile_rows,
-                                                           const int32_t* num_tiles, const void* w, int64_t K,
-                                                           int64_t N) {
-  if (static_cast<int32_t>(blockIdx.y) >= *num_tiles) return;
-  __shared__ float xs[kTileK][kTileRows + 4];
-  __shared__ float ws[kTileK][kTileCols + 4];
-  __shared__ int64_t xrow[kTileRows], orow[kTileRows];
-  const int tid = threadIdx.x;
-  const int64_t e = tile_e[blockIdx.y], n0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
-  const int rows = tile_rows[blockIdx.y];
-  if (tid < kTileRows) {
-    const int64_t slot = tid < rows ? sorted[tile_start[blockIdx.y] + tid] : -1;
-    xrow[tid] = slot < 0 ? -1 : slot / x_div;
-    orow[tid] = slot;
-  }
-  __syncthreads();
-  const int64_t w_offset = e * N * K;
-  const int tm = (tid / 16) * 4, tn = (tid % 16) * 4;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int el = tid + i * 256, r = el / kTileK, c = el % kTileK;
-      const int64_t gn = n0 + r, gk = k0 + c;
-      xs[c][r] = (r < rows && gk < K) ? x[xrow[r] * K + gk] : 0.0f;
-      ws[c][r] = (gn < N && gk < K) ? load_weight(w, kBf16, w_offset + gn * K + gk) : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int c = 0; c < kTileK; ++c) {
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i] = xs[c][tm + i];
-        b[i] = ws[c][tn + i];
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t gn = n0 + tn + j;
-      if (tm + i < rows && gn < N) out[orow[tm + i] * N + gn] = acc[i][j];
-    }
-}
-
 }  // namespace
 
 void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) {
@@ -191,7 +98,7 @@ void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const
 
 namespace {
 // SPARKSERVE_MOE_W4A4=0 turns the integer W4A4 expert path off (A/B measurements; the float
-// kernels of decode_gemv.cu take the same layouts).
+// kernels of moe_decode.cu take the same layouts).
 bool w4a4_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SPARKSERVE_MOE_W4A4");
@@ -228,7 +135,7 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   if (w4a4_enabled() && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(),
                                   weights.ptr<float>(), nullptr, T, k, gate_up, down))
     return;
-  // Decode (and quantized experts at any T): decode_gemv.cu's two fused launches.
+  // Decode (and quantized experts at any T): moe_decode.cu's two fused launches.
   if ((quantized || slots <= 4 * E) &&
       decode_moe(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(),
                  T, k, gate_up, down))
@@ -262,19 +169,12 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
       return;
     }
     const bool bf16 = weight_is_bf16(w);
-    if (grouped) {
-      const dim3 grid(blocks_for(N, kTileCols), static_cast<unsigned>(max_tiles));
-      if (bf16)
-        grouped_gemm_kernel<true><<<grid, 256, 0, stream_>>>(o, xin, x_div, sorted, tile_e, tile_start, tile_rows,
-                                                             num_tiles, w.weight.data, K, N);
-      else
-        grouped_gemm_kernel<false><<<grid, 256, 0, stream_>>>(o, xin, x_div, sorted, tile_e, tile_start, tile_rows,
-                                                              num_tiles, w.weight.data, K, N);
-    } else {
-      slot_gemv_kernel<<<dim3(static_cast<unsigned>(slots), blocks_for(N, kWarps)), kWarps * 32, 0, stream_>>>(
-          o, xin, x_div, ids.ptr<const int32_t>(), w.weight.data, bf16, K, N, E);
-    }
-    CUDA_CHECK_LAUNCH();
+    if (grouped)
+      launch_grouped_matmul(stream_, o, xin, x_div,
+                            SlotTiles{sorted, tile_e, tile_start, tile_rows, num_tiles, max_tiles}, w.weight.data,
+                            bf16, K, N);
+    else
+      launch_slot_gemv(stream_, o, xin, x_div, ids.ptr<const int32_t>(), slots, w.weight.data, bf16, K, N, E);
   };
   expert_matmul(gu.as<float>(), x.ptr<const float>(), k, gate_up, H, 2 * I);
   slot_silu_mul_kernel<<<blocks_for(slots * I, 256), 256, 0, stream_>>>(act.as<float>(), gu.as<const float>(),

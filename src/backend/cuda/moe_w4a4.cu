@@ -1,7 +1,7 @@
 // Routed experts with NVFP4 weights AND NVFP4 activations (W4A4, the compressed-tensors "nvfp4"
 // scheme of the Qwen3.5 NVFP4 checkpoints) on integer dot products: moe_w4a4.h.
 //
-// Why: the float path (decode_gemv.cu) decodes every E2M1 weight to f32 and multiplies it by an f32
+// Why: the float path (moe_decode.cu) decodes every E2M1 weight to f32 and multiplies it by an f32
 // x̂ from shared memory, ~8 instructions per weight; Nsight Compute showed its gate_up and down
 // kernels issue-bound (0.4-0.6 instructions per cycle per scheduler, DRAM 12-23% busy). But a W4A4
 // product is a product of two E2M1 codes times two block factors, and 2·e2m1 is a small integer

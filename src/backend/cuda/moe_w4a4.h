@@ -2,7 +2,7 @@
 // products (dp4a over doubled E2M1 codes): moe_w4a4.cu. Returns false when the layout is not one it
 // takes (other formats or activations, K not a multiple of 32, more than 8 experts per token, shared
 // memory), and the caller runs decode_moe / the general kernels instead. No host synchronisation:
-// graph-capturable like decode_gemv.h.
+// graph-capturable like moe_decode.h.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Device-side NVFP4 / FP8 scalar numerics shared by quant_linear.cu and decode_gemv.cu: the CPU
+// Device-side NVFP4 / FP8 scalar numerics shared by quant_linear.cu and the GEMVs (gemv_rows.cuh): the CPU
 // reference's operations (core/nvfp4.cpp, core/fp8_quant.cpp) written as CUDA device functions, so
 // that activation quantization on the GPU produces bit-identical codes (W4A4 / W8A8 quantization is a
 // step function: any other rounding would flip codes).

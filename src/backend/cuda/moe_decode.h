@@ -1,8 +1,8 @@
-// Fast decode (small-T) paths of linear and moe_experts on CUDA: decode_gemv.cu. Each returns false
-// when the weight layout is not one it takes (unaligned rows, f32 weights, an unusual partition
-// split, more than 8 routed experts per token), and the caller then runs its general kernels.
-// Nothing here synchronises with the host: every launch goes to the backend's stream, scratch is
-// stream-ordered, so the ops can be captured in a CUDA graph.
+// The float fused MoE decode path of moe_experts on CUDA: moe_decode.cu. Returns false when the
+// weight layout is not one it takes (unaligned rows, f32 weights, an unusual partition split, more
+// than 8 routed experts per token), and the caller then runs its general kernels. Nothing here
+// synchronises with the host: every launch goes to the backend's stream, scratch is stream-ordered,
+// so the ops can be captured in a CUDA graph.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +10,6 @@
 #include "backend/cuda/cuda_backend.h"
 
 namespace sparkserve {
-
-// out = x W^T for any T (token chunks of up to 8 share one pass over W), W bf16 / FP8 / NVFP4 with
-// the Linear's activation quantization computed in each block's prologue.
-// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
-bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 
 // moe_experts in two launches: gate_up GEMV + SiLU·mul per (token, slot) pair, then down GEMV over
 // the token's k experts + the routing-weighted sum in ascending expert id.
