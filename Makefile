@@ -21,7 +21,7 @@ else
 CUDA_FLAGS := -DSPARKSERVE_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
-  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libutf8proc-dev \
+  nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libutf8proc-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
 
 .PHONY: all deps apt-deps py-deps build test serve bench clean

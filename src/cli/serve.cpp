@@ -1,7 +1,8 @@
 // `sparkserve serve --model DIR`: the OpenAI-compatible HTTP server. Loads the model, tokenizer,
 // chat template and generation defaults from DIR, sizes the KV blocks and GDN state slots once,
-// starts the engine thread and serves until SIGTERM / SIGINT (then: stop accepting, cancel
-// what is running, exit 0).
+// starts the engine thread and the HTTP server (src/http) and serves until SIGTERM / SIGINT; then
+// it drains: new requests get 503, running ones have --shutdown-timeout seconds to finish and are
+// then ended with an explicit error (503 / an SSE error event), and it exits 0.
 #include <atomic>
 #include <csignal>
 #include <malloc.h>
@@ -11,12 +12,14 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <sys/resource.h>
 #include <thread>
 
 #include "backend/backend_factory.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
+#include "http/server.h"
 #include "model/load.h"
 #include "runtime/engine.h"
 #include "runtime/token_constraint.h"
@@ -42,9 +45,27 @@ struct ServeOptions {
   LoadCliOptions load;
   int64_t max_body_bytes = 8 << 20;
   double request_timeout = 600;
-  int http_threads = 256;
+  int http_workers = 4;
+  int max_connections = 1024;
+  int64_t max_waiting_requests = 256;
+  double shutdown_timeout = 10;
+  double keep_alive_timeout = 60;
   std::string forced_output_file;  // TEST-ONLY
 };
+
+// A chat template exists in the folder (whether or not it parses): chat_template.jinja, or a
+// "chat_template" key in tokenizer_config.json.
+bool chat_template_present(const std::string& model) {
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(model) / "chat_template.jinja")) return true;
+  std::ifstream in(fs::path(model) / "tokenizer_config.json");
+  if (!in) return false;
+  try {
+    return nlohmann::json::parse(in).contains("chat_template");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "error: %s\n", msg.c_str());
@@ -61,7 +82,11 @@ int run_serve(const ServeOptions& o) {
   if (o.kv_cache_mb < 1) return fail("--kv-cache-mb must be >= 1");
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
-  if (o.http_threads < 1 || o.http_threads > 4096) return fail("--http-threads must be in [1, 4096]");
+  if (o.http_workers < 1 || o.http_workers > 256) return fail("--http-workers must be in [1, 256]");
+  if (o.max_connections < 1 || o.max_connections > 1000000) return fail("--max-connections must be in [1, 1000000]");
+  if (o.max_waiting_requests < 0) return fail("--max-waiting-requests must be >= 0 (0: no limit)");
+  if (o.shutdown_timeout < 0) return fail("--shutdown-timeout must be >= 0");
+  if (o.keep_alive_timeout <= 0) return fail("--keep-alive-timeout must be > 0");
   auto load_opts = make_load_options(o.load);
   if (!load_opts) return fail(load_opts.message());
 
@@ -72,6 +97,11 @@ int run_serve(const ServeOptions& o) {
   // kept RSS flat in the same run (bench/soak.py; docs/serving-engine.md).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_ARENA_MAX, 2);
+  // Each connection is a descriptor: allow as many as the hard limit permits.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
 
   // Block the stop signals in every thread; one thread waits for them (sigwait).
   sigset_t stop_signals;
@@ -83,8 +113,17 @@ int run_serve(const ServeOptions& o) {
   auto tokenizer = Tokenizer::load(o.model);
   if (!tokenizer.ok()) return fail("tokenizer: " + tokenizer.message());
   std::optional<ChatTemplate> tmpl;
-  if (auto t = load_chat_template(o.model); t.ok()) tmpl = std::move(*t);
-  else std::fprintf(stderr, "note: no chat template (%s); /v1/chat/completions will refuse requests\n", t.message().c_str());
+  std::string template_error;  // a template that exists but cannot be used
+  if (auto t = load_chat_template(o.model); t.ok()) {
+    tmpl = std::move(*t);
+  } else if (chat_template_present(o.model)) {
+    template_error = t.message();
+    std::fprintf(stderr, "warning: the chat template cannot be used: %s\n"
+                 "warning: every request that needs it (chat, /tokenize with messages) will get this error\n",
+                 t.message().c_str());
+  } else {
+    std::fprintf(stderr, "note: no chat template (%s); /v1/chat/completions will refuse requests\n", t.message().c_str());
+  }
 
   auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
   if (!made) return fail(made.message());
@@ -155,6 +194,7 @@ int run_serve(const ServeOptions& o) {
   ctx.tokenizer = &*tokenizer;
   ctx.vocab_texts = VocabTexts::build(*tokenizer);  // for tool_choice required / named
   ctx.chat_template = tmpl ? &*tmpl : nullptr;
+  ctx.chat_template_error = template_error;
   ctx.metrics = &metrics;
   ctx.info.names = {name};
   ctx.info.max_model_len = max_model_len;
@@ -166,6 +206,7 @@ int run_serve(const ServeOptions& o) {
     if (const char* k = std::getenv("SPARKSERVE_API_KEY")) ctx.api_key = k;
   ctx.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
   ctx.request_timeout_s = o.request_timeout;
+  ctx.max_waiting_requests = o.max_waiting_requests;
   if (!o.forced_output_file.empty()) {
     std::ifstream in(o.forced_output_file, std::ios::binary);
     if (!in) return fail("cannot read " + o.forced_output_file);
@@ -178,43 +219,52 @@ int run_serve(const ServeOptions& o) {
                  ctx.forced_tokens->size(), o.forced_output_file.c_str());
   }
 
-  httplib::Server svr;
-  const int http_threads = o.http_threads;
-  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(static_cast<size_t>(http_threads)); };
-  svr.set_keep_alive_timeout(5);
-  install_handlers(svr, ctx);
+  http::ServerOptions hopt;
+  hopt.host = o.host;
+  hopt.port = o.port;
+  hopt.worker_threads = o.http_workers;
+  hopt.max_connections = o.max_connections;
+  hopt.body_limit = static_cast<size_t>(o.max_body_bytes);
+  hopt.keepalive_timeout_s = o.keep_alive_timeout;
+  hopt.error_body = transport_error_body;
+  // Jobs post to the server's workers; the server is created first and destroyed last.
+  http::Server* server_ptr = nullptr;
+  GenerationJobs jobs([&server_ptr](std::function<void()> task) { server_ptr->post(std::move(task)); });
+  ctx.jobs = &jobs;
+  http::Server server(hopt, make_router(ctx));
+  server_ptr = &server;
 
   engine.start();
-  int bound = o.port;
-  if (o.port == 0) bound = svr.bind_to_any_port(o.host);
-  else if (!svr.bind_to_port(o.host, o.port)) bound = -1;
-  if (bound < 0) {
+  auto bound = server.start();
+  if (!bound.ok()) {
     engine.shutdown();
-    return fail("cannot listen on " + o.host + ":" + std::to_string(o.port));
+    return fail(bound.message());
   }
-  std::atomic<bool> listen_ended{false}, waiter_done{false};
-  std::thread signal_waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    waiter_done.store(true);
-    if (listen_ended.load()) return;  // our own wake-up after listen ended on its own
-    std::fprintf(stderr, "received %s: stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    ctx.shutting_down.store(true);
-    svr.stop();
-  });
   std::fprintf(stderr, "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d, %d sequences)\n",
-               name.c_str(), o.host.c_str(), bound, static_cast<long long>(max_model_len),
+               name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len),
                static_cast<long long>(blocks), o.block_size, o.max_num_seqs);
   std::fflush(stderr);
-  const bool ok = svr.listen_after_bind();
-  listen_ended.store(true);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "received %s: draining (up to %g s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.shutdown_timeout);
+  std::fflush(stderr);
+  // Drain: no new connections, 503 for new requests, running ones may finish...
   ctx.shutting_down.store(true);
+  server.stop_accepting();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
+  while (jobs.active() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // ...and whatever is left ends with an explicit error, which is given a moment to be written.
+  const size_t left = jobs.active();
+  ctx.drain_expired.store(true);
+  const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (jobs.active() > 0 && std::chrono::steady_clock::now() < flush_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server.stop();
   engine.shutdown();
-  // listen ended without a signal (an error): wake the waiter so it can be joined.
-  if (!waiter_done.load()) pthread_kill(signal_waiter.native_handle(), SIGTERM);
-  signal_waiter.join();
-  std::fprintf(stderr, "sparkserve: stopped\n");
-  return ok ? 0 : 1;
+  std::fprintf(stderr, "sparkserve: stopped (%zu requests were cut short by the drain timeout)\n", left);
+  return 0;
 }
 
 void register_serve(CLI::App& root, int& exit_code) {
@@ -236,7 +286,11 @@ void register_serve(CLI::App& root, int& exit_code) {
   add_load_options(cmd, o->load);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body (413 above)")->default_val(8 << 20);
   cmd->add_option("--request-timeout", o->request_timeout, "Seconds before a request is cancelled (0: never)")->default_val(600);
-  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")->default_val(256);
+  cmd->add_option("--http-workers", o->http_workers, "Threads that parse requests, render templates, tokenize and stream")->default_val(4);
+  cmd->add_option("--max-connections", o->max_connections, "Open connections at most (503 beyond)")->default_val(1024);
+  cmd->add_option("--max-waiting-requests", o->max_waiting_requests, "Requests waiting for the engine at most (503 + Retry-After beyond; 0: no limit)")->default_val(256);
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may take to finish after SIGTERM/SIGINT")->default_val(10);
+  cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")->default_val(60);
   // TEST-ONLY: every request emits the tokens of this file's text instead of sampled tokens, so
   // the reasoning / tool-call paths can be tested on a random-weight model. Hidden from --help.
   cmd->add_option("--test-forced-output", o->forced_output_file, "")->group("");

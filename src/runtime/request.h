@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,11 +37,15 @@ class OutputChannel {
   void push(EngineEvent e);
   // Waits up to `timeout` for events; returns everything queued (empty on timeout).
   std::vector<EngineEvent> pop_all(std::chrono::milliseconds timeout);
+  // Called after every push, on the pushing thread (quick, never blocking): lets one consumer
+  // service many channels from a worker pool instead of one waiting thread per channel.
+  void set_on_push(std::function<void()> fn);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineEvent> q_;
+  std::function<void()> on_push_;
 };
 
 struct EngineRequest {

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "server/api_error.h"
+#include "server/api_key.h"
 #include "server/openai_response.h"
-#include "server/peer_socket.h"
 #include "server/sse.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
@@ -14,118 +14,15 @@
 namespace sparkserve {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using http::Responder;
+using ResponderPtr = std::shared_ptr<Responder>;
 std::atomic<uint64_t> g_next_request_id{1};
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(serialize_json(error_json(e)), "application/json");
+void send_error(Responder& res, const ApiError& e, std::vector<http::Header> extra = {}) {
+  res.send(e.status, "application/json", serialize_json(error_json(e)), std::move(extra));
 }
 
-void send_json(httplib::Response& res, const ResponseJson& j) {
-  res.status = 200;
-  res.set_content(serialize_json(j), "application/json");
-}
-
-std::string token_text(const Tokenizer& tok, int32_t id) {
-  return decode_utf8_replace(tok.token_bytes(id), true);
-}
-
-// Everything one generation needs on the HTTP side: the engine request and the text pipeline
-// its tokens go through. Destroying it cancels the engine request (a client that went away
-// frees its slot and blocks at the engine's next step).
-struct Generation {
-  std::shared_ptr<EngineRequest> er;
-  std::unique_ptr<StreamingDetokenizer> detok;
-  std::unique_ptr<StreamingOutputParser> parser;  // chat only
-  bool include_reasoning = true;
-  int num_logprobs = -1;
-  std::vector<int32_t> token_ids;    // generated
-  std::string text;                  // detokenized (completions)
-  std::vector<TokenLogprobs> logprobs;
-  bool done = false;
-  std::string finish_reason;
-  ResponseJson stop_reason = nullptr;
-  std::optional<ApiError> error;
-  Clock::time_point start = Clock::now();
-
-  ~Generation() {
-    if (er) er->cancelled.store(true);
-  }
-};
-
-// New text / token pieces since the last call, for one chunk.
-struct Piece {
-  std::string text;
-  OutputDelta delta;
-  std::vector<int32_t> token_ids;
-  std::vector<TokenLogprobs> logprobs;
-};
-
-void add_text(Generation& g, const std::string& t, Piece& p) {
-  if (t.empty()) return;
-  p.text += t;
-  g.text += t;
-  if (g.parser) {
-    OutputDelta d = g.parser->feed(t);
-    p.delta.reasoning += d.reasoning;
-    p.delta.content += d.content;
-    for (auto& c : d.tool_calls) p.delta.tool_calls.push_back(std::move(c));
-  }
-}
-
-void end_text(Generation& g, Piece& p) {
-  add_text(g, g.detok->finish().text, p);
-  if (g.parser) {
-    OutputDelta d = g.parser->finish();
-    p.delta.reasoning += d.reasoning;
-    p.delta.content += d.content;
-    for (auto& c : d.tool_calls) p.delta.tool_calls.push_back(std::move(c));
-  }
-}
-
-// Drains engine events into `p` until something arrived or `wait` passed. Sets g.done at the end.
-void pump(Generation& g, const Tokenizer& tok, double timeout_s, std::chrono::milliseconds wait, Piece& p) {
-  if (g.done) return;
-  auto events = g.er->out.pop_all(wait);
-  for (auto& ev : events) {
-    if (g.done) break;
-    if (!ev.finished) {
-      g.token_ids.push_back(ev.token);
-      p.token_ids.push_back(ev.token);
-      if (g.num_logprobs >= 0 && ev.sample.logprob) {
-        TokenLogprobs lp;
-        lp.chosen = {token_text(tok, ev.token), *ev.sample.logprob};
-        for (const auto& t : ev.sample.top) lp.top.push_back({token_text(tok, t.token), t.logprob});
-        g.logprobs.push_back(lp);
-        p.logprobs.push_back(std::move(lp));
-      }
-      DetokenizerStep st = g.detok->push(ev.token);
-      add_text(g, st.text, p);
-      if (st.stopped) {
-        g.er->stopped_by_string.store(true);
-        g.er->cancelled.store(true);  // the engine frees it; its final event is ignored
-        g.finish_reason = "stop";
-        g.stop_reason = st.stop_string;
-        end_text(g, p);
-        g.done = true;
-      }
-      continue;
-    }
-    if (ev.finish_reason == "error") g.error = internal_error("generation failed: " + ev.error);
-    g.finish_reason = ev.finish_reason;
-    if (ev.stop_token) g.stop_reason = *ev.stop_token;
-    end_text(g, p);
-    g.done = true;
-  }
-  if (!g.done && timeout_s > 0 &&
-      std::chrono::duration<double>(Clock::now() - g.start).count() > timeout_s) {
-    g.er->cancelled.store(true);
-    g.finish_reason = "abort";
-    end_text(g, p);
-    g.done = true;
-  }
-}
+void send_json(Responder& res, const ResponseJson& j) { res.send(200, "application/json", serialize_json(j)); }
 
 ChatDelta to_chat_delta(const Generation& g, const OutputDelta& d) {
   ChatDelta cd;
@@ -135,10 +32,28 @@ ChatDelta to_chat_delta(const Generation& g, const OutputDelta& d) {
   return cd;
 }
 
-bool authorized(const ServeContext& ctx, const httplib::Request& req) {
-  if (ctx.api_key.empty()) return true;
-  if (req.path == "/health" || req.path == "/metrics") return true;
-  return req.get_header_value("Authorization") == "Bearer " + ctx.api_key;
+ApiError shutdown_error() { return engine_unavailable("the server is shutting down"); }
+ApiError drained_error() {
+  return engine_unavailable("the server shut down before this request finished; retry it elsewhere or later");
+}
+
+
+ApiError no_chat_template(const ServeContext& ctx) {
+  if (!ctx.chat_template_error.empty())
+    return ApiError{500, "InternalServerError", "the model's chat template cannot be used: " + ctx.chat_template_error, "messages"};
+  return bad_request("this model folder has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions", "messages");
+}
+
+// Plain text -> ids (BOS first when the tokenizer adds one and add_special is set).
+ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::string& text, bool add_special,
+                                            const char* param) {
+  auto enc = ctx.tokenizer->encode(text);
+  if (!enc.ok()) return bad_request(enc.message(), param);
+  std::vector<int32_t> ids;
+  if (add_special && ctx.tokenizer->add_bos_token())
+    if (auto bos = ctx.tokenizer->bos_token_id()) ids.push_back(*bos);
+  ids.insert(ids.end(), enc->begin(), enc->end());
+  return ids;
 }
 
 // Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
@@ -198,74 +113,74 @@ UsageInfo usage_of(const Generation& g) {
   return u;
 }
 
-constexpr auto kPoll = std::chrono::milliseconds(100);
 
-// Non-streaming: wait for the whole output on this HTTP thread. A client that closed its
-// connection meanwhile cancels the request (its slot and blocks are freed at the next step).
-// False when the generation failed; the error response is then already set.
-bool wait_all(ServeContext& ctx, const httplib::Request& req, Generation& g, httplib::Response& res) {
-  const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
-  Piece all;
-  while (!g.done) {
-    if (ctx.shutting_down.load()) g.er->cancelled.store(true);
-    if (peer_closed(fd)) {
-      g.er->cancelled.store(true);
-      g.finish_reason = "abort";
-      g.done = true;
-      return true;  // nobody reads the response
+// Overload: a bounded engine queue. Past it a new generation is refused at once (503 with
+// Retry-After), never left waiting without bound.
+std::optional<ApiError> overloaded(const ServeContext& ctx) {
+  if (ctx.shutting_down.load()) return shutdown_error();
+  if (ctx.max_waiting_requests <= 0) return std::nullopt;
+  const int64_t waiting = ctx.engine->stats().waiting;
+  if (waiting < ctx.max_waiting_requests) return std::nullopt;
+  return engine_unavailable("the server is overloaded: " + std::to_string(waiting) +
+                            " requests are waiting (--max-waiting-requests " +
+                            std::to_string(ctx.max_waiting_requests) + "); retry later");
+}
+
+void send_overloaded(Responder& res, const ApiError& e) { send_error(res, e, {{"Retry-After", "1"}}); }
+
+// Submits g and drives it to the end as one JSON response: `respond` builds it once g is done.
+void run_to_json(ServeContext& ctx, std::shared_ptr<Generation> g, ResponderPtr res, std::function<void()> respond) {
+  const Tokenizer* tok = ctx.tokenizer;
+  auto wake = ctx.jobs->add(g->er->out, [&ctx, g, res, tok, respond = std::move(respond)] {
+    if (res->gone()) return true;  // g's destructor cancels the engine request
+    if (ctx.drain_expired.load()) {
+      send_error(*res, drained_error());
+      return true;
     }
-    pump(g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, all);
-  }
-  if (!g.error) return true;
-  send_error(res, *g.error);
-  return false;
-}
-
-// Writes SSE text; a failed write means the client is gone, which cancels the request.
-bool sse_write(Generation& g, httplib::DataSink& sink, const std::string& s) {
-  if (sink.write(s.data(), s.size())) return true;
-  g.er->cancelled.store(true);
-  return false;
-}
-
-enum class Streamed { kEnded, kFailed, kGone };
-
-// Drains a generation into SSE events until it ends: `chunk(piece)` gives one piece's event
-// ("" when there is nothing to send). kFailed: a generation error was sent as an SSE error
-// plus [DONE]; kGone: the client went away (the request is cancelled).
-template <class ChunkFn>
-Streamed stream_pieces(ServeContext& ctx, Generation& g, httplib::DataSink& sink, ChunkFn chunk) {
-  while (!g.done) {
-    if (ctx.shutting_down.load()) g.er->cancelled.store(true);
     Piece p;
-    pump(g, *ctx.tokenizer, ctx.request_timeout_s, kPoll, p);
-    if (g.error) {
-      sse_write(g, sink, sse_error_and_done(*g.error));
-      sink.done();
-      return Streamed::kFailed;
-    }
-    const std::string event = chunk(p);
-    if (!event.empty()) {
-      if (!sse_write(g, sink, event)) return Streamed::kGone;
-    } else if (!sink.is_writable()) {
-      g.er->cancelled.store(true);
-      return Streamed::kGone;
-    }
-  }
-  return Streamed::kEnded;
+    pump(*g, *tok, ctx.request_timeout_s, p);
+    if (!g->done) return false;
+    if (g->error) send_error(*res, *g->error);
+    else respond();
+    return true;
+  });
+  res->on_wake(wake);
+  ctx.engine->submit(g->er);
 }
 
-// The closing events of a stream: the finishing chunk, the usage chunk when asked, [DONE].
-bool end_stream(Generation& g, httplib::DataSink& sink, const ResponseJson& last,
-                const std::optional<ResponseJson>& usage) {
-  if (!sse_write(g, sink, sse_event(last))) return false;
-  if (usage && !sse_write(g, sink, sse_event(*usage))) return false;
-  if (!sse_write(g, sink, std::string(kSseDone))) return false;
-  sink.done();
-  return true;
-}
+struct StreamFns {
+  std::function<std::string(const Piece&)> chunk;  // one piece's event ("" when there is nothing to send)
+  std::function<std::string()> closing;            // the final chunk, usage, [DONE]
+};
 
-// ---- /v1/chat/completions ------------------------------------------------------------------
+// Submits g and streams it as SSE: one event per piece, then the closing events. A reader that
+// falls behind (kStreamHighWater bytes unsent) pauses the stream; the engine's tokens wait in
+// the request's channel. A generation error mid-stream ends it with an error event + [DONE].
+void run_to_stream(ServeContext& ctx, std::shared_ptr<Generation> g, ResponderPtr res, StreamFns fns) {
+  const Tokenizer* tok = ctx.tokenizer;
+  res->start_stream("text/event-stream");
+  auto wake = ctx.jobs->add(g->er->out, [&ctx, g, res, tok, fns = std::move(fns)] {
+    if (res->gone()) return true;
+    auto fail = [&](const ApiError& e) {
+      res->write(sse_error_and_done(e));
+      res->end();
+      return true;
+    };
+    if (ctx.drain_expired.load()) return fail(drained_error());
+    if (res->pending_bytes() > Responder::kStreamHighWater) return false;  // woken when it drains
+    Piece p;
+    pump(*g, *tok, ctx.request_timeout_s, p);
+    if (g->error) return fail(*g->error);
+    const std::string event = fns.chunk(p);
+    if (!event.empty() && !res->write(event)) return true;
+    if (!g->done) return false;
+    res->write(fns.closing());
+    res->end();
+    return true;
+  });
+  res->on_wake(wake);
+  ctx.engine->submit(g->er);
+}
 
 // tool_choice "required" / a named function: constrained decoding to qwen3_coder tool calls
 // (text/tool_call_grammar.h). Null for none / auto.
@@ -290,23 +205,24 @@ ApiResult<std::shared_ptr<TokenConstraint>> tool_call_constraint(const ServeCont
       std::make_shared<ToolCallConstraint>(std::move(*grammar), ctx.vocab_texts, std::move(end_ids)));
 }
 
-void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+
+void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) {
   auto parsed = parse_chat_request(req.body, ctx.info);
-  if (!parsed.ok()) return send_error(res, parsed.error());
+  if (!parsed.ok()) return send_error(*res, parsed.error());
   ChatRequest& r = *parsed;
   if (r.continue_final_message)
-    return send_error(res, bad_request("continue_final_message is not supported yet", "continue_final_message"));
-  if (!ctx.chat_template)
-    return send_error(res, bad_request("this model folder has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions", "messages"));
+    return send_error(*res, bad_request("continue_final_message is not supported yet", "continue_final_message"));
+  if (!ctx.chat_template) return send_error(*res, no_chat_template(ctx));
+  if (auto busy = overloaded(ctx)) return send_overloaded(*res, *busy);
   auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
-  if (!prompt.ok()) return send_error(res, prompt.error());
+  if (!prompt.ok()) return send_error(*res, prompt.error());
   auto prep = prepare(ctx, r, std::move(*prompt));
-  if (!prep.ok()) return send_error(res, prep.error());
+  if (!prep.ok()) return send_error(*res, prep.error());
 
   auto et = r.chat_template_kwargs.find("enable_thinking");
   const bool thinking = !(et != r.chat_template_kwargs.end() && et->is_boolean() && !et->get<bool>());
   auto constraint = tool_call_constraint(ctx, r, prep->params, thinking);
-  if (!constraint.ok()) return send_error(res, constraint.error());
+  if (!constraint.ok()) return send_error(*res, constraint.error());
 
   std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
   g->er->constraint = std::move(*constraint);
@@ -319,228 +235,203 @@ void handle_chat(ServeContext& ctx, const httplib::Request& req, httplib::Respon
   ResponseMeta meta{make_response_id("chatcmpl-"), unix_time_seconds(), ctx.info.names.front()};
   const bool want_logprobs = r.logprobs;
   const bool token_ids = r.return_token_ids;
-  ctx.engine->submit(g->er);
 
   if (!r.stream) {
-    if (!wait_all(ctx, req, *g, res)) return;
-    const ParsedOutput& out = g->parser->result();
-    ChatMessageOut msg;
-    msg.content = out.content;
-    if (g->include_reasoning) msg.reasoning = out.reasoning;
-    for (const auto& c : out.tool_calls) msg.tool_calls.push_back(c.to_openai());
-    ChoiceEnd end{out.finish_reason(g->finish_reason), g->stop_reason};
-    ResponseJson lp;
-    ChoiceExtras ex;
-    if (want_logprobs) {
-      lp = chat_logprobs_json(g->logprobs);
-      ex.logprobs = &lp;
-    }
-    if (token_ids) ex.token_ids = &g->token_ids;
-    return send_json(res, chat_completion_json(meta, msg, end, usage_of(*g), ex,
-                                               token_ids ? &g->er->prompt : nullptr));
+    return run_to_json(ctx, g, res, [g, res, meta, want_logprobs, token_ids] {
+      const ParsedOutput& out = g->parser->result();
+      ChatMessageOut msg;
+      msg.content = out.content;
+      if (g->include_reasoning) msg.reasoning = out.reasoning;
+      for (const auto& c : out.tool_calls) msg.tool_calls.push_back(c.to_openai());
+      ChoiceEnd end{out.finish_reason(g->finish_reason), g->stop_reason};
+      ResponseJson lp;
+      ChoiceExtras ex;
+      if (want_logprobs) {
+        lp = chat_logprobs_json(g->logprobs);
+        ex.logprobs = &lp;
+      }
+      if (token_ids) ex.token_ids = &g->token_ids;
+      send_json(*res, chat_completion_json(meta, msg, end, usage_of(*g), ex, token_ids ? &g->er->prompt : nullptr));
+    });
   }
 
   const bool include_usage = r.include_usage;
   auto first = std::make_shared<bool>(true);
   auto any_tool_call = std::make_shared<bool>(false);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [&ctx, g, meta, first, any_tool_call, want_logprobs, token_ids, include_usage](size_t, httplib::DataSink& sink) {
-        // The role chunk goes out with the first generated piece, not before the prefill (as vLLM
-        // does): clients such as llama-benchy time the prefill up to the first chunk.
-        auto with_role = [&](std::string event) {
-          if (!*first) return event;
-          *first = false;
-          ChatDelta role;
-          role.role = true;
-          role.content = "";
-          return sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr,
-                                           token_ids ? &g->er->prompt : nullptr)) + event;
-        };
-        const Streamed st = stream_pieces(ctx, *g, sink, [&](const Piece& p) {
-          ChatDelta d = to_chat_delta(*g, p.delta);
-          if (!d.tool_calls.empty()) *any_tool_call = true;
-          const bool has_delta = d.content || d.reasoning || !d.tool_calls.empty();
-          if (!has_delta && (p.token_ids.empty() || (!token_ids && !want_logprobs))) return std::string();
-          ResponseJson lp;
-          ChoiceExtras ex;
-          if (want_logprobs) {
-            lp = chat_logprobs_json(p.logprobs);
-            ex.logprobs = &lp;
-          }
-          if (token_ids) ex.token_ids = &p.token_ids;
-          return with_role(sse_event(chat_chunk_json(meta, d, std::nullopt, ex)));
-        });
-        if (st != Streamed::kEnded) return st == Streamed::kFailed;
-        if (*first && !sse_write(*g, sink, with_role(std::string()))) return false;
-        ChoiceEnd end{*any_tool_call ? std::string("tool_calls") : g->finish_reason, g->stop_reason};
-        return end_stream(*g, sink, chat_chunk_json(meta, ChatDelta{}, end),
-                          include_usage ? std::optional(chat_usage_chunk_json(meta, usage_of(*g))) : std::nullopt);
-      },
-      [g](bool) { g->er->cancelled.store(true); });
+  // The role chunk goes out with the first generated piece, not before the prefill (as vLLM
+  // does): clients such as llama-benchy time the prefill up to the first chunk.
+  auto with_role = [g, meta, first, token_ids](std::string event) {
+    if (!*first) return event;
+    *first = false;
+    ChatDelta role;
+    role.role = true;
+    role.content = "";
+    return sse_event(chat_chunk_json(meta, role, std::nullopt, {}, nullptr, token_ids ? &g->er->prompt : nullptr)) +
+           event;
+  };
+  StreamFns fns;
+  fns.chunk = [g, meta, with_role, any_tool_call, want_logprobs, token_ids](const Piece& p) {
+    ChatDelta d = to_chat_delta(*g, p.delta);
+    if (!d.tool_calls.empty()) *any_tool_call = true;
+    const bool has_delta = d.content || d.reasoning || !d.tool_calls.empty();
+    if (!has_delta && (p.token_ids.empty() || (!token_ids && !want_logprobs))) return std::string();
+    ResponseJson lp;
+    ChoiceExtras ex;
+    if (want_logprobs) {
+      lp = chat_logprobs_json(p.logprobs);
+      ex.logprobs = &lp;
+    }
+    if (token_ids) ex.token_ids = &p.token_ids;
+    return with_role(sse_event(chat_chunk_json(meta, d, std::nullopt, ex)));
+  };
+  fns.closing = [g, meta, with_role, any_tool_call, include_usage] {
+    std::string out = with_role(std::string());
+    ChoiceEnd end{*any_tool_call ? std::string("tool_calls") : g->finish_reason, g->stop_reason};
+    out += sse_event(chat_chunk_json(meta, ChatDelta{}, end));
+    if (include_usage) out += sse_event(chat_usage_chunk_json(meta, usage_of(*g)));
+    return out + std::string(kSseDone);
+  };
+  run_to_stream(ctx, g, res, std::move(fns));
 }
 
 // ---- /v1/completions -----------------------------------------------------------------------
 
-void handle_completion(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_completion(ServeContext& ctx, const http::Request& req, ResponderPtr res) {
   auto parsed = parse_completion_request(req.body, ctx.info);
-  if (!parsed.ok()) return send_error(res, parsed.error());
+  if (!parsed.ok()) return send_error(*res, parsed.error());
   CompletionRequest& r = *parsed;
-  if (r.echo) return send_error(res, bad_request("echo is not supported yet", "echo"));
+  if (r.echo) return send_error(*res, bad_request("echo is not supported yet", "echo"));
+  if (auto busy = overloaded(ctx)) return send_overloaded(*res, *busy);
   std::vector<int32_t> prompt;
   if (r.prompt_tokens) {
     prompt = *r.prompt_tokens;
   } else {
-    auto ids = ctx.tokenizer->encode(*r.prompt_text);
-    if (!ids.ok()) return send_error(res, bad_request(ids.message(), "prompt"));
-    if (r.add_special_tokens && ctx.tokenizer->add_bos_token())
-      if (auto bos = ctx.tokenizer->bos_token_id()) prompt.push_back(*bos);
-    prompt.insert(prompt.end(), ids->begin(), ids->end());
+    auto ids = encode_text(ctx, *r.prompt_text, r.add_special_tokens, "prompt");
+    if (!ids.ok()) return send_error(*res, ids.error());
+    prompt = std::move(*ids);
   }
-  if (prompt.empty()) return send_error(res, bad_request("prompt is empty", "prompt"));
+  if (prompt.empty()) return send_error(*res, bad_request("prompt is empty", "prompt"));
   auto prep = prepare(ctx, r, std::move(prompt));
-  if (!prep.ok()) return send_error(res, prep.error());
+  if (!prep.ok()) return send_error(*res, prep.error());
   std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
   ResponseMeta meta{make_response_id("cmpl-"), unix_time_seconds(), ctx.info.names.front()};
   const bool token_ids = r.return_token_ids;
-  ctx.engine->submit(g->er);
 
   if (!r.stream) {
-    if (!wait_all(ctx, req, *g, res)) return;
-    ResponseJson lp;
-    ChoiceExtras ex;
-    if (g->num_logprobs >= 0) {
-      lp = completion_logprobs_json(g->logprobs);
-      ex.logprobs = &lp;
-    }
-    if (token_ids) ex.token_ids = &g->token_ids;
-    return send_json(res, text_completion_json(meta, g->text, ChoiceEnd{g->finish_reason, g->stop_reason},
-                                               usage_of(*g), ex, token_ids ? &g->er->prompt : nullptr));
+    return run_to_json(ctx, g, res, [g, res, meta, token_ids] {
+      ResponseJson lp;
+      ChoiceExtras ex;
+      if (g->num_logprobs >= 0) {
+        lp = completion_logprobs_json(g->logprobs);
+        ex.logprobs = &lp;
+      }
+      if (token_ids) ex.token_ids = &g->token_ids;
+      send_json(*res, text_completion_json(meta, g->text, ChoiceEnd{g->finish_reason, g->stop_reason}, usage_of(*g),
+                                           ex, token_ids ? &g->er->prompt : nullptr));
+    });
   }
   const bool include_usage = r.include_usage;
   auto first = std::make_shared<bool>(true);
   auto offset = std::make_shared<int64_t>(0);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [&ctx, g, meta, first, offset, token_ids, include_usage](size_t, httplib::DataSink& sink) {
-        const Streamed st = stream_pieces(ctx, *g, sink, [&](const Piece& p) {
-          if (p.text.empty() && (p.token_ids.empty() || (!token_ids && g->num_logprobs < 0))) return std::string();
-          ResponseJson lp;
-          ChoiceExtras ex;
-          if (g->num_logprobs >= 0) {
-            lp = completion_logprobs_json(p.logprobs, *offset);
-            ex.logprobs = &lp;
-          }
-          if (token_ids) ex.token_ids = &p.token_ids;
-          const bool is_first = *first;
-          *first = false;
-          *offset += static_cast<int64_t>(p.text.size());
-          return sse_event(text_completion_chunk_json(meta, p.text, std::nullopt, ex, nullptr,
-                                                      is_first && token_ids ? &g->er->prompt : nullptr));
-        });
-        if (st != Streamed::kEnded) return st == Streamed::kFailed;
-        return end_stream(*g, sink, text_completion_chunk_json(meta, "", ChoiceEnd{g->finish_reason, g->stop_reason}),
-                          include_usage ? std::optional(text_completion_usage_chunk_json(meta, usage_of(*g)))
-                                        : std::nullopt);
-      },
-      [g](bool) { g->er->cancelled.store(true); });
+  StreamFns fns;
+  fns.chunk = [g, meta, first, offset, token_ids](const Piece& p) {
+    if (p.text.empty() && (p.token_ids.empty() || (!token_ids && g->num_logprobs < 0))) return std::string();
+    ResponseJson lp;
+    ChoiceExtras ex;
+    if (g->num_logprobs >= 0) {
+      lp = completion_logprobs_json(p.logprobs, *offset);
+      ex.logprobs = &lp;
+    }
+    if (token_ids) ex.token_ids = &p.token_ids;
+    const bool is_first = *first;
+    *first = false;
+    *offset += static_cast<int64_t>(p.text.size());
+    return sse_event(text_completion_chunk_json(meta, p.text, std::nullopt, ex, nullptr,
+                                                is_first && token_ids ? &g->er->prompt : nullptr));
+  };
+  fns.closing = [g, meta, include_usage] {
+    std::string out = sse_event(text_completion_chunk_json(meta, "", ChoiceEnd{g->finish_reason, g->stop_reason}));
+    if (include_usage) out += sse_event(text_completion_usage_chunk_json(meta, usage_of(*g)));
+    return out + std::string(kSseDone);
+  };
+  run_to_stream(ctx, g, res, std::move(fns));
 }
 
 // ---- /tokenize, /detokenize ----------------------------------------------------------------
 
-void handle_tokenize(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_tokenize(ServeContext& ctx, const http::Request& req, ResponderPtr res) {
   auto parsed = parse_tokenize_request(req.body, ctx.info);
-  if (!parsed.ok()) return send_error(res, parsed.error());
+  if (!parsed.ok()) return send_error(*res, parsed.error());
   TokenizeRequest& r = *parsed;
   std::vector<int32_t> ids;
   if (!r.messages.is_null()) {
-    if (!ctx.chat_template)
-      return send_error(res, bad_request("this model folder has no chat template", "messages"));
+    if (!ctx.chat_template) return send_error(*res, no_chat_template(ctx));
     auto enc = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
-    if (!enc.ok()) return send_error(res, enc.error());
+    if (!enc.ok()) return send_error(*res, enc.error());
     ids = std::move(*enc);
   } else {
-    auto enc = ctx.tokenizer->encode(r.prompt.value_or(""));
-    if (!enc.ok()) return send_error(res, bad_request(enc.message(), "prompt"));
-    if (r.add_special_tokens && ctx.tokenizer->add_bos_token())
-      if (auto bos = ctx.tokenizer->bos_token_id()) ids.push_back(*bos);
-    ids.insert(ids.end(), enc->begin(), enc->end());
+    auto enc = encode_text(ctx, r.prompt.value_or(""), r.add_special_tokens, "prompt");
+    if (!enc.ok()) return send_error(*res, enc.error());
+    ids = std::move(*enc);
   }
   std::vector<std::string> strs;
   if (r.return_token_strs)
     for (int32_t id : ids) strs.push_back(ctx.tokenizer->id_to_token(id).value_or(""));
-  send_json(res, tokenize_response_json(ids, ctx.info.max_model_len, r.return_token_strs ? &strs : nullptr));
+  send_json(*res, tokenize_response_json(ids, ctx.info.max_model_len, r.return_token_strs ? &strs : nullptr));
 }
 
-void handle_detokenize(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_detokenize(ServeContext& ctx, const http::Request& req, ResponderPtr res) {
   auto parsed = parse_detokenize_request(req.body, ctx.info);
-  if (!parsed.ok()) return send_error(res, parsed.error());
+  if (!parsed.ok()) return send_error(*res, parsed.error());
   std::string bytes = ctx.tokenizer->decode(parsed->tokens);
-  send_json(res, detokenize_response_json(decode_utf8_replace(bytes, true)));
+  send_json(*res, detokenize_response_json(decode_utf8_replace(bytes, true)));
 }
 
 }  // namespace
 
-void install_handlers(httplib::Server& svr, ServeContext& ctx) {
-  svr.set_payload_max_length(ctx.max_body_bytes);
-  svr.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(ctx, req)) {
+std::string transport_error_body(int status, std::string_view message) {
+  std::string type = status == 413 ? "RequestEntityTooLargeError"
+                     : status == 503 ? "ServiceUnavailableError"
+                     : status >= 500 ? "InternalServerError"
+                                     : "BadRequestError";
+  return serialize_json(error_json(ApiError{status, std::move(type), std::string(message), std::nullopt}));
+}
+
+http::Router make_router(ServeContext& ctx) {
+  http::Router router;
+  router.set_filter([&ctx](const http::Request& req, Responder& res) {
+    const bool open_route = req.path == "/health" || req.path == "/metrics";
+    if (!ctx.api_key.empty() && !open_route && !api_key_matches(req.header("Authorization"), ctx.api_key)) {
       send_error(res, ApiError{401, "AuthenticationError",
                                "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
                                std::nullopt});
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    if (ctx.shutting_down.load() && req.path != "/health" && req.path != "/metrics") {
-      send_error(res, engine_unavailable("the server is shutting down"));
-      return httplib::Server::HandlerResponse::Handled;
+    if (ctx.shutting_down.load() && req.path != "/metrics") {
+      send_error(res, shutdown_error());
+      return true;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return false;
   });
-  // httplib answers some errors itself (413 over the body limit, 404 unknown path, 400 bad
-  // framing) with an empty body: give them OpenAI error objects.
-  svr.set_error_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      uint64_t n = 0;
-      try {
-        n = std::stoull(req.get_header_value("Content-Length"));
-      } catch (...) {
-      }
-      return send_error(res, body_too_large(n, ctx.max_body_bytes));
-    }
-    if (res.status == 404)
+  router.set_not_found([](const http::Request& req, Responder& res, int status, std::string_view allowed) {
+    if (status == 404)
       return send_error(res, ApiError{404, "NotFoundError", "no route for " + req.method + " " + req.path, std::nullopt});
-    if (res.status == 405)
-      return send_error(res, ApiError{405, "MethodNotAllowed", "method " + req.method + " not allowed on " + req.path, std::nullopt});
-    const int status = res.status;
-    send_error(res, ApiError{status, status >= 500 ? "InternalServerError" : "BadRequestError",
-                             "HTTP " + std::to_string(status), std::nullopt});
+    send_error(res, ApiError{405, "MethodNotAllowed", "method " + req.method + " not allowed on " + req.path, std::nullopt},
+               {{"Allow", std::string(allowed)}});
   });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, internal_error(what));
-  });
-
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  svr.Get("/metrics", [&ctx](const httplib::Request&, httplib::Response& res) {
-    res.set_content(ctx.metrics->render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  svr.Get("/v1/models", [&ctx](const httplib::Request&, httplib::Response& res) {
-    send_json(res, models_list_json(ctx.info.names, ctx.model_root, ctx.info.max_model_len, unix_time_seconds()));
-  });
-  svr.Post("/v1/chat/completions",
-           [&ctx](const httplib::Request& req, httplib::Response& res) { handle_chat(ctx, req, res); });
-  svr.Post("/v1/completions",
-           [&ctx](const httplib::Request& req, httplib::Response& res) { handle_completion(ctx, req, res); });
-  svr.Post("/tokenize", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_tokenize(ctx, req, res); });
-  svr.Post("/detokenize",
-           [&ctx](const httplib::Request& req, httplib::Response& res) { handle_detokenize(ctx, req, res); });
+  using http::Run;
+  router.add("GET", "/health", [](const http::Request&, ResponderPtr res) { res->send(200, "", ""); }, Run::kInline);
+  router.add("GET", "/metrics", [&ctx](const http::Request&, ResponderPtr res) {
+    res->send(200, "text/plain; version=0.0.4; charset=utf-8", ctx.metrics->render());
+  }, Run::kInline);
+  router.add("GET", "/v1/models", [&ctx](const http::Request&, ResponderPtr res) {
+    send_json(*res, models_list_json(ctx.info.names, ctx.model_root, ctx.info.max_model_len, unix_time_seconds()));
+  }, Run::kInline);
+  router.add("POST", "/v1/chat/completions", [&ctx](const http::Request& req, ResponderPtr res) { handle_chat(ctx, req, std::move(res)); });
+  router.add("POST", "/v1/completions", [&ctx](const http::Request& req, ResponderPtr res) { handle_completion(ctx, req, std::move(res)); });
+  router.add("POST", "/tokenize", [&ctx](const http::Request& req, ResponderPtr res) { handle_tokenize(ctx, req, std::move(res)); });
+  router.add("POST", "/detokenize", [&ctx](const http::Request& req, ResponderPtr res) { handle_detokenize(ctx, req, std::move(res)); });
+  return router;
 }
 
 }  // namespace sparkserve

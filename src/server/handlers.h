@@ -1,21 +1,22 @@
-// The HTTP routes of `sparkserve serve` (serving-api.md §5) on cpp-httplib: request parsing and
-// validation (openai_request.h), chat-template rendering and tokenizing on the HTTP thread,
-// submission to the engine, and the response (JSON or SSE) built from the engine's events
-// through the streaming detokenizer (stop strings) and the output parser (reasoning, tool
-// calls). An HTTP thread never touches the model; it only drains its request's OutputChannel.
+// The routes of `sparkserve serve` (serving-api.md §5) on the transport-independent interface of
+// http/exchange.h: request parsing and validation (openai_request.h), chat-template rendering and
+// tokenizing on a worker thread, submission to the engine, and the response (JSON or SSE) built
+// from the engine's events through the streaming detokenizer (stop strings) and the output parser
+// (reasoning, tool calls), stepped by GenerationJobs (generation.h). No thread waits on a request.
 #pragma once
-
-#include <httplib.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "http/exchange.h"
 #include "runtime/engine.h"
 #include "runtime/sampling_params.h"
 #include "runtime/token_constraint.h"
+#include "server/generation.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "text/chat_template.h"
@@ -28,18 +29,25 @@ struct ServeContext {
   const Tokenizer* tokenizer = nullptr;
   std::shared_ptr<const VocabTexts> vocab_texts;  // token texts for constrained decoding
   const ChatTemplate* chat_template = nullptr;
+  std::string chat_template_error;       // why there is no chat template (missing, or its parse error)
   ServerMetrics* metrics = nullptr;
+  GenerationJobs* jobs = nullptr;
   ServedModelInfo info;
   std::string model_root;                // /v1/models "root"
   GenerationDefaults defaults;           // eos ids already merged with the tokenizer's
   std::string api_key;                   // empty: no authentication
   size_t max_body_bytes = 0;
   double request_timeout_s = 0;          // 0: none
+  int64_t max_waiting_requests = 0;      // engine queue beyond which new generations get 503; 0: none
   std::optional<std::vector<int32_t>> forced_tokens;  // TEST-ONLY, see serve --test-forced-output
-  std::atomic<bool> shutting_down{false};
+  std::atomic<bool> shutting_down{false};  // new requests get 503
+  std::atomic<bool> drain_expired{false};  // in-flight requests end now, with an error
 };
 
-// Registers every route, the API-key check and the JSON error bodies on `server`.
-void install_handlers(httplib::Server& server, ServeContext& ctx);
+// Every route, the API-key check and the JSON error bodies.
+http::Router make_router(ServeContext& ctx);
+
+// The body of an error the transport answers itself (OpenAI's error object).
+std::string transport_error_body(int status, std::string_view message);
 
 }  // namespace sparkserve
