@@ -22,7 +22,8 @@ CUDA_FLAGS := -DSPARKSERVE_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC)
 endif
 APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
   nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libutf8proc-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip
+  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip \
+  libjpeg62-turbo-dev libpng-dev libwebp-dev libgif-dev
 
 .PHONY: all deps apt-deps py-deps build test serve bench clean
 
