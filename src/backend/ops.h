@@ -253,6 +253,31 @@ class Backend {
   virtual void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids,
                            const Tensor& weights, const Linear& gate_up, const Linear& down) = 0;
 
+  // ---- vision tower (model-qwen35.md §5; backend/cpu/vision_ops.cpp) ---------------------------
+  // LayerNorm with bias over the last dim: out = (x - mean) / sqrt(var + eps) * w + b, biased variance.
+  // x: [R, D] f32, w, b: [D] f32 -> out: [R, D] f32 (out may alias x).
+  virtual void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) = 0;
+  // x[r, :] += b for every row. x: [R, D] f32, b: [D] f32.
+  virtual void add_bias(const Tensor& x, const Tensor& b) = 0;
+  // GELU: tanh approximation (gelu_pytorch_tanh) or the exact erf form. x: [N] f32 -> out: [N] f32
+  // (out may alias x).
+  virtual void gelu(const Tensor& out, const Tensor& x, bool tanh_approx) = 0;
+  // Weighted rows of a table (the vision tower's interpolated position embedding):
+  // out[n] = sum over k in order of weights[n, k] * table[ids[n, k]].
+  // ids: [N, K] i32, weights: [N, K] f32, table: [V, D] f32|bf16 -> out: [N, D] f32.
+  virtual void embedding_mix(const Tensor& out, const Tensor& ids, const Tensor& weights, const Linear& table) = 0;
+  // Rotate-half rotary embedding whose angle for pair i comes from one of several position axes:
+  // angle(t, i) = positions[t, axis[i]] * inv_freq[i] (fp32), pairs (i, i + P), P = inv_freq.numel(),
+  // on the first 2P dims of every head; the vision tower's 2-D rope (axes row, col) and the text
+  // model's interleaved M-RoPE (axes t, h, w) are both this op.
+  // x: [T, heads, hd] f32 (in place), positions: [T, A] i32, axis: [P] i32 (< A), inv_freq: [P] f32.
+  virtual void rope_axes(const Tensor& x, const Tensor& positions, const Tensor& axis, const Tensor& inv_freq) = 0;
+  // Bidirectional attention within segments: rows of one segment (consecutive, lengths on the host,
+  // summing to N) attend to every row of that segment and no other; fp32 softmax.
+  // q, k, v: [N, heads, hd] f32 -> out: [N, heads, hd] f32.
+  virtual void attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const std::vector<int64_t>& segment_lengths, float scale) = 0;
+
   // ---- independent branches -----------------------------------------------------------------
   // Runs each branch, a sequence of ops, as if one after another in order. The caller promises that
   // no branch reads or writes what another branch writes, and that buffers a branch allocates are

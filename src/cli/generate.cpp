@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend_factory.h"
+#include "cli/cli_images.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
@@ -22,6 +23,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   int threads = 0;
   std::string device = "cpu";
+  std::vector<std::string> images;
   LoadCliOptions load;
 };
 
@@ -51,6 +53,8 @@ int run_generate(const GenerateOptions& o) {
   if (!model) return fail(model.message());
   const double load_ms = ms_since(t_load);
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
+  auto mm = load_cli_images(o.model, **model, o.images, *ids);
+  if (!mm) return fail(mm.message());
   const ModelConfig& c = (*model)->config();
 
   const int64_t total = static_cast<int64_t>(ids->size()) + o.max_tokens;
@@ -68,6 +72,7 @@ int run_generate(const GenerateOptions& o) {
     std::vector<SequenceInput> batch(1);
     batch[0].state = &*seq;
     batch[0].tokens = *ids;
+    batch[0].mm = mm->get();
     auto t0 = Clock::now();
     auto logits = (*model)->forward(batch, state);
     if (!logits) return fail(logits.message());
@@ -79,6 +84,7 @@ int run_generate(const GenerateOptions& o) {
       const bool eos = std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end();
       if (static_cast<int>(out.size()) >= o.max_tokens || (eos && !o.ignore_eos)) break;
       batch[0].tokens = {next};
+      batch[0].mm = nullptr;  // decode: position = index + the sequence's rope delta
       logits = (*model)->forward(batch, state);
       if (!logits) return fail(logits.message());
       next = static_cast<int32_t>(std::max_element(logits->row(0), logits->row(0) + logits->vocab) - logits->row(0));
@@ -120,6 +126,9 @@ void register_generate(CLI::App& root, int& exit_code) {
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "Do not stop at the config's eos token ids");
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
+  cmd->add_option("--image", opts->images,
+                  "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "
+                  "into that image's tokens (prompt_ids in --json output are the expanded ones)");
   add_load_options(cmd, opts->load);
   cmd->callback([opts, &exit_code] { exit_code = run_generate(*opts); });
 }

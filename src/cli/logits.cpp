@@ -1,8 +1,10 @@
 // `sparkserve logits`: teacher-forced logits for every prompt position, written as a float32 .npy
-// [T, vocab_size] (one forward over the whole prompt).
+// [T, vocab_size] (one forward over the whole prompt). With --image, T counts the expanded
+// image tokens.
 #include <cstdio>
 
 #include "backend/backend_factory.h"
+#include "cli/cli_images.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/npy.h"
@@ -18,6 +20,7 @@ struct LogitsOptions {
   std::string out;
   int threads = 0;
   std::string device = "cpu";
+  std::vector<std::string> images;
   LoadCliOptions load;
 };
 
@@ -39,6 +42,8 @@ int run_logits(const LogitsOptions& o) {
   auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
+  auto mm = load_cli_images(o.model, **model, o.images, *ids);
+  if (!mm) return fail(mm.message());
   const ModelConfig& c = (*model)->config();
   const int64_t T = static_cast<int64_t>(ids->size());
   const int64_t max_pos = c.max_position_embeddings > 0 ? c.max_position_embeddings : kDefaultMaxPositions;
@@ -52,6 +57,7 @@ int run_logits(const LogitsOptions& o) {
   batch[0].state = &*seq;
   batch[0].tokens = *ids;
   batch[0].all_logits = true;
+  batch[0].mm = mm->get();
   auto logits = (*model)->forward(batch, state);
   if (!logits) return fail(logits.message());
   Status st = write_npy_f32(o.out, {logits->rows, logits->vocab}, logits->data.data());
@@ -67,6 +73,9 @@ void register_logits(CLI::App& root, int& exit_code) {
   cmd->add_option("--out", opts->out, "Output .npy file")->required();
   cmd->add_option("--threads", opts->threads, "Worker threads (default: hardware concurrency)");
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
+  cmd->add_option("--image", opts->images,
+                  "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "
+                  "into that image's tokens, and the logits are those of the expanded sequence");
   add_load_options(cmd, opts->load);
   cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });
 }

@@ -412,7 +412,9 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
       return text.error("model_type", "\"" + *text_type + "\" does not match the top-level model_type \"" +
                                           *model_type + "\" (expected " + cfg.model_type + "_text)");
     }
-    return parse_text(root, text, cfg);
+    SS_ASSIGN_OR_RETURN(cfg, parse_text(root, text, cfg));
+    SS_ASSIGN_OR_RETURN(cfg.vision, parse_vision_config(json_text, source, cfg.hidden_size));
+    return cfg;
   } catch (const json::exception& e) {
     // Every access above is type-checked first; this is the last line of defence for bad input.
     return make_error(source + ": invalid config: " + e.what());

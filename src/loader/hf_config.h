@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "loader/vision_config.h"
 
 namespace sparkserve {
 
@@ -55,6 +56,8 @@ struct ModelConfig {
   int mtp_num_hidden_layers = 0;
   std::vector<int> eos_token_ids;  // from text_config / top level, may be empty
   std::optional<int> bos_token_id;
+
+  VisionConfig vision;  // vision.present: config.json has a vision tower (loader/vision_config.h)
 
   // Derived sizes.
   int rotary_dim() const { return static_cast<int>(head_dim * partial_rotary_factor); }

@@ -18,7 +18,7 @@ std::vector<std::string> LoadReport::notes() const {
   std::vector<std::string> out;
   if (visual_tensors > 0)
     out.push_back("note: " + std::to_string(visual_tensors) +
-                  " vision tower tensors (model.visual.*) recognised, not used yet (text-only model)");
+                  " vision tower tensors (model.visual.*) unused: config.json has no vision_config (text-only model)");
   if (mtp_tensors > 0)
     out.push_back("note: " + std::to_string(mtp_tensors) +
                   " multi-token-prediction tensors (mtp.*) recognised, not used yet");
@@ -313,6 +313,13 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
                       " entries for num_hidden_layers " + std::to_string(c.num_hidden_layers));
   SS_RETURN_IF_ERROR(weight_layout::text_model(L, c, prefix, w));
   if (c.tie_word_embeddings && ckpt.find("lm_head.weight")) L.used().insert("lm_head.weight");  // a saved copy of the tie
+  // The vision tower, where the config has one and the checkpoint holds it (`synth --no-vision`
+  // writes checkpoints without it: those serve text only).
+  for (const char* vp : {"model.visual.", "visual."})
+    if (c.vision.present && ckpt.find(std::string(vp) + "patch_embed.proj.weight")) {
+      SS_RETURN_IF_ERROR(weight_layout::vision(L, c.vision, vp, w.vision));
+      break;
+    }
   for (const auto& [name, info] : ckpt.tensors()) {
     if (L.used().count(name)) continue;
     if (name.rfind("model.visual.", 0) == 0 || name.rfind("visual.", 0) == 0) {
@@ -327,11 +334,12 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
 }
 }  // namespace
 
-uint64_t text_model_bytes(const Checkpoint& ckpt) {
+uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision) {
   uint64_t total = 0;
-  for (const auto& [name, info] : ckpt.tensors())
-    if (name.rfind("model.visual.", 0) != 0 && name.rfind("visual.", 0) != 0 && name.rfind("mtp.", 0) != 0)
-      total += info.nbytes;
+  for (const auto& [name, info] : ckpt.tensors()) {
+    const bool visual = name.rfind("model.visual.", 0) == 0 || name.rfind("visual.", 0) == 0;
+    if ((with_vision || !visual) && name.rfind("mtp.", 0) != 0) total += info.nbytes;
+  }
   return total;
 }
 
@@ -341,7 +349,7 @@ Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
     return make_error("load buffer of " + format_bytes(options.buffer_bytes) + " is below the minimum of " +
                       format_bytes(kMinLoadBuffer));
   WeightStream stream(ckpt, backend, options);
-  if (options.progress) options.progress->start(text_model_bytes(ckpt));
+  if (options.progress) options.progress->start(text_model_bytes(ckpt, c.vision.present));
   auto w = load_weights_streamed(ckpt, c, backend, stream);
   backend.synchronize();
   // Folios that straddled two tensors (each dropped only its own whole pages) go now.

@@ -13,6 +13,7 @@
 #include "loader/hf_config.h"
 #include "loader/load_options.h"
 #include "loader/safetensors.h"
+#include "loader/vision_weights.h"
 
 namespace sparkserve {
 
@@ -65,7 +66,7 @@ struct LayerWeights {
 struct LoadReport {
   std::string prefix;        // "model.language_model." or "model."
   bool per_expert_layout = false;
-  int visual_tensors = 0;    // model.visual.* (vision tower: not used yet)
+  int visual_tensors = 0;    // model.visual.* left unused (a checkpoint without vision_config)
   int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
   std::vector<std::string> unexpected;  // anything else the model does not know
   std::vector<std::string> quant_warnings;  // QuantPlan::warnings (overlapping targets, unmatched ignores ...)
@@ -80,6 +81,7 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Tensor final_norm;  // [H] f32
   Linear lm_head;     // [V, H]; the embedding itself when tie_word_embeddings
+  VisionWeights vision;  // vision.present: config.json has a vision tower and the checkpoint its tensors
   LoadReport report;
   std::vector<Buffer> storage;  // owns every tensor above
 };
@@ -95,8 +97,8 @@ struct ModelWeights {
 Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend,
                                     const LoadOptions& options = {});
 
-// Bytes of every tensor but the vision tower and MTP head: what a text-model load reads (the
-// progress line's total).
-uint64_t text_model_bytes(const Checkpoint& ckpt);
+// Bytes of every tensor but the MTP head and (unless with_vision) the vision tower: what a load
+// reads (the progress line's total).
+uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision = false);
 
 }  // namespace sparkserve

@@ -16,6 +16,17 @@ struct Qwen35Model::Layout {
   BatchLayout all, prefill, decode;
   Tensor positions;  // [T] i32, device
   Buffer positions_storage;
+  // Prompt chunks with images: M-RoPE positions [T, 3] (t, h, w), needed only when some token's
+  // three positions differ (the image tokens); and the rows whose embedding an image provides.
+  bool mrope = false;
+  Tensor positions3;
+  Buffer positions3_storage;
+  struct ImageRows {
+    MultimodalPrompt* mm = nullptr;
+    std::vector<int64_t> rows;        // batch rows
+    std::vector<int64_t> embed_rows;  // their rows of mm->embeddings
+  };
+  std::vector<ImageRows> images;
 };
 
 // One recorded decode step of `batch` sequences. Its inputs live in one device buffer refreshed by a
@@ -37,6 +48,46 @@ Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weig
   graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
   const char* fused = std::getenv("SPARKSERVE_FUSED_DECODE");
   fused_ = !(fused && std::strcmp(fused, "0") == 0);
+  if (config_.vision.present && w_.vision.present) {
+    vision_ = std::make_unique<VisionTower>(backend_, config_.vision, w_.vision);
+    // The text M-RoPE as rope_axes tables: pair i takes its angle from the temporal, height or width
+    // position (interleaved: H at i % 3 == 1 below 3*section[1], W at i % 3 == 2 below 3*section[2],
+    // as transformers' recomposition_frequencies; otherwise consecutive sections T | H | W).
+    const int64_t half = config_.rotary_dim() / 2;
+    std::vector<int> sec = config_.mrope_section;
+    if (sec.size() != 3) sec = {11, 11, 10};  // transformers' default mrope_section
+    std::vector<int32_t> axis(static_cast<size_t>(half), 0);
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      if (config_.mrope_interleaved) {
+        if (i % 3 == 1 && i < 3 * sec[1]) axis[static_cast<size_t>(i)] = 1;
+        if (i % 3 == 2 && i < 3 * sec[2]) axis[static_cast<size_t>(i)] = 2;
+      } else {
+        axis[static_cast<size_t>(i)] = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : 2;
+      }
+      // As the rope op computes it (backend/cpu/attention.cpp): fp32 theta^(2i / rotary_dim).
+      inv[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(config_.rope_theta),
+                                                    static_cast<float>(2 * i) / static_cast<float>(config_.rotary_dim()));
+    }
+    mrope_axis_ = buffer({half}, DType::kI32);
+    mrope_inv_freq_ = buffer({half});
+    backend_.upload(mrope_axis_, axis.data());
+    backend_.upload(mrope_inv_freq_, inv.data());
+  }
+}
+
+Status Qwen35Model::encode_images(MultimodalPrompt& mm) {
+  if (mm.encoded() || mm.images.empty()) return Status::Ok();
+  if (!vision_) return make_error("this model has no vision tower: images cannot be used");
+  std::vector<const media::PatchedImage*> imgs;
+  for (const auto& img : mm.images) imgs.push_back(&img);
+  SS_ASSIGN_OR_RETURN(mm.embeddings, vision_->encode(imgs));
+  if (mm.embeddings.tensor().dim(0) != static_cast<int64_t>(std::count_if(
+                                           mm.embed_row.begin(), mm.embed_row.end(), [](int64_t r) { return r >= 0; })))
+    return make_error("the vision tower's token count differs from the prompt's image tokens");
+  mm.images.clear();
+  mm.images.shrink_to_fit();
+  return Status::Ok();
 }
 
 Qwen35Model::~Qwen35Model() = default;
@@ -66,6 +117,7 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
         return make_error("token id " + std::to_string(id) + " is out of range [0, " +
                           std::to_string(c.vocab_size) + ")");
     T += static_cast<int64_t>(in.tokens.size());
+    if (in.mm) SS_RETURN_IF_ERROR(encode_images(*in.mm));
   }
   if (T == 0) return make_error("empty batch");
   for (size_t s = 0; s < batch.size(); ++s)
@@ -90,9 +142,11 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
   // Rows, spans, positions.
   Layout layout;
   bool decode_only = true;
-  std::vector<int32_t> ids, pos;
+  std::vector<int32_t> ids, pos, pos3;
   std::vector<int64_t> logit_rows;
   for (auto& in : batch) {
+    if (in.mm) in.state->rope_delta = in.mm->rope_delta;
+    Layout::ImageRows images{in.mm, {}, {}};
     SeqSpan span;
     span.row_begin = static_cast<int64_t>(ids.size());
     span.num_tokens = static_cast<int64_t>(in.tokens.size());
@@ -102,16 +156,31 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
     span.num_blocks = static_cast<int64_t>(in.state->block_table.size());
     for (int64_t i = 0; i < span.num_tokens; ++i) {
       ids.push_back(in.tokens[static_cast<size_t>(i)]);
-      pos.push_back(static_cast<int32_t>(span.start_pos + i));
+      const int64_t p = span.start_pos + i;
+      if (in.mm && p < in.mm->length) {
+        const int32_t* thw = &in.mm->positions[static_cast<size_t>(3 * p)];
+        pos3.insert(pos3.end(), thw, thw + 3);
+        layout.mrope = layout.mrope || thw[1] != thw[0] || thw[2] != thw[0];
+        const int64_t e = in.mm->embed_row[static_cast<size_t>(p)];
+        if (e >= 0) {
+          images.rows.push_back(span.row_begin + i);
+          images.embed_rows.push_back(e);
+        }
+      } else {
+        const auto q = static_cast<int32_t>(p + in.state->rope_delta);
+        pos3.insert(pos3.end(), {q, q, q});
+      }
+      pos.push_back(pos3.back());
       if (in.all_logits || i + 1 == span.num_tokens) logit_rows.push_back(span.row_begin + i);
     }
+    if (!images.rows.empty()) layout.images.push_back(std::move(images));
     layout.all.seqs.push_back(span);
     (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
     decode_only = decode_only && span.num_tokens == 1;
   }
   layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
 
-  if (decode_only && graphs_enabled_ && backend_.can_record()) {
+  if (decode_only && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
     std::optional<Logits> out = forward_recorded(layout, ids, pos, state);
     if (out) {
       for (auto& in : batch) in.state->num_tokens += 1;
@@ -122,6 +191,11 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
   layout.positions_storage = buffer({T}, DType::kI32);
   layout.positions = layout.positions_storage.tensor();
   backend_.upload(layout.positions, pos.data());
+  if (layout.mrope) {
+    layout.positions3_storage = buffer({T, 3}, DType::kI32);
+    layout.positions3 = layout.positions3_storage.tensor();
+    backend_.upload(layout.positions3, pos3.data());
+  }
   Buffer tok = buffer({T}, DType::kI32);
   backend_.upload(tok, ids.data());
   Buffer h = buffer({T, c.hidden_size});
@@ -138,7 +212,26 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
   const int64_t T = tok.numel(), H = c.hidden_size;
   // Residual stream x, normalised hidden h, block output d.
   Buffer x = buffer({T, H}), d = buffer({T, H});
-  backend_.embedding(x, tok, w_.embed);
+  if (layout.images.empty()) {
+    backend_.embedding(x, tok, w_.embed);
+  } else {
+    // Image tokens take the vision tower's rows: token embeddings and those rows side by side in one
+    // buffer, then one gather puts each row in its place.
+    int64_t n = 0;
+    for (const auto& im : layout.images) n += static_cast<int64_t>(im.rows.size());
+    Buffer both = buffer({T + n, H});
+    backend_.embedding(both.tensor().rows(0, T), tok, w_.embed);
+    std::vector<int64_t> source(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) source[static_cast<size_t>(t)] = t;
+    int64_t at = T;
+    for (const auto& im : layout.images) {
+      const auto m = static_cast<int64_t>(im.rows.size());
+      backend_.gather_rows(both.tensor().rows(at, m), im.mm->embeddings, im.embed_rows);
+      for (int64_t j = 0; j < m; ++j) source[static_cast<size_t>(im.rows[static_cast<size_t>(j)])] = at + j;
+      at += m;
+    }
+    backend_.gather_rows(x, both, source);
+  }
   backend_.rmsnorm(h, x, w_.layers[0].input_norm, c.rms_norm_eps);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& lw = w_.layers[l];
@@ -296,7 +389,7 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
   const Tensor& k_pool = state.kv().k_pool(attn_index);
   const Tensor& v_pool = state.kv().v_pool(attn_index);
-  if (fused_) {
+  if (fused_ && !layout.mrope) {
     // The same chain as below in one op (one kernel on CUDA).
     backend_.attention_prep(q, gate, qg, k, v, w.q_norm, w.k_norm, c.rms_norm_eps, layout.positions,
                             c.rotary_dim(), c.rope_theta, k_pool, v_pool, layout.all);
@@ -328,9 +421,14 @@ void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, co
   // Per-head zero-centred RMSNorm before RoPE.
   backend_.rmsnorm(q.view({T * nh, hd}), q.view({T * nh, hd}), w.q_norm, c.rms_norm_eps);
   backend_.rmsnorm(k.view({T * kvh, hd}), k.view({T * kvh, hd}), w.k_norm, c.rms_norm_eps);
-  // Text-only positions: interleaved M-RoPE with three equal position rows is 1-D RoPE.
-  backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
-  backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
+  if (layout.mrope) {
+    backend_.rope_axes(q, layout.positions3, mrope_axis_, mrope_inv_freq_);
+    backend_.rope_axes(k, layout.positions3, mrope_axis_, mrope_inv_freq_);
+  } else {
+    // Equal temporal / height / width positions: M-RoPE is 1-D RoPE.
+    backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
+    backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
+  }
   backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
 }
 

@@ -12,6 +12,8 @@
 #include "core/status.h"
 #include "loader/hf_config.h"
 #include "loader/weights.h"
+#include "model/multimodal.h"
+#include "model/vision.h"
 #include "runtime/model_state.h"
 
 namespace sparkserve {
@@ -22,6 +24,10 @@ struct SequenceInput {
   SequenceState* state = nullptr;
   std::vector<int32_t> tokens;
   bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
+  // The prompt's images and M-RoPE positions, for the chunks of a prompt with images (the images are
+  // encoded by the first forward that sees them). Tokens at or past mm->length, and every token when
+  // mm is null, sit at position index + state->rope_delta, which a forward with mm sets.
+  MultimodalPrompt* mm = nullptr;
 };
 
 // Logits rows in batch order: for each sequence, its last token's row or all its rows.
@@ -38,6 +44,10 @@ class Qwen35Model {
   ~Qwen35Model();
 
   const ModelConfig& config() const { return config_; }
+  // The checkpoint has a vision tower (config.json vision_config and its tensors).
+  bool has_vision() const { return vision_ != nullptr; }
+  // Runs the vision tower over mm's images (once; forward does it on first sight).
+  Status encode_images(MultimodalPrompt& mm);
   Backend& backend() { return backend_; }
 
   // Runs every sequence's new tokens through the model, appends them to its state (KV blocks are
@@ -105,6 +115,8 @@ class Qwen35Model {
   Backend& backend_;
   ModelConfig config_;
   ModelWeights w_;
+  std::unique_ptr<VisionTower> vision_;
+  Buffer mrope_axis_, mrope_inv_freq_;  // the text M-RoPE as rope_axes tables: [rotary_dim / 2]
   std::vector<int> layer_slot_;  // per layer: its index among GDN layers or among attention layers
 
   bool graphs_enabled_ = true;

@@ -17,7 +17,10 @@ namespace sparkserve {
 struct SequenceState {
   int32_t gdn_slot = -1;
   std::vector<int32_t> block_table;  // KV blocks, in position order
-  int64_t num_tokens = 0;            // tokens already processed (the next token's position)
+  int64_t num_tokens = 0;            // tokens already processed (the next token's KV slot)
+  // M-RoPE: a token after a prompt's images sits at rotary position index + rope_delta
+  // (transformers' rope_deltas; 0 for text-only sequences). Set by the forward that sees the images.
+  int64_t rope_delta = 0;
 };
 
 struct StateLimits {

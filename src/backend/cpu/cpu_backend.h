@@ -58,6 +58,14 @@ class CpuBackend final : public Backend {
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
 
+  void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
+  void add_bias(const Tensor& x, const Tensor& b) override;
+  void gelu(const Tensor& out, const Tensor& x, bool tanh_approx) override;
+  void embedding_mix(const Tensor& out, const Tensor& ids, const Tensor& weights, const Linear& table) override;
+  void rope_axes(const Tensor& x, const Tensor& positions, const Tensor& axis, const Tensor& inv_freq) override;
+  void attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::vector<int64_t>& segment_lengths, float scale) override;
+
  private:
   ThreadPool pool_;
 };
