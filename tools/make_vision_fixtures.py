@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Make the Qwen3.5 vision fixtures (tests/fixtures/qwen35-vl-*): tiny random checkpoints WITH a vision tower and their
+"""Make the Qwen3.5 vision fixtures (tests/fixtures/vl-qwen35-*): tiny random checkpoints WITH a vision tower and their
 own preprocessor_config.json, test images of several sizes and formats, and what transformers computes from them.
 
 For each checkpoint (written by transformers `save_pretrained`, reloaded FROM DISK in float32 with the eager paths):
@@ -306,10 +306,10 @@ def main():
         json.dump({"made_by": "tools/make_vision_fixtures.py", "transformers": transformers.__version__,
                    "images": meta}, f, indent=1)
     pngs = ["a_70x100.png", "b_150x90.png"]
-    make_case(os.path.join(a.out, "qwen35-vl-moe-tiny"), Qwen3_5MoeForConditionalGeneration,
+    make_case(os.path.join(a.out, "vl-qwen35-moe-tiny"), Qwen3_5MoeForConditionalGeneration,
               outer("qwen3_5_moe", mf.MOE_TEXT, vision_config("qwen3_5_moe_vision", mf.MOE_TEXT["hidden_size"])),
               mf.SEED, image_dir, pngs, {"save_original_format": False}, rng)
-    make_case(os.path.join(a.out, "qwen35-vl-dense-tiny"), Qwen3_5ForConditionalGeneration,
+    make_case(os.path.join(a.out, "vl-qwen35-dense-tiny"), Qwen3_5ForConditionalGeneration,
               outer("qwen3_5", mf.DENSE_TEXT, vision_config("qwen3_5_vision", mf.DENSE_TEXT["hidden_size"], depth=1)),
               mf.SEED + 100, image_dir, pngs, {}, rng)
 
