@@ -77,6 +77,14 @@ class CudaBackend final : public Backend {
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
   void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) override;
+  // Vision tower (vision_ops.cu).
+  void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
+  void add_bias(const Tensor& x, const Tensor& b) override;
+  void gelu(const Tensor& out, const Tensor& x, bool tanh_approx) override;
+  void embedding_mix(const Tensor& out, const Tensor& ids, const Tensor& weights, const Linear& table) override;
+  void rope_axes(const Tensor& x, const Tensor& positions, const Tensor& axis, const Tensor& inv_freq) override;
+  void attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::vector<int64_t>& segment_lengths, float scale) override;
   std::vector<int32_t> argmax(const Tensor& logits) override;
 
   void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;

@@ -1,0 +1,204 @@
+// The vision tower's ops (ops.h "vision tower") on CUDA, each computing the CPU spec's function
+// (backend/cpu/vision_ops.cpp) with fp32 arithmetic.
+//
+// attention_segments is the plain form: one warp per (query, head) streaming over its segment's keys
+// with an online softmax, lanes splitting the head dims. Correct for any head size up to 128; it runs
+// on CUDA cores (no tensor cores), which is what limits the tower's speed on large images.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void layernorm_kernel(float* out, const float* x, const float* w, const float* b, int64_t D, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * D;
+  __shared__ double part[32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double sum = 0;
+  for (int wi = 0; wi < static_cast<int>(blockDim.x / 32); ++wi) sum += part[wi];
+  const double mean = sum / static_cast<double>(D);
+  __syncthreads();
+  double v = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+  v = warp_sum_d(v);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  double var = 0;
+  for (int wi = 0; wi < static_cast<int>(blockDim.x / 32); ++wi) var += part[wi];
+  const float m = static_cast<float>(mean);
+  const float rstd = static_cast<float>(1.0 / sqrt(var / static_cast<double>(D) + eps));
+  // Every thread has read its elements of the row before any store (out may alias x).
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) out[r * D + i] = (xr[i] - m) * rstd * w[i] + b[i];
+}
+
+__global__ void add_bias_kernel(float* x, const float* b, int64_t D, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += b[i % D];
+}
+
+__global__ void gelu_kernel(float* out, const float* x, int64_t n, bool tanh_approx) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i];
+  out[i] = tanh_approx ? 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))
+                       : 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+}
+
+__global__ void embedding_mix_kernel(float* out, const int32_t* ids, const float* wts, const void* table, bool bf16,
+                                     int64_t N, int64_t K, int64_t D) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * D) return;
+  const int64_t n = i / D, d = i % D;
+  float acc = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = load_weight(table, bf16, static_cast<int64_t>(ids[n * K + k]) * D + d) * wts[n * K + k];
+    acc = k == 0 ? v : acc + v;
+  }
+  out[i] = acc;
+}
+
+// One thread per (token, pair, head).
+__global__ void rope_axes_kernel(float* x, const int32_t* pos, const int32_t* axis, const float* inv_freq, int64_t T,
+                                 int64_t heads, int64_t hd, int64_t P, int64_t A) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * P * heads) return;
+  const int64_t h = i % heads, p = (i / heads) % P, t = i / (heads * P);
+  const float angle = static_cast<float>(pos[t * A + axis[p]]) * inv_freq[p];
+  float s, c;
+  sincosf(angle, &s, &c);
+  float* v = x + (t * heads + h) * hd;
+  const float x1 = v[p], x2 = v[p + P];
+  v[p] = x1 * c - x2 * s;
+  v[p + P] = x2 * c + x1 * s;
+}
+
+constexpr int kMaxDimsPerLane = 4;  // head size <= 128
+
+// One warp per (query row, head): online softmax over the rows of the query's segment.
+__global__ void attention_segments_kernel(float* out, const float* q, const float* k, const float* v,
+                                          const int64_t* seg_begin, const int64_t* seg_len, int64_t N, int64_t H,
+                                          int64_t hd, float scale) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= N * H) return;
+  const int64_t n = warp / H, h = warp % H;
+  const int64_t b = seg_begin[n], L = seg_len[n];
+  float qv[kMaxDimsPerLane], acc[kMaxDimsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxDimsPerLane; ++j) {
+    const int64_t d = lane + 32 * j;
+    qv[j] = d < hd ? q[(n * H + h) * hd + d] : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float mx = -INFINITY, sum = 0.0f;
+  for (int64_t j = 0; j < L; ++j) {
+    const float* kj = k + ((b + j) * H + h) * hd;
+    float s = 0;
+#pragma unroll
+    for (int u = 0; u < kMaxDimsPerLane; ++u) {
+      const int64_t d = lane + 32 * u;
+      if (d < hd) s += qv[u] * kj[d];
+    }
+    s = warp_sum(s) * scale;
+    const float nm = fmaxf(mx, s);
+    const float corr = expf(mx - nm), p = expf(s - nm);
+    sum = sum * corr + p;
+    const float* vj = v + ((b + j) * H + h) * hd;
+#pragma unroll
+    for (int u = 0; u < kMaxDimsPerLane; ++u) {
+      const int64_t d = lane + 32 * u;
+      if (d < hd) acc[u] = acc[u] * corr + p * vj[d];
+    }
+    mx = nm;
+  }
+#pragma unroll
+  for (int u = 0; u < kMaxDimsPerLane; ++u) {
+    const int64_t d = lane + 32 * u;
+    if (d < hd) out[(n * H + h) * hd + d] = acc[u] / sum;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  const int64_t D = w.numel(), R = x.numel() / D;
+  CHECK(x.numel() == R * D && out.numel() == x.numel() && b.numel() == D);
+  if (R == 0) return;
+  layernorm_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(),
+                                                                       w.ptr<const float>(), b.ptr<const float>(), D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::add_bias(const Tensor& x, const Tensor& b) {
+  const int64_t D = b.numel(), n = x.numel();
+  CHECK(D > 0 && n % D == 0);
+  if (n == 0) return;
+  add_bias_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(x.ptr<float>(), b.ptr<const float>(), D, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::gelu(const Tensor& out, const Tensor& x, bool tanh_approx) {
+  CHECK(out.numel() == x.numel());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  gelu_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(), n, tanh_approx);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::embedding_mix(const Tensor& out, const Tensor& ids, const Tensor& weights, const Linear& table) {
+  const int64_t N = ids.dim(0), K = ids.dim(1), D = table.in_features;
+  CHECK(ids.dtype == DType::kI32 && weights.numel() == N * K && out.numel() == N * D);
+  if (N * D == 0) return;
+  embedding_mix_kernel<<<blocks_for(N * D, kThreads), kThreads, 0, stream_>>>(
+      out.ptr<float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(), table.weight.data,
+      weight_is_bf16(table), N, K, D);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::rope_axes(const Tensor& x, const Tensor& positions, const Tensor& axis, const Tensor& inv_freq) {
+  const int64_t T = x.dim(0), heads = x.dim(1), hd = x.dim(2), P = inv_freq.numel();
+  if (T == 0) return;
+  const int64_t A = positions.numel() / T;
+  CHECK(2 * P <= hd && axis.numel() == P && positions.numel() == T * A && positions.dtype == DType::kI32);
+  rope_axes_kernel<<<blocks_for(T * P * heads, kThreads), kThreads, 0, stream_>>>(
+      x.ptr<float>(), positions.ptr<const int32_t>(), axis.ptr<const int32_t>(), inv_freq.ptr<const float>(), T,
+      heads, hd, P, A);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const std::vector<int64_t>& segment_lengths, float scale) {
+  const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
+  CHECK(k.numel() == q.numel() && v.numel() == q.numel() && out.numel() == q.numel());
+  CHECK_MSG(hd <= 32 * kMaxDimsPerLane, "attention_segments: head size above 128");
+  if (N == 0) return;
+  // Per row: its segment's first row and length (host-built, one upload).
+  std::vector<int64_t> meta(static_cast<size_t>(2 * N));
+  int64_t row = 0;
+  for (int64_t len : segment_lengths) {
+    CHECK(len > 0 && row + len <= N);
+    for (int64_t i = 0; i < len; ++i) {
+      meta[static_cast<size_t>(row + i)] = row;
+      meta[static_cast<size_t>(N + row + i)] = len;
+    }
+    row += len;
+  }
+  CHECK_MSG(row == N, "segment lengths must sum to the number of rows");
+  Buffer dev(this, DType::kI64, {2 * N});
+  upload(dev, meta.data());
+  const int64_t* m = dev.tensor().ptr<const int64_t>();
+  attention_segments_kernel<<<blocks_for(N * H * 32, kThreads), kThreads, 0, stream_>>>(
+      out.ptr<float>(), q.ptr<const float>(), k.ptr<const float>(), v.ptr<const float>(), m, m + N, N, H, hd, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sparkserve
