@@ -32,9 +32,10 @@ struct VisionConfig {
 };
 
 // From the parsed top-level JSON text of config.json (`source` names it in messages). A config
-// without vision_config gives present == false. Errors name the key: a missing or non-positive
-// size, a head count that does not divide hidden_size, deepstack layers (not implemented), an
-// out_hidden_size other than `text_hidden_size`.
+// without vision_config, or whose out_hidden_size differs from `text_hidden_size`, gives
+// present == false (a text-only model). Absent sizes take transformers' defaults. Errors name the
+// key: a non-positive size, a head count that does not divide hidden_size, deepstack layers (not
+// implemented).
 Expected<VisionConfig> parse_vision_config(const std::string& json_text, const std::string& source,
                                            int text_hidden_size);
 

@@ -233,7 +233,7 @@ TEST(LoadProgress, LoaderReportsEveryByteItReads) {
   auto w = load_weights(*ckpt, *config, *backend, o);
   ASSERT_TRUE(w.ok()) << w.message();
   EXPECT_TRUE(p.finished_ && p.ok_);
-  EXPECT_EQ(p.total_, text_model_bytes(*ckpt));
+  EXPECT_EQ(p.total_, text_model_bytes(*ckpt, config->vision.present));
   EXPECT_EQ(p.done_, w->report.bytes_read);
   // Every text tensor is read exactly once (this fixture has no unused text tensor).
   EXPECT_EQ(p.done_, p.total_);
