@@ -10,6 +10,7 @@
 #include "loader/quant_config.h"
 #include "loader/quant_scheme.h"
 #include "loader/weight_budget.h"
+#include "loader/vision_weights.h"
 #include "loader/weight_layout.h"
 
 namespace sparkserve {
@@ -274,10 +275,19 @@ Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, 
     return make_error("synth plan: layer_types does not match num_hidden_layers");
   // The same layout walk as the checkpoint loader (loader/weight_layout.h).
   SS_RETURN_IF_ERROR(weight_layout::text_model(L, c, prefix, w));
+  // The vision tower as the loader builds it (a synth checkpoint with a tower serves images too).
+  for (const char* vp : {"model.visual.", "visual."})
+    if (c.vision.present && L.find(std::string(vp) + "patch_embed.proj.weight")) {
+      SS_RETURN_IF_ERROR(weight_layout::vision(L, c.vision, vp, w.vision));
+      break;
+    }
   for (const SynthTensor& t : plan.tensors) {
     const std::string& n = t.spec.name;
-    if (n.rfind("model.visual.", 0) == 0 || n.rfind("visual.", 0) == 0) ++w.report.visual_tensors;
-    else if (n.rfind("mtp.", 0) == 0) ++w.report.mtp_tensors;
+    if (n.rfind("model.visual.", 0) == 0 || n.rfind("visual.", 0) == 0) {
+      if (!w.vision.present) ++w.report.visual_tensors;
+    } else if (n.rfind("mtp.", 0) == 0) {
+      ++w.report.mtp_tensors;
+    }
   }
   backend.synchronize();
   out.loaded_bytes = L.bytes();
