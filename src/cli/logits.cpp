@@ -8,6 +8,7 @@
 #include "core/npy.h"
 #include "core/thread_pool.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::cli {
 namespace {
@@ -45,14 +46,14 @@ int run_logits(const LogitsOptions& o) {
   if (T > max_pos)
     return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  ModelState state(*backend, c, one_sequence_limits(T));
+  DirectState state(*backend, c, one_sequence_limits(T));
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
   std::vector<SequenceInput> batch(1);
   batch[0].state = &*seq;
   batch[0].tokens = *ids;
   batch[0].all_logits = true;
-  auto logits = (*model)->forward(batch, state);
+  auto logits = state.forward(**model, batch);
   if (!logits) return fail(logits.message());
   Status st = write_npy_f32(o.out, {logits->rows, logits->vocab}, logits->data.data());
   if (!st.ok()) return fail(st.message());

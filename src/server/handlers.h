@@ -35,7 +35,6 @@ struct ServeContext {
   std::string api_key;                   // empty: no authentication
   size_t max_body_bytes = 0;
   double request_timeout_s = 0;          // 0: none
-  std::optional<std::vector<int32_t>> forced_tokens;  // TEST-ONLY, see serve --test-forced-output
   std::atomic<bool> shutting_down{false};
 };
 
