@@ -124,6 +124,9 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* host_src) = 0;   // dst.nbytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;       // src.nbytes() bytes
   virtual void fill_zero(const Tensor& t) = 0;
+  // dst = src, byte for byte: same dtype and element count, both in this backend's memory, not
+  // overlapping (state rows and KV blocks: prefix-cache snapshots and copy-on-write blocks).
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   // Waits for queued work (no-op on CPU).
   virtual void synchronize() {}
   // Host memory that upload() reads fastest (CUDA: page-locked), for the loader's one reused staging

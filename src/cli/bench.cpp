@@ -36,6 +36,7 @@
 #include "loader/safetensors.h"
 #include "loader/synth_weights.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::cli {
 namespace {
@@ -332,14 +333,14 @@ int run_bench(const BenchOptions& o) {
   auto blocks_for = [&](int64_t tokens) { return static_cast<int32_t>(tokens / lim.block_size + 2); };
 
   // Runs a prompt of `len` tokens through one sequence in chunks of --prefill-chunk.
-  auto prefill = [&](ModelState& st, SequenceState& seq, int64_t len) -> Expected<Logits> {
+  auto prefill = [&](DirectState& st, SequenceState& seq, int64_t len) -> Expected<Logits> {
     Logits last;
     for (int64_t done = 0; done < len;) {
       const int64_t n = std::min<int64_t>(o.prefill_chunk, len - done);
       std::vector<SequenceInput> b(1);
       b[0].state = &seq;
       b[0].tokens = random_ids(n);
-      SS_ASSIGN_OR_RETURN(last, m.forward(b, st));
+      SS_ASSIGN_OR_RETURN(last, st.forward(m, b));
       done += n;
     }
     return last;
@@ -363,7 +364,7 @@ int run_bench(const BenchOptions& o) {
     }
     lim.max_sequences = 1;
     lim.num_kv_blocks = blocks_for(L);
-    ModelState st(be, c, lim);
+    DirectState st(be, c, lim);
     // Before the first length, a warm-up prefill of up to 256 tokens (kernel loads; 256 tokens put
     // ~8 rows on each of 256 experts at top-8, as longer prompts do, so the same kernels load).
     for (int rep = li == 0 ? 0 : 1; rep < 2; ++rep) {
@@ -408,7 +409,7 @@ int run_bench(const BenchOptions& o) {
       }
       lim.max_sequences = B;
       lim.num_kv_blocks = B * blocks_for(tokens);
-      ModelState st(be, c, lim);
+      DirectState st(be, c, lim);
       std::vector<SequenceState> seqs;
       for (int i = 0; i < B; ++i) {
         auto s = st.open_sequence();
@@ -431,7 +432,7 @@ int run_bench(const BenchOptions& o) {
       // second records the graph that the timed steps replay.
       Expected<Logits> l = make_error("no step");
       for (int w = 0; w < 2; ++w) {
-        l = m.forward(b, st);
+        l = st.forward(m, b);
         if (!l) return fail(l.message());
         for (auto& in : b) in.tokens = random_ids(1);
       }
@@ -440,7 +441,7 @@ int run_bench(const BenchOptions& o) {
       auto t0 = Clock::now();
       for (int s = 0; s < o.decode_steps; ++s) {
         for (auto& in : b) in.tokens = random_ids(1);
-        l = m.forward(b, st);
+        l = st.forward(m, b);
         if (!l) return fail(l.message());
       }
       const double per_step = seconds_since(t0) / o.decode_steps;

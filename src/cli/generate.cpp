@@ -11,6 +11,7 @@
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::cli {
 namespace {
@@ -62,7 +63,7 @@ int run_generate(const GenerateOptions& o) {
   if (total > max_pos)
     return fail("prompt + max tokens = " + std::to_string(total) + " exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  ModelState state(*backend, c, one_sequence_limits(total));
+  DirectState state(*backend, c, one_sequence_limits(total));
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
 
@@ -74,7 +75,7 @@ int run_generate(const GenerateOptions& o) {
     batch[0].tokens = *ids;
     batch[0].mm = mm->get();
     auto t0 = Clock::now();
-    auto logits = (*model)->forward(batch, state);
+    auto logits = state.forward(**model, batch);
     if (!logits) return fail(logits.message());
     prefill_ms = ms_since(t0);
     auto next = static_cast<int32_t>(std::max_element(logits->row(0), logits->row(0) + logits->vocab) - logits->row(0));
@@ -85,7 +86,7 @@ int run_generate(const GenerateOptions& o) {
       if (static_cast<int>(out.size()) >= o.max_tokens || (eos && !o.ignore_eos)) break;
       batch[0].tokens = {next};
       batch[0].mm = nullptr;  // decode: position = index + the sequence's rope delta
-      logits = (*model)->forward(batch, state);
+      logits = state.forward(**model, batch);
       if (!logits) return fail(logits.message());
       next = static_cast<int32_t>(std::max_element(logits->row(0), logits->row(0) + logits->vocab) - logits->row(0));
     }

@@ -10,6 +10,7 @@
 #include "core/npy.h"
 #include "core/thread_pool.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::cli {
 namespace {
@@ -50,7 +51,7 @@ int run_logits(const LogitsOptions& o) {
   if (T > max_pos)
     return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  ModelState state(*backend, c, one_sequence_limits(T));
+  DirectState state(*backend, c, one_sequence_limits(T));
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
   std::vector<SequenceInput> batch(1);
@@ -58,7 +59,7 @@ int run_logits(const LogitsOptions& o) {
   batch[0].tokens = *ids;
   batch[0].all_logits = true;
   batch[0].mm = mm->get();
-  auto logits = (*model)->forward(batch, state);
+  auto logits = state.forward(**model, batch);
   if (!logits) return fail(logits.message());
   Status st = write_npy_f32(o.out, {logits->rows, logits->vocab}, logits->data.data());
   if (!st.ok()) return fail(st.message());

@@ -1,8 +1,7 @@
 // `sparkserve serve --model DIR`: the OpenAI-compatible HTTP server. Loads the model, tokenizer,
 // chat template and generation defaults from DIR, sizes the KV blocks and GDN state slots once,
-// starts the engine thread and the HTTP server (src/http) and serves until SIGTERM / SIGINT; then
-// it drains: new requests get 503, running ones have --shutdown-timeout seconds to finish and are
-// then ended with an explicit error (503 / an SSE error event), and it exits 0.
+// starts the engine thread and serves until SIGTERM / SIGINT (then: stop accepting, cancel
+// what is running, exit 0).
 #include <atomic>
 #include <csignal>
 #include <malloc.h>
@@ -11,13 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <sys/resource.h>
 #include <thread>
 
 #include "backend/backend_factory.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
+#include "cli/serve.h"
 #include "core/thread_pool.h"
 #include "http/server.h"
 #include "model/load.h"
@@ -27,31 +26,6 @@
 
 namespace sparkserve::cli {
 namespace {
-
-struct ServeOptions {
-  std::string model;
-  std::string host = "127.0.0.1";
-  int port = 8000;
-  std::string api_key;
-  std::string served_model_name;
-  int64_t max_model_len = 0;
-  int max_num_seqs = 64;
-  int64_t max_num_batched_tokens = 2048;
-  int64_t kv_blocks = 0;
-  int64_t kv_cache_mb = 256;
-  int block_size = 16;
-  int threads = 0;
-  std::string device = "cpu";
-  LoadCliOptions load;
-  int64_t max_body_bytes = 8 << 20;
-  double request_timeout = 600;
-  int http_workers = 4;
-  int max_connections = 1024;
-  int64_t max_waiting_requests = 256;
-  double shutdown_timeout = 10;
-  double keep_alive_timeout = 60;
-  std::string forced_output_file;  // TEST-ONLY
-};
 
 // A chat template exists in the folder (whether or not it parses): chat_template.jinja, or a
 // "chat_template" key in tokenizer_config.json.
@@ -72,7 +46,36 @@ int fail(const std::string& msg) {
   return 1;
 }
 
-int run_serve(const ServeOptions& o) {
+// The checkpoint's model on --device, over state storage of `limits`.
+class CheckpointRunner final : public ModelRunner {
+ public:
+  static Expected<std::unique_ptr<ModelRunner>> load(const ServeOptions& o, const ModelConfig&, const StateLimits& limits) {
+    auto load_opts = make_load_options(o.load);
+    if (!load_opts) return make_error(load_opts.message());
+    auto backend = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
+    if (!backend) return make_error(backend.message());
+    std::vector<std::string> notes;
+    auto model = load_qwen35(o.model, **backend, &notes, *load_opts);
+    if (!model) return make_error(model.message());
+    for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
+    return std::unique_ptr<ModelRunner>(new CheckpointRunner(std::move(*backend), std::move(*model), limits));
+  }
+  CacheGeometry geometry() const override { return runner_.geometry(); }
+  Expected<StepOutput> execute(const StepPlan& plan) override { return runner_.execute(plan); }
+
+ private:
+  CheckpointRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen35Model> model, const StateLimits& limits)
+      : backend_(std::move(backend)), model_(std::move(model)), state_(*backend_, model_->config(), limits),
+        runner_(*model_, state_) {}
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Qwen35Model> model_;
+  ModelState state_;
+  Qwen35Runner runner_;
+};
+
+}  // namespace
+
+int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   namespace fs = std::filesystem;
   if (o.port < 0 || o.port > 65535) return fail("--port must be in [0, 65535]");
   if (o.max_num_seqs < 1) return fail("--max-num-seqs must be >= 1");
@@ -87,8 +90,7 @@ int run_serve(const ServeOptions& o) {
   if (o.max_waiting_requests < 0) return fail("--max-waiting-requests must be >= 0 (0: no limit)");
   if (o.shutdown_timeout < 0) return fail("--shutdown-timeout must be >= 0");
   if (o.keep_alive_timeout <= 0) return fail("--keep-alive-timeout must be > 0");
-  auto load_opts = make_load_options(o.load);
-  if (!load_opts) return fail(load_opts.message());
+  if (auto load_opts = make_load_options(o.load); !load_opts) return fail(load_opts.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
   // concurrent streams): logits buffers of varying size (rows x vocab floats) fall under the
@@ -125,14 +127,9 @@ int run_serve(const ServeOptions& o) {
     std::fprintf(stderr, "note: no chat template (%s); /v1/chat/completions will refuse requests\n", t.message().c_str());
   }
 
-  auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
-  if (!made) return fail(made.message());
-  auto backend = std::move(*made);
-  std::vector<std::string> notes;
-  auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
-  if (!model) return fail(model.message());
-  for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
-  const ModelConfig& c = (*model)->config();
+  auto config = load_model_config(o.model);
+  if (!config) return fail(config.message());
+  const ModelConfig& c = *config;
   if (static_cast<int64_t>(tokenizer->vocab_size()) > c.vocab_size)
     return fail("the tokenizer has " + std::to_string(tokenizer->vocab_size()) + " ids but the model's vocab_size is " +
                 std::to_string(c.vocab_size));
@@ -177,7 +174,8 @@ int run_serve(const ServeOptions& o) {
   limits.max_sequences = o.max_num_seqs;
   limits.num_kv_blocks = static_cast<int32_t>(blocks);
   limits.block_size = o.block_size;
-  ModelState state(*backend, c, limits);
+  auto runner = make_runner(o, c, limits);
+  if (!runner) return fail(runner.message());
 
   ServeContext ctx;
   const std::string name = o.served_model_name.empty() ? o.model : o.served_model_name;
@@ -187,8 +185,7 @@ int run_serve(const ServeOptions& o) {
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.max_model_len = max_model_len;
   ec.vocab_size = static_cast<int64_t>(tokenizer->vocab_size());
-  Qwen35StepModel step_model(**model);
-  Engine engine(step_model, state, o.max_num_seqs, ec, &metrics);
+  Engine engine(**runner, ec, &metrics);
 
   ctx.engine = &engine;
   ctx.tokenizer = &*tokenizer;
@@ -207,17 +204,6 @@ int run_serve(const ServeOptions& o) {
   ctx.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
   ctx.request_timeout_s = o.request_timeout;
   ctx.max_waiting_requests = o.max_waiting_requests;
-  if (!o.forced_output_file.empty()) {
-    std::ifstream in(o.forced_output_file, std::ios::binary);
-    if (!in) return fail("cannot read " + o.forced_output_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto ids = tokenizer->encode(ss.str());
-    if (!ids.ok()) return fail("--test-forced-output: " + ids.message());
-    ctx.forced_tokens = std::vector<int32_t>(ids->begin(), ids->end());
-    std::fprintf(stderr, "TEST MODE: every request emits the %zu tokens of %s instead of sampling\n",
-                 ctx.forced_tokens->size(), o.forced_output_file.c_str());
-  }
 
   http::ServerOptions hopt;
   hopt.host = o.host;
@@ -267,9 +253,8 @@ int run_serve(const ServeOptions& o) {
   return 0;
 }
 
-void register_serve(CLI::App& root, int& exit_code) {
-  auto o = std::make_shared<ServeOptions>();
-  auto* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
+void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
+  ServeOptions* o = &opts;
   cmd->add_option("--model", o->model, "Model folder (config.json, *.safetensors, tokenizer.json, chat template)")->required();
   cmd->add_option("--host", o->host, "Address to listen on")->default_val("127.0.0.1");
   cmd->add_option("--port", o->port, "Port (0: any free port)")->default_val(8000);
@@ -291,10 +276,15 @@ void register_serve(CLI::App& root, int& exit_code) {
   cmd->add_option("--max-waiting-requests", o->max_waiting_requests, "Requests waiting for the engine at most (503 + Retry-After beyond; 0: no limit)")->default_val(256);
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may take to finish after SIGTERM/SIGINT")->default_val(10);
   cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")->default_val(60);
-  // TEST-ONLY: every request emits the tokens of this file's text instead of sampled tokens, so
-  // the reasoning / tool-call paths can be tested on a random-weight model. Hidden from --help.
-  cmd->add_option("--test-forced-output", o->forced_output_file, "")->group("");
-  cmd->callback([o, &exit_code] { exit_code = run_serve(*o); });
+}
+
+namespace {
+
+void register_serve(CLI::App& root, int& exit_code) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = root.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching)");
+  add_serve_options(cmd, *o);
+  cmd->callback([o, &exit_code] { exit_code = run_serve(*o, CheckpointRunner::load); });
 }
 SPARKSERVE_COMMAND(register_serve);
 

@@ -104,14 +104,38 @@ void Qwen35Model::drop_graphs() {
   graph_state_key_.clear();
 }
 
-Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelState& state) {
+GdnDims gdn_dims(const ModelConfig& c) {
+  GdnDims d;
+  d.num_k_heads = c.linear_num_key_heads;
+  d.num_v_heads = c.linear_num_value_heads;
+  d.k_head_dim = c.linear_key_head_dim;
+  d.v_head_dim = c.linear_value_head_dim;
+  d.conv_kernel = c.linear_conv_kernel_dim;
+  return d;
+}
+
+int count_layers(const ModelConfig& c, LayerType type) {
+  int n = 0;
+  for (LayerType t : c.layer_types) n += t == type;
+  return n;
+}
+
+Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const StatePools& state) {
   const ModelConfig& c = config_;
   // Validate everything before touching any state.
   int64_t T = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
-    const SequenceInput& in = batch[s];
-    if (!in.state || in.state->gdn_slot < 0) return make_error("sequence " + std::to_string(s) + " has no state slot");
+    const ForwardSeq& in = batch[s];
+    if (in.gdn_slot < 0 || in.gdn_slot >= state.num_slots)
+      return make_error("sequence " + std::to_string(s) + " has no state slot");
     if (in.tokens.empty()) return make_error("sequence " + std::to_string(s) + " has no new tokens");
+    if (in.num_logits < 0 || in.num_logits > static_cast<int64_t>(in.tokens.size()))
+      return make_error("sequence " + std::to_string(s) + " asks for " + std::to_string(in.num_logits) +
+                        " logits rows of " + std::to_string(in.tokens.size()) + " tokens");
+    const int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
+    if (static_cast<int64_t>(in.block_table.size()) * state.block_size < end)
+      return make_error("sequence " + std::to_string(s) + ": its " + std::to_string(in.block_table.size()) +
+                        " KV blocks do not cover position " + std::to_string(end - 1));
     for (int32_t id : in.tokens)
       if (id < 0 || id >= c.vocab_size)
         return make_error("token id " + std::to_string(id) + " is out of range [0, " +
@@ -122,38 +146,24 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
   if (T == 0) return make_error("empty batch");
   for (size_t s = 0; s < batch.size(); ++s)
     for (size_t r = 0; r < s; ++r)
-      if (batch[s].state == batch[r].state || batch[s].state->gdn_slot == batch[r].state->gdn_slot)
+      if (batch[s].gdn_slot == batch[r].gdn_slot)
         return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " share one state");
-  std::vector<std::vector<int32_t>> old_tables;
-  for (auto& in : batch) old_tables.push_back(in.state->block_table);
-  for (size_t s = 0; s < batch.size(); ++s) {
-    SequenceState& st = *batch[s].state;
-    Status ok = state.kv().reserve(st.block_table, st.num_tokens + static_cast<int64_t>(batch[s].tokens.size()));
-    if (!ok.ok()) {
-      for (size_t r = 0; r < s; ++r)  // give back what this call reserved
-        while (batch[r].state->block_table.size() > old_tables[r].size()) {
-          state.kv().allocator().release(batch[r].state->block_table.back());
-          batch[r].state->block_table.pop_back();
-        }
-      return ok;
-    }
-  }
 
   // Rows, spans, positions.
   Layout layout;
   bool decode_only = true;
   std::vector<int32_t> ids, pos, pos3;
   std::vector<int64_t> logit_rows;
-  for (auto& in : batch) {
-    if (in.mm) in.state->rope_delta = in.mm->rope_delta;
+  for (const ForwardSeq& in : batch) {
+    const int64_t rope_delta = in.mm ? in.mm->rope_delta : in.rope_delta;
     Layout::ImageRows images{in.mm, {}, {}};
     SeqSpan span;
     span.row_begin = static_cast<int64_t>(ids.size());
     span.num_tokens = static_cast<int64_t>(in.tokens.size());
-    span.start_pos = in.state->num_tokens;
-    span.gdn_slot = in.state->gdn_slot;
-    span.block_table = in.state->block_table.data();
-    span.num_blocks = static_cast<int64_t>(in.state->block_table.size());
+    span.start_pos = in.start_pos;
+    span.gdn_slot = in.gdn_slot;
+    span.block_table = in.block_table.data();
+    span.num_blocks = static_cast<int64_t>(in.block_table.size());
     for (int64_t i = 0; i < span.num_tokens; ++i) {
       ids.push_back(in.tokens[static_cast<size_t>(i)]);
       const int64_t p = span.start_pos + i;
@@ -167,25 +177,22 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
           images.embed_rows.push_back(e);
         }
       } else {
-        const auto q = static_cast<int32_t>(p + in.state->rope_delta);
+        const auto q = static_cast<int32_t>(p + rope_delta);
         pos3.insert(pos3.end(), {q, q, q});
       }
       pos.push_back(pos3.back());
-      if (in.all_logits || i + 1 == span.num_tokens) logit_rows.push_back(span.row_begin + i);
+      if (i >= span.num_tokens - in.num_logits) logit_rows.push_back(span.row_begin + i);
     }
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
     layout.all.seqs.push_back(span);
     (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
-    decode_only = decode_only && span.num_tokens == 1;
+    decode_only = decode_only && span.num_tokens == 1 && in.num_logits == 1;
   }
   layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
 
   if (decode_only && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
     std::optional<Logits> out = forward_recorded(layout, ids, pos, state);
-    if (out) {
-      for (auto& in : batch) in.state->num_tokens += 1;
-      return std::move(*out);
-    }
+    if (out) return std::move(*out);
   }
 
   layout.positions_storage = buffer({T}, DType::kI32);
@@ -200,14 +207,14 @@ Expected<Logits> Qwen35Model::forward(std::vector<SequenceInput>& batch, ModelSt
   backend_.upload(tok, ids.data());
   Buffer h = buffer({T, c.hidden_size});
   trunk(h, tok, layout, state);
-  for (auto& in : batch) in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
+  if (logit_rows.empty()) return Logits{0, c.vocab_size, {}};
 
   Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), c.hidden_size});
   backend_.gather_rows(last, h, logit_rows);
   return lm_head(last);
 }
 
-void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout, ModelState& state) {
+void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state) {
   const ModelConfig& c = config_;
   const int64_t T = tok.numel(), H = c.hidden_size;
   // Residual stream x, normalised hidden h, block output d.
@@ -253,22 +260,22 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
 }
 
 std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                                    const std::vector<int32_t>& pos, ModelState& state) {
+                                                    const std::vector<int32_t>& pos, const StatePools& state) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), V = c.vocab_size;
 
   // A recording writes the state pools it was recorded with: other pools mean recording again.
   std::vector<uintptr_t> key;
-  key.push_back(static_cast<uintptr_t>(state.kv().block_size()));
-  int64_t slots = B;
+  key.push_back(static_cast<uintptr_t>(state.block_size));
+  const int64_t slots = std::max(B, state.num_slots);
   for (size_t l = 0; l < c.layer_types.size(); ++l) {
+    const size_t i = static_cast<size_t>(layer_slot_[l]);
     if (c.layer_types[l] == LayerType::kLinearAttention) {
-      key.push_back(reinterpret_cast<uintptr_t>(state.gdn().conv_pool(layer_slot_[l]).data));
-      key.push_back(reinterpret_cast<uintptr_t>(state.gdn().recurrent_pool(layer_slot_[l]).data));
-      slots = std::max(slots, state.gdn().recurrent_pool(layer_slot_[l]).dim(0));
+      key.push_back(reinterpret_cast<uintptr_t>(state.conv[i].data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.recurrent[i].data));
     } else {
-      key.push_back(reinterpret_cast<uintptr_t>(state.kv().k_pool(layer_slot_[l]).data));
-      key.push_back(reinterpret_cast<uintptr_t>(state.kv().v_pool(layer_slot_[l]).data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.k[i].data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.v[i].data));
     }
   }
   if (key != graph_state_key_ || !graph_logits_.tensor().data || graph_logits_.tensor().dim(0) < B) {
@@ -317,7 +324,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
     fixed.positions = Tensor(in.ptr<int32_t>() + B, DType::kI32, {B}, in.device);
     const Tensor packed(in.ptr<int32_t>() + 2 * B, DType::kI32, {in.numel() - 2 * B}, in.device);
     const auto t0 = std::chrono::steady_clock::now();
-    backend_.set_fixed_layout(packed, B, B, g->max_blocks * state.kv().block_size());
+    backend_.set_fixed_layout(packed, B, B, g->max_blocks * state.block_size);
     g->recording = backend_.record([&] {
       Buffer h = buffer({B, c.hidden_size});
       trunk(h, tok, fixed, state);
@@ -344,7 +351,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
 }
 
 void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,
-                            const Layout& layout, ModelState& state) {
+                            const Layout& layout, const StatePools& state) {
   const GdnWeights& w = lw.gdn;
   const GdnDims dims = gdn_dims(config_);
   const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
@@ -352,12 +359,13 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.run_branches({[&] { backend_.linear(mixed, h, w.in_proj_qkv); },
                          [&] { backend_.linear(z, h, w.in_proj_z); }});
 
-  const Tensor& rec = state.gdn().recurrent_pool(gdn_index);
+  const Tensor& rec = state.recurrent[static_cast<size_t>(gdn_index)];
+  const Tensor& conv = state.conv[static_cast<size_t>(gdn_index)];
   Buffer normed = buffer({T, Hv * dv});
   if (fused_ && layout.prefill.seqs.empty()) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
-                             config_.rms_norm_eps, state.gdn().conv_pool(gdn_index), rec, layout.decode, dims);
+                             config_.rms_norm_eps, conv, rec, layout.decode, dims);
     backend_.linear(out, normed, w.out_proj);
     return;
   }
@@ -365,7 +373,7 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.linear(b, h, w.in_proj_b);
   backend_.linear(a, h, w.in_proj_a);
   Buffer qkv = buffer({T, dims.conv_dim()});
-  backend_.gdn_conv(qkv, mixed, w.conv, state.gdn().conv_pool(gdn_index), layout.all);
+  backend_.gdn_conv(qkv, mixed, w.conv, conv, layout.all);
   Buffer g = buffer({T, Hv}), beta = buffer({T, Hv});
   backend_.gdn_gating(g, beta, a, b, w.A_log, w.dt_bias);
 
@@ -379,7 +387,7 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
 }
 
 void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw,
-                                  int attn_index, const Layout& layout, ModelState& state) {
+                                  int attn_index, const Layout& layout, const StatePools& state) {
   const AttentionWeights& w = lw.attn;
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
@@ -387,8 +395,8 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   backend_.run_branches({[&] { backend_.linear(qg, h, w.q_proj); }, [&] { backend_.linear(k, h, w.k_proj); },
                          [&] { backend_.linear(v, h, w.v_proj); }});
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
-  const Tensor& k_pool = state.kv().k_pool(attn_index);
-  const Tensor& v_pool = state.kv().v_pool(attn_index);
+  const Tensor& k_pool = state.k[static_cast<size_t>(attn_index)];
+  const Tensor& v_pool = state.v[static_cast<size_t>(attn_index)];
   if (fused_ && !layout.mrope) {
     // The same chain as below in one op (one kernel on CUDA).
     backend_.attention_prep(q, gate, qg, k, v, w.q_norm, w.k_norm, c.rms_norm_eps, layout.positions,
@@ -400,7 +408,7 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   dims.num_heads = nh;
   dims.num_kv_heads = kvh;
   dims.head_dim = hd;
-  dims.block_size = state.kv().block_size();
+  dims.block_size = state.block_size;
   dims.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Buffer o = buffer({T, nh, hd});
   if (fused_) {

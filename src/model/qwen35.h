@@ -6,37 +6,22 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/ops.h"
 #include "core/status.h"
 #include "loader/hf_config.h"
 #include "loader/weights.h"
+#include "model/forward_batch.h"
 #include "model/multimodal.h"
 #include "model/vision.h"
-#include "runtime/model_state.h"
 
 namespace sparkserve {
 
-// One sequence's part of a forward batch: its new tokens (a prefill chunk, or one decode token)
-// continuing from state->num_tokens.
-struct SequenceInput {
-  SequenceState* state = nullptr;
-  std::vector<int32_t> tokens;
-  bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
-  // The prompt's images and M-RoPE positions, for the chunks of a prompt with images (the images are
-  // encoded by the first forward that sees them). Tokens at or past mm->length, and every token when
-  // mm is null, sit at position index + state->rope_delta, which a forward with mm sets.
-  MultimodalPrompt* mm = nullptr;
-};
-
-// Logits rows in batch order: for each sequence, its last token's row or all its rows.
-struct Logits {
-  int64_t rows = 0;
-  int64_t vocab = 0;
-  std::vector<float> data;  // [rows, vocab]
-  const float* row(int64_t r) const { return data.data() + r * vocab; }
-};
+// The geometry of a GDN layer's state (conv window + recurrent state) for this config.
+GdnDims gdn_dims(const ModelConfig& c);
+int count_layers(const ModelConfig& c, LayerType type);
 
 class Qwen35Model {
  public:
@@ -50,14 +35,16 @@ class Qwen35Model {
   Status encode_images(MultimodalPrompt& mm);
   Backend& backend() { return backend_; }
 
-  // Runs every sequence's new tokens through the model, appends them to its state (KV blocks are
-  // reserved here; num_tokens advances) and returns the requested logits. Errors (token id out of
-  // range, KV cache full, a sequence without a GDN slot) leave every state untouched.
+  // Runs every sequence's new tokens through the model: their keys/values go into the KV blocks at
+  // their positions, their GDN state rows advance, and the requested logits rows come back. The
+  // caller owns every block and row: each sequence's block table must already cover its new
+  // positions. Errors (token id out of range, a block table too short, a sequence without a GDN
+  // slot, two sequences on one slot) are found before anything is written.
   // On a backend that can record (CUDA), a batch of B single-token (decode) spans replays a forward
   // recorded for B once B has been seen before: one host->device copy of the step's inputs, one graph
   // launch, one copy of the logits back. Same kernels on the same data: the logits are bitwise those
   // of running the ops one by one.
-  Expected<Logits> forward(std::vector<SequenceInput>& batch, ModelState& state);
+  Expected<Logits> forward(std::span<const ForwardSeq> batch, const StatePools& state);
 
   // Recorded decode steps are on unless the environment says SPARKSERVE_CUDA_GRAPHS=0 at construction.
   void set_graphs_enabled(bool on);
@@ -81,19 +68,19 @@ class Qwen35Model {
   struct DecodeGraph;  // one recorded decode step, see qwen35.cpp
 
   // The layers: tok [T] i32 -> h [T, H] f32, the final-normalised hidden rows.
-  void trunk(const Tensor& h, const Tensor& tok, const Layout& layout, ModelState& state);
+  void trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state);
   // A pure-decode batch through its recording (recording it first where needed); nullopt when the
   // step has to run op by op (first sight of this batch size, or the backend could not record).
   // ids, pos: the batch's token ids and positions, one per span.
   std::optional<Logits> forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                         const std::vector<int32_t>& pos, ModelState& state);
+                                         const std::vector<int32_t>& pos, const StatePools& state);
   void drop_graphs();
 
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
   void gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int gdn_index,
-                 const Layout& layout, ModelState& state);
+                 const Layout& layout, const StatePools& state);
   void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int attn_index,
-                       const Layout& layout, ModelState& state);
+                       const Layout& layout, const StatePools& state);
   // The attention input chain op by op (split, q/k norms, RoPE, KV write): what attention_prep
   // fuses; run when fused ops are off. qg: [T, nh, 2hd], k, v: [T, kvh, hd] -> q, gate: [T, nh, hd].
   void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,

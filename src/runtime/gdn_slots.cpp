@@ -1,33 +1,37 @@
 #include "runtime/gdn_slots.h"
 
-#include <string>
+#include "core/check.h"
 
 namespace sparkserve {
 
-GdnSlots::GdnSlots(Backend& backend, int num_layers, int32_t num_slots, const GdnDims& d)
-    : backend_(&backend), in_use_(static_cast<size_t>(num_slots), false) {
+GdnSlots::GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& d)
+    : backend_(&backend), num_slots_(num_slots), num_snapshots_(num_snapshots) {
+  const int64_t rows = num_slots + num_snapshots;
   for (int l = 0; l < num_layers; ++l) {
-    conv_.emplace_back(&backend, DType::kF32, std::vector<int64_t>{num_slots, d.conv_dim(), d.conv_kernel - 1});
-    rec_.emplace_back(&backend, DType::kF32,
-                      std::vector<int64_t>{num_slots, d.num_v_heads, d.k_head_dim, d.v_head_dim});
+    conv_.emplace_back(&backend, DType::kF32, std::vector<int64_t>{rows, d.conv_dim(), d.conv_kernel - 1});
+    rec_.emplace_back(&backend, DType::kF32, std::vector<int64_t>{rows, d.num_v_heads, d.k_head_dim, d.v_head_dim});
   }
-  for (int32_t s = num_slots - 1; s >= 0; --s) free_.push_back(s);
 }
 
-Expected<int32_t> GdnSlots::acquire() {
-  if (free_.empty()) return make_error("no free GDN state slot (all " + std::to_string(in_use_.size()) + " in use)");
-  int32_t s = free_.back();
-  free_.pop_back();
-  in_use_[static_cast<size_t>(s)] = true;
-  for (auto& b : conv_) backend_->fill_zero(b.tensor().rows(s, 1));
-  for (auto& b : rec_) backend_->fill_zero(b.tensor().rows(s, 1));
-  return s;
+int64_t GdnSlots::row_bytes() const {
+  int64_t b = 0;
+  for (size_t l = 0; l < conv_.size(); ++l)
+    b += static_cast<int64_t>(conv_[l].tensor().rows(0, 1).nbytes() + rec_[l].tensor().rows(0, 1).nbytes());
+  return b;
 }
 
-void GdnSlots::release(int32_t slot) {
-  CHECK(slot >= 0 && slot < static_cast<int32_t>(in_use_.size()) && in_use_[static_cast<size_t>(slot)]);
-  in_use_[static_cast<size_t>(slot)] = false;
-  free_.push_back(slot);
+void GdnSlots::zero_row(int32_t row) {
+  CHECK(row >= 0 && row < num_rows());
+  for (auto& b : conv_) backend_->fill_zero(b.tensor().rows(row, 1));
+  for (auto& b : rec_) backend_->fill_zero(b.tensor().rows(row, 1));
+}
+
+void GdnSlots::copy_row(int32_t src, int32_t dst) {
+  CHECK(src >= 0 && src < num_rows() && dst >= 0 && dst < num_rows() && src != dst);
+  for (size_t l = 0; l < conv_.size(); ++l) {
+    backend_->copy(conv_[l].tensor().rows(dst, 1), conv_[l].tensor().rows(src, 1));
+    backend_->copy(rec_[l].tensor().rows(dst, 1), rec_[l].tensor().rows(src, 1));
+  }
 }
 
 }  // namespace sparkserve

@@ -1,32 +1,39 @@
-// Fixed-size Gated DeltaNet state, one slot per running sequence: for each GDN layer a conv state
-// pool [slots, conv_dim, K-1] and a recurrent state pool [slots, Hv, dk, dv], both f32.
+// Gated DeltaNet state storage: for each GDN layer a conv state pool [rows, conv_dim, K-1] (the
+// last K-1 conv inputs) and a recurrent state pool [rows, Hv, dk, dv], both f32. A row is one
+// sequence's whole GDN state. Rows [0, slots) belong to running sequences; rows
+// [slots, slots + snapshots) hold copies of such states kept for the prefix cache. Which row
+// belongs to whom is decided by the owner (the engine's scheduler, or DirectState).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backend/ops.h"
-#include "core/status.h"
 
 namespace sparkserve {
 
 class GdnSlots {
  public:
-  GdnSlots(Backend& backend, int num_layers, int32_t num_slots, const GdnDims& dims);
-
-  // A free slot with zeroed state (a fresh sequence), or an error when all are taken.
-  Expected<int32_t> acquire();
-  void release(int32_t slot);
-  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+  GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& dims);
 
   const Tensor& conv_pool(int layer) const { return conv_[static_cast<size_t>(layer)].tensor(); }
   const Tensor& recurrent_pool(int layer) const { return rec_[static_cast<size_t>(layer)].tensor(); }
+  int num_layers() const { return static_cast<int>(conv_.size()); }
+  int32_t num_slots() const { return num_slots_; }
+  int32_t num_snapshots() const { return num_snapshots_; }
+  int32_t num_rows() const { return num_slots_ + num_snapshots_; }
+  // Bytes of one row over all layers (what one snapshot costs).
+  int64_t row_bytes() const;
+
+  // Zeroes row `row` in every layer (the state of an empty sequence).
+  void zero_row(int32_t row);
+  // Copies row src's conv and recurrent state into row dst, in every layer.
+  void copy_row(int32_t src, int32_t dst);
 
  private:
   Backend* backend_;
+  int32_t num_slots_, num_snapshots_;
   std::vector<Buffer> conv_, rec_;
-  std::vector<int32_t> free_;
-  std::vector<bool> in_use_;
 };
 
 }  // namespace sparkserve

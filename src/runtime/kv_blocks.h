@@ -1,29 +1,14 @@
-// Paged KV cache for the full-attention layers: one pool per layer
-// [num_blocks, block_size, kv_heads, head_dim], a block table per sequence (shared by all layers),
-// and a free-list allocator of block ids.
+// Paged KV cache storage for the full-attention layers: one pool per layer
+// [num_blocks, block_size, kv_heads, head_dim], indexed by block id. Which block belongs to whom is
+// not decided here (the engine's KvBlockPool, or DirectState for a tool running sequences itself).
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "backend/ops.h"
-#include "core/status.h"
 
 namespace sparkserve {
-
-class KvBlockAllocator {
- public:
-  explicit KvBlockAllocator(int32_t num_blocks);
-  std::optional<int32_t> allocate();
-  void release(int32_t block);  // CHECKs that the block is currently allocated
-  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
-  int32_t num_blocks() const { return static_cast<int32_t>(in_use_.size()); }
-
- private:
-  std::vector<int32_t> free_;  // LIFO: recently freed blocks are reused first
-  std::vector<bool> in_use_;
-};
 
 class KvCache {
  public:
@@ -33,18 +18,17 @@ class KvCache {
 
   const Tensor& k_pool(int layer) const { return k_[static_cast<size_t>(layer)].tensor(); }
   const Tensor& v_pool(int layer) const { return v_[static_cast<size_t>(layer)].tensor(); }
+  int num_layers() const { return static_cast<int>(k_.size()); }
   int64_t block_size() const { return block_size_; }
-  KvBlockAllocator& allocator() { return alloc_; }
+  int32_t num_blocks() const { return num_blocks_; }
 
-  // Grows `table` until it covers `num_tokens` positions. On failure (pool exhausted) the table is
-  // left as it was and the error says how many blocks were needed.
-  Status reserve(std::vector<int32_t>& table, int64_t num_tokens);
-  // Returns every block of `table` to the free list and clears it.
-  void release(std::vector<int32_t>& table);
+  // Copies block src's keys and values (every position, every layer) into block dst.
+  void copy_block(int32_t src, int32_t dst);
 
  private:
+  Backend* backend_;
   int64_t block_size_;
-  KvBlockAllocator alloc_;
+  int32_t num_blocks_;
   std::vector<Buffer> k_, v_;
 };
 

@@ -2,38 +2,22 @@
 
 namespace sparkserve {
 
-GdnDims gdn_dims(const ModelConfig& c) {
-  GdnDims d;
-  d.num_k_heads = c.linear_num_key_heads;
-  d.num_v_heads = c.linear_num_value_heads;
-  d.k_head_dim = c.linear_key_head_dim;
-  d.v_head_dim = c.linear_value_head_dim;
-  d.conv_kernel = c.linear_conv_kernel_dim;
-  return d;
-}
-
-int count_layers(const ModelConfig& c, LayerType type) {
-  int n = 0;
-  for (LayerType t : c.layer_types) n += t == type;
-  return n;
-}
-
 ModelState::ModelState(Backend& backend, const ModelConfig& c, const StateLimits& limits)
-    : kv_(backend, count_layers(c, LayerType::kFullAttention), limits.num_kv_blocks, limits.block_size,
+    : limits_(limits),
+      kv_(backend, count_layers(c, LayerType::kFullAttention), limits.num_kv_blocks, limits.block_size,
           c.num_key_value_heads, c.head_dim),
-      gdn_(backend, count_layers(c, LayerType::kLinearAttention), limits.max_sequences, gdn_dims(c)) {}
-
-Expected<SequenceState> ModelState::open_sequence() {
-  SequenceState s;
-  SS_ASSIGN_OR_RETURN(s.gdn_slot, gdn_.acquire());
-  return s;
-}
-
-void ModelState::close_sequence(SequenceState& seq) {
-  if (seq.gdn_slot >= 0) gdn_.release(seq.gdn_slot);
-  seq.gdn_slot = -1;
-  kv_.release(seq.block_table);
-  seq.num_tokens = 0;
+      gdn_(backend, count_layers(c, LayerType::kLinearAttention), limits.max_sequences, limits.num_snapshots,
+           gdn_dims(c)) {
+  pools_.block_size = limits.block_size;
+  pools_.num_slots = limits.max_sequences;
+  for (int l = 0; l < kv_.num_layers(); ++l) {
+    pools_.k.push_back(kv_.k_pool(l));
+    pools_.v.push_back(kv_.v_pool(l));
+  }
+  for (int l = 0; l < gdn_.num_layers(); ++l) {
+    pools_.conv.push_back(gdn_.conv_pool(l));
+    pools_.recurrent.push_back(gdn_.recurrent_pool(l));
+  }
 }
 
 }  // namespace sparkserve

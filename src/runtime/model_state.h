@@ -1,52 +1,42 @@
-// All per-sequence state of a Qwen3.5 model: the paged KV cache of the full-attention layers and
-// the GDN slots of the linear-attention layers, plus the bookkeeping of one sequence.
+// All per-sequence state storage of a Qwen3.5 model: the paged KV cache of the full-attention
+// layers and the GDN state rows of the linear-attention layers (live slots, then prefix-cache
+// snapshots), with the copies between them that the engine's model runner issues. Storage only:
+// block and row accounting belongs to the engine's scheduler (or DirectState).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "backend/ops.h"
-#include "core/status.h"
 #include "loader/hf_config.h"
+#include "model/forward_batch.h"
+#include "model/qwen35.h"
 #include "runtime/gdn_slots.h"
 #include "runtime/kv_blocks.h"
 
 namespace sparkserve {
 
-// One sequence's handle on the state pools.
-struct SequenceState {
-  int32_t gdn_slot = -1;
-  std::vector<int32_t> block_table;  // KV blocks, in position order
-  int64_t num_tokens = 0;            // tokens already processed (the next token's KV slot)
-  // M-RoPE: a token after a prompt's images sits at rotary position index + rope_delta
-  // (transformers' rope_deltas; 0 for text-only sequences). Set by the forward that sees the images.
-  int64_t rope_delta = 0;
-};
-
 struct StateLimits {
-  int32_t max_sequences = 1;
+  int32_t max_sequences = 1;  // live GDN slots
   int32_t num_kv_blocks = 64;
   int64_t block_size = 16;
+  int32_t num_snapshots = 0;  // GDN state rows kept for the prefix cache
 };
 
 class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, const StateLimits& limits);
 
-  // A fresh sequence (zeroed GDN slot, no KV blocks); error when no slot is free.
-  Expected<SequenceState> open_sequence();
-  // Returns the sequence's slot and blocks.
-  void close_sequence(SequenceState& seq);
-
   KvCache& kv() { return kv_; }
   GdnSlots& gdn() { return gdn_; }
+  const StateLimits& limits() const { return limits_; }
+  // What the model's forward reads and writes.
+  const StatePools& pools() const { return pools_; }
 
  private:
+  StateLimits limits_;
   KvCache kv_;
   GdnSlots gdn_;
+  StatePools pools_;
 };
-
-GdnDims gdn_dims(const ModelConfig& c);
-int count_layers(const ModelConfig& c, LayerType type);
 
 }  // namespace sparkserve

@@ -52,9 +52,6 @@ struct EngineRequest {
   uint64_t id = 0;
   std::vector<int32_t> prompt;
   SamplingParams params;
-  // TEST-ONLY (serve --test-forced-output): emit these tokens in order instead of sampling
-  // (the model still runs on them), then finish with "stop".
-  std::optional<std::vector<int32_t>> forced_tokens;
   // Constrained decoding (tool_choice required / named): masks every sampled token and sees
   // every token taken. Used only by the engine thread once submitted.
   std::shared_ptr<TokenConstraint> constraint;

@@ -94,7 +94,6 @@ std::unique_ptr<Generation> start_generation(ServeContext& ctx, const Generation
   g->er->id = g_next_request_id.fetch_add(1);
   g->er->prompt = std::move(p.prompt);
   g->er->params = std::move(p.params);
-  g->er->forced_tokens = ctx.forced_tokens;
   g->num_logprobs = g->er->params.num_logprobs;
   DetokenizerOptions dopt;
   dopt.stop = r.stop;

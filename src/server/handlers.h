@@ -39,7 +39,6 @@ struct ServeContext {
   size_t max_body_bytes = 0;
   double request_timeout_s = 0;          // 0: none
   int64_t max_waiting_requests = 0;      // engine queue beyond which new generations get 503; 0: none
-  std::optional<std::vector<int32_t>> forced_tokens;  // TEST-ONLY, see serve --test-forced-output
   std::atomic<bool> shutting_down{false};  // new requests get 503
   std::atomic<bool> drain_expired{false};  // in-flight requests end now, with an error
 };

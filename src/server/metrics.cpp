@@ -89,6 +89,29 @@ void ServerMetrics::add_prompt_tokens(uint64_t n) { std::lock_guard l(mu_); prom
 void ServerMetrics::add_generation_tokens(uint64_t n) { std::lock_guard l(mu_); generation_tokens_ += n; }
 void ServerMetrics::count_preemption() { std::lock_guard l(mu_); preemptions_++; }
 
+void ServerMetrics::on_prompt(int64_t prompt_tokens, int64_t cached_tokens) {
+  add_prompt_tokens(static_cast<uint64_t>(prompt_tokens));
+}
+
+void ServerMetrics::on_token(bool first, double seconds) {
+  add_generation_tokens(1);
+  if (first) observe_time_to_first_token(seconds);
+  else observe_inter_token_latency(seconds);
+}
+
+void ServerMetrics::on_finished(std::string_view finish_reason, double e2e_seconds) {
+  count_finished_request(finish_reason);
+  observe_e2e_latency(e2e_seconds);
+}
+
+void ServerMetrics::on_gauges(const EngineGauges& g) {
+  std::lock_guard l(mu_);
+  running_ = g.running;
+  waiting_ = g.waiting;
+  kv_usage_ = g.kv_cache_usage;
+  slots_usage_ = g.state_slots_usage;
+}
+
 void ServerMetrics::count_finished_request(std::string_view reason) {
   std::lock_guard l(mu_);
   auto it = finished_.find(reason);

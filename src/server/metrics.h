@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/engine_observer.h"
+
 namespace sparkserve {
 
 // Cumulative histogram with fixed upper bounds (+Inf implied).
@@ -36,9 +38,16 @@ const std::vector<double>& ttft_buckets();
 const std::vector<double>& inter_token_latency_buckets();
 const std::vector<double>& e2e_latency_buckets();
 
-class ServerMetrics {
+class ServerMetrics final : public EngineObserver {
  public:
   explicit ServerMetrics(std::string model_name);
+
+  // The engine's reports (EngineObserver), mapped onto the series below.
+  void on_prompt(int64_t prompt_tokens, int64_t cached_tokens) override;
+  void on_token(bool first, double seconds) override;
+  void on_finished(std::string_view finish_reason, double e2e_seconds) override;
+  void on_preemption() override { count_preemption(); }
+  void on_gauges(const EngineGauges& g) override;
 
   // Gauges, set by the engine after each step.
   void set_requests_running(int64_t n);

@@ -38,6 +38,7 @@
 #include "core/npy.h"
 #include "model/load.h"
 #include "gpu_harness.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve {
 int run_bench_kernels(Backend& gpu, const std::string& filter);  // bench_kernels.cpp
@@ -588,13 +589,13 @@ StateLimits limits(int32_t seqs, int32_t blocks) {
 }
 
 std::vector<float> forward_all(Qwen35Model& m, const std::vector<int32_t>& ids) {
-  ModelState st(m.backend(), m.config(), limits(1, 64));
+  DirectState st(m.backend(), m.config(), limits(1, 64));
   auto seq = st.open_sequence();
   std::vector<SequenceInput> b(1);
   b[0].state = &*seq;
   b[0].tokens = ids;
   b[0].all_logits = true;
-  auto l = m.forward(b, st);
+  auto l = st.forward(m, b);
   if (!l.ok()) {
     std::printf("forward failed: %s\n", l.message().c_str());
     return {};
@@ -692,19 +693,19 @@ void test_models(Backend& cpu, Backend& gpu) {
       record("logits", fname + "/" + pn + " vs transformers", rel_err(g_all, ref_logits->data), kModel);
       record("logits", fname + "/" + pn + " vs cpu backend", rel_err(g_all, forward_all(Cm, ids)), kModel);
       // Cached decode: prefill the prompt, then feed the greedy ids one at a time.
-      ModelState st(gpu, G.config(), limits(1, 64));
+      DirectState st(gpu, G.config(), limits(1, 64));
       auto seq = st.open_sequence();
       std::vector<SequenceInput> b(1);
       b[0].state = &*seq;
       b[0].tokens = ids;
-      auto l = G.forward(b, st);
+      auto l = st.forward(G, b);
       std::vector<float> dec;
       std::vector<int32_t> got_ids;
       for (size_t s = 0; l.ok() && s < greedy.size(); ++s) {
         dec.insert(dec.end(), l->data.begin(), l->data.end());
         got_ids.push_back(static_cast<int32_t>(std::max_element(l->data.begin(), l->data.end()) - l->data.begin()));
         b[0].tokens = {greedy[s]};
-        l = G.forward(b, st);
+        l = st.forward(G, b);
       }
       // Row s of dec = logits after prompt + greedy[0..s): the reference decode file starts at row
       // T-1 of the teacher-forced sequence, i.e. dec row 0 is the prompt's last row.
@@ -723,7 +724,7 @@ void test_models(Backend& cpu, Backend& gpu) {
     // Batched == alone: every prompt's prefill in one batch, then one decode step each, batched.
     if (prompts.size() >= 2) {
       const int32_t n = static_cast<int32_t>(prompts.size());
-      ModelState st(gpu, G.config(), limits(n, 64 * n));
+      DirectState st(gpu, G.config(), limits(n, 64 * n));
       std::vector<SequenceState> seqs;
       for (int32_t i = 0; i < n; ++i) seqs.push_back(*st.open_sequence());
       std::vector<SequenceInput> b(static_cast<size_t>(n));
@@ -731,9 +732,9 @@ void test_models(Backend& cpu, Backend& gpu) {
         b[static_cast<size_t>(i)].state = &seqs[static_cast<size_t>(i)];
         b[static_cast<size_t>(i)].tokens = prompts[static_cast<size_t>(i)];
       }
-      auto l1 = G.forward(b, st);
+      auto l1 = st.forward(G, b);
       for (int32_t i = 0; i < n; ++i) b[static_cast<size_t>(i)].tokens = {static_cast<int32_t>(7 + i)};
-      auto l2 = G.forward(b, st);
+      auto l2 = st.forward(G, b);
       double worst = l1.ok() && l2.ok() ? 0.0 : INFINITY;
       for (int32_t i = 0; i < n && std::isfinite(worst); ++i) {
         auto alone_all = forward_all(G, [&] {

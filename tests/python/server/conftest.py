@@ -13,11 +13,14 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.environ.get("SPARKSERVE_BIN", os.path.join(ROOT, "build", "sparkserve"))
+# The same server on a scripted fake model runner (tests/serve_scripted): every request writes a
+# given text.
+SCRIPTED_BIN = os.environ.get("SPARKSERVE_SCRIPTED_BIN", os.path.join(ROOT, "build", "tests", "sparkserve_scripted"))
 BUILD_DIR = os.environ.get("SPARKSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
 MODEL_NAME = "tiny"
 
-# Forced output (TEST-ONLY flag) for the parser tests: reasoning, then one qwen3_coder tool call.
-FORCED_TOOL_TEXT = (
+# The scripted output of the parser tests: reasoning, then one qwen3_coder tool call.
+SCRIPTED_TOOL_TEXT = (
     "The user wants the weather, so I call the tool.\n</think>\n\n"
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
@@ -39,12 +42,12 @@ def tiny_model() -> str:
 
 
 class Server:
-    def __init__(self, model: str, *extra: str, env=None):
+    def __init__(self, model: str, *extra: str, env=None, command=(BIN, "serve")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
         defaults = {"--threads": "2", "--max-model-len": "512", "--max-body-bytes": "65536", "--kv-cache-mb": "32"}
-        cmd = [BIN, "serve", "--model", model, "--port", str(self.port), "--served-model-name", MODEL_NAME]
+        cmd = [*command, "--model", model, "--port", str(self.port), "--served-model-name", MODEL_NAME]
         for k, v in defaults.items():
             if k not in extra:
                 cmd += [k, v]
@@ -102,10 +105,10 @@ def server(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def forced_server(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("forced") / "output.txt"
-    path.write_text(FORCED_TOOL_TEXT)
-    s = Server(tiny_model, "--test-forced-output", str(path))
+def scripted_server(tiny_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("scripted") / "output.txt"
+    path.write_text(SCRIPTED_TOOL_TEXT)
+    s = Server(tiny_model, "--script", str(path), command=(SCRIPTED_BIN, "serve-scripted"))
     yield s
     s.stop()
 

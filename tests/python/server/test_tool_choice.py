@@ -1,5 +1,5 @@
 """tool_choice "required" and a named function through the openai SDK on the tiny random-weight
-model: real sampling under the tool-call constraint (no forced output). Random weights never
+model: real sampling under the tool-call constraint (no scripted output). Random weights never
 write a tool call by themselves, so every call below exists only because the constraint masked
 everything else; each must parse into a call of an offered (or the named) function whose
 arguments satisfy the schema (enum, integer, boolean, required)."""

@@ -3,7 +3,7 @@
 // runs the same kernels with the same arguments on the same data, so any difference is a bug such
 // as a stale input, a wrong fixed layout or a buffer shared between replays). Covers batch sizes
 // 1, 3 and 8, re-recording when sequences outgrow the recorded block tables, sequences finishing,
-// being preempted and re-admitted between steps, a new ModelState, the engine with preemption, and
+// being preempted and re-admitted between steps, a new DirectState, the engine with preemption, and
 // the SPARKSERVE_CUDA_GRAPHS=0 opt-out. Skipped where the build or machine has no CUDA device;
 // the CPU-backend checks run everywhere.
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include "backend/backend_factory.h"
 #include "model/load.h"
 #include "runtime/engine.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::test {
 namespace {
@@ -90,8 +91,8 @@ class Mirror {
       be.push_back({&seqs_[i].e, toks, false});
       bg.push_back({&seqs_[i].g, toks, false});
     }
-    auto le = p_.eager->forward(be, se_);
-    auto lg = p_.graph->forward(bg, sg_);
+    auto le = se_.forward(*p_.eager, be);
+    auto lg = sg_.forward(*p_.graph, bg);
     EXPECT_TRUE(le.ok()) << what << ": " << le.message();
     EXPECT_TRUE(lg.ok()) << what << ": " << lg.message();
     if (!le.ok() || !lg.ok()) return false;
@@ -113,7 +114,7 @@ class Mirror {
     bool open;
   };
   Pair& p_;
-  ModelState se_, sg_;
+  DirectState se_, sg_;
   std::vector<Seq> seqs_;
 };
 
@@ -251,7 +252,7 @@ TEST(GraphVsEagerChurn, FinishedPreemptedAndNewSequencesBetweenSteps) {
   EXPECT_GE(p.graph->graph_stats().recorded, 3);  // several batch sizes
 }
 
-// A new ModelState (other pools) must not replay recordings that write the old one's pools.
+// A new DirectState (other pools) must not replay recordings that write the old one's pools.
 TEST(GraphVsEagerState, NewStatePoolsRecordAgain) {
   std::string why;
   auto be = cuda_backend(&why);
@@ -288,12 +289,12 @@ TEST(GraphVsEagerEngine, GreedyOutputsEqualWithPreemption) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 5 + 4 * i, 1000));
   auto run = [&](Qwen35Model& model, uint64_t* preemptions) {
-    Qwen35StepModel step(model);
     ModelState state(*be, model.config(), StateLimits{6, 14, 8});
+    Qwen35Runner runner(model, state);
     EngineConfig ec;
     ec.max_num_batched_tokens = 64;
     ec.vocab_size = model.config().vocab_size;
-    Engine engine(step, state, 6, ec);
+    Engine engine(runner, ec);
     std::vector<std::shared_ptr<EngineRequest>> rs;
     for (const auto& pr : prompts) {
       auto r = std::make_shared<EngineRequest>();
@@ -362,12 +363,12 @@ TEST(GraphOptOut, EnvironmentOnCuda) {
   unsetenv("SPARKSERVE_CUDA_GRAPHS");
   ASSERT_TRUE(cuda_off.ok());
   EXPECT_FALSE((*cuda_off)->graphs_enabled());
-  ModelState st(*be, (*cuda_off)->config(), StateLimits{1, 32, 16});
+  DirectState st(*be, (*cuda_off)->config(), StateLimits{1, 32, 16});
   auto seq = st.open_sequence();
   ASSERT_TRUE(seq.ok());
   for (int s = 0; s < 4; ++s) {
     std::vector<SequenceInput> b = {{&*seq, {static_cast<int32_t>(s + 1)}, false}};
-    ASSERT_TRUE((*cuda_off)->forward(b, st).ok());
+    ASSERT_TRUE(st.forward(**cuda_off, b).ok());
   }
   EXPECT_EQ((*cuda_off)->graph_stats().replayed, 0);
 }

@@ -19,56 +19,110 @@ namespace {
 const std::filesystem::path kTiny = std::filesystem::path(SPARKSERVE_SOURCE_DIR) / "tests/fixtures/qwen35-moe-tiny";
 constexpr int64_t kFakeVocab = 50;
 
-// Next token = (last input token + 1) % vocab, as a one-hot row; reserves KV blocks and advances
-// num_tokens as the real model does, and refuses the whole batch when a block is missing.
-class FakeModel : public StepModel {
+// A model runner without a model, exact by construction. Its "state" is a hash of every token
+// folded in and its "KV cache" holds the token ids written at each position, so every step checks
+// that the scheduler's plan is consistent: the state row of each chunk holds exactly the tokens
+// its KV blocks hold at positions [0, start_pos) (a wrong restore, a missing block, a shared block
+// overwritten by another sequence all show up as an error). Next token = (last input token + 1)
+// % vocab, as a one-hot row.
+class FakeRunner : public ModelRunner {
  public:
   std::vector<std::vector<int64_t>> batches;  // per step: tokens per sequence
   std::chrono::microseconds delay{0};         // per forward, to keep a request running
-  Expected<Logits> forward(std::vector<SequenceInput>& batch, ModelState& state) override {
+
+  explicit FakeRunner(CacheGeometry g)
+      : geo_(g),
+        hash_(static_cast<size_t>(g.num_slots + g.num_snapshots), 0),
+        len_(hash_.size(), -1),
+        kv_(static_cast<size_t>(g.num_blocks), std::vector<int32_t>(static_cast<size_t>(g.block_size), -1)) {}
+  CacheGeometry geometry() const override { return geo_; }
+
+  Expected<StepOutput> execute(const StepPlan& plan) override {
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    run_ops(plan.before);
+    StepOutput out;
+    out.logits.vocab = kFakeVocab;
     std::vector<int64_t> sizes;
-    for (auto& in : batch) {
-      if (in.state->gdn_slot < 0) return make_error("sequence without a GDN slot");
-      Status st = state.kv().reserve(in.state->block_table, in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
-      if (!st.ok()) return make_error(st.message());
-      sizes.push_back(static_cast<int64_t>(in.tokens.size()));
+    for (const ScheduledChunk& c : plan.chunks) {
+      const size_t row = static_cast<size_t>(c.gdn_slot);
+      if (c.gdn_slot < 0 || c.gdn_slot >= geo_.num_slots) return make_error("chunk without a live slot");
+      if (len_[row] != c.start_pos)
+        return make_error("state row holds " + std::to_string(len_[row]) + " tokens, chunk starts at " +
+                          std::to_string(c.start_pos));
+      const int64_t end = c.start_pos + static_cast<int64_t>(c.tokens.size());
+      if (static_cast<int64_t>(c.block_table.size()) * geo_.block_size < end) return make_error("block table too short");
+      uint64_t h = 0;
+      for (int64_t p = 0; p < c.start_pos; ++p) {
+        const int32_t t = at(c.block_table, p);
+        if (t < 0) return make_error("KV position " + std::to_string(p) + " was never written");
+        h = mix(h, t);
+      }
+      if (h != hash_[row]) return make_error("the KV blocks do not hold the tokens of the state");
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        at(c.block_table, c.start_pos + static_cast<int64_t>(i)) = c.tokens[i];
+        hash_[row] = mix(hash_[row], c.tokens[i]);
+      }
+      len_[row] = end;
+      sizes.push_back(static_cast<int64_t>(c.tokens.size()));
+      for (int64_t r = 0; r < c.num_logits; ++r) {
+        const int32_t last = c.tokens[c.tokens.size() - static_cast<size_t>(c.num_logits - r)];
+        out.logits.data.resize(out.logits.data.size() + kFakeVocab, 0.0f);
+        out.logits.data[out.logits.data.size() - kFakeVocab + static_cast<size_t>((last + 1) % kFakeVocab)] = 10.0f;
+        ++out.logits.rows;
+      }
     }
-    batches.push_back(sizes);
-    Logits l;
-    l.rows = static_cast<int64_t>(batch.size());
-    l.vocab = kFakeVocab;
-    l.data.assign(static_cast<size_t>(l.rows * l.vocab), 0.0f);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i].state->num_tokens += static_cast<int64_t>(batch[i].tokens.size());
-      l.data[i * kFakeVocab + static_cast<size_t>((batch[i].tokens.back() + 1) % kFakeVocab)] = 10.0f;
-    }
-    return l;
+    if (!plan.chunks.empty()) batches.push_back(sizes);
+    run_ops(plan.after);
+    return out;
   }
+
+ private:
+  static uint64_t mix(uint64_t h, int32_t t) { return (h ^ static_cast<uint64_t>(t + 1)) * 0x100000001b3ULL + 7; }
+  int32_t& at(std::span<const int32_t> table, int64_t pos) {
+    return kv_[static_cast<size_t>(table[static_cast<size_t>(pos / geo_.block_size)])]
+              [static_cast<size_t>(pos % geo_.block_size)];
+  }
+  void run_ops(const std::vector<StateOp>& ops) {
+    for (const StateOp& op : ops) {
+      switch (op.kind) {
+        case StateOp::Kind::kZeroState:
+          hash_[static_cast<size_t>(op.dst)] = 0;
+          len_[static_cast<size_t>(op.dst)] = 0;
+          break;
+        case StateOp::Kind::kCopyState:
+          hash_[static_cast<size_t>(op.dst)] = hash_[static_cast<size_t>(op.src)];
+          len_[static_cast<size_t>(op.dst)] = len_[static_cast<size_t>(op.src)];
+          break;
+        case StateOp::Kind::kCopyKvBlock:
+          kv_[static_cast<size_t>(op.dst)] = kv_[static_cast<size_t>(op.src)];
+          break;
+      }
+    }
+  }
+
+  CacheGeometry geo_;
+  std::vector<uint64_t> hash_;
+  std::vector<int64_t> len_;
+  std::vector<std::vector<int32_t>> kv_;
 };
 
 struct Rig {
-  std::unique_ptr<Backend> backend = make_cpu_backend(1);
-  ModelConfig config;
-  std::unique_ptr<ModelState> state;
-  FakeModel model;
+  FakeRunner runner;
   std::unique_ptr<Engine> engine;
-  Rig(int32_t slots, int32_t blocks, int64_t block_size, int64_t budget, int32_t max_seqs = 64) {
-    auto c = load_model_config(kTiny);
-    EXPECT_TRUE(c.ok()) << c.message();
-    config = *c;
-    StateLimits lim{slots, blocks, block_size};
-    state = std::make_unique<ModelState>(*backend, config, lim);
+  Rig(int32_t slots, int32_t blocks, int64_t block_size, int64_t budget, int32_t max_seqs = 64)
+      : runner(CacheGeometry{blocks, block_size, slots, 0}) {
     EngineConfig ec;
     ec.max_num_seqs = max_seqs;
     ec.max_num_batched_tokens = budget;
     ec.max_model_len = 4096;
     ec.vocab_size = kFakeVocab;
-    engine = std::make_unique<Engine>(model, *state, slots, ec);
+    engine = std::make_unique<Engine>(runner, ec);
   }
   void run_all(int max_steps = 10000) {
     for (int i = 0; i < max_steps && engine->step(); ++i) {}
   }
+  int32_t free_blocks() const { return engine->stats().free_blocks; }
+  int32_t free_slots() const { return engine->stats().free_slots; }
 };
 
 std::shared_ptr<EngineRequest> greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
@@ -116,7 +170,7 @@ TEST(Engine, ChunkedPrefillStaysUnderTheTokenBudget) {
   rig.run_all();
   // 20 prompt tokens in chunks of 8, 8, 4 (the last one samples), then 2 decodes.
   std::vector<std::vector<int64_t>> want = {{8}, {8}, {4}, {1}, {1}};
-  EXPECT_EQ(rig.model.batches, want);
+  EXPECT_EQ(rig.runner.batches, want);
   Collected c = collect(*r);
   EXPECT_EQ(c.tokens, expected_fake(19, 3));
   EXPECT_EQ(c.finish_reason, "length");
@@ -132,11 +186,11 @@ TEST(Engine, DecodesComeFirstThenPrefillChunks) {
   rig.engine->submit(b);
   rig.run_all();
   // Every step after the first: a's decode (1) first, then b's chunk in the 5 tokens left.
-  ASSERT_GE(rig.model.batches.size(), 4u);
-  EXPECT_EQ(rig.model.batches[1], (std::vector<int64_t>{1, 5}));
-  EXPECT_EQ(rig.model.batches[2], (std::vector<int64_t>{1, 5}));
-  EXPECT_EQ(rig.model.batches[3], (std::vector<int64_t>{1, 2}));
-  for (const auto& b2 : rig.model.batches) {
+  ASSERT_GE(rig.runner.batches.size(), 4u);
+  EXPECT_EQ(rig.runner.batches[1], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(rig.runner.batches[2], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(rig.runner.batches[3], (std::vector<int64_t>{1, 2}));
+  for (const auto& b2 : rig.runner.batches) {
     int64_t sum = 0;
     for (auto n : b2) sum += n;
     EXPECT_LE(sum, 6);
@@ -153,10 +207,10 @@ TEST(Engine, SequenceCapAndSlotsLimitAdmission) {
     rig.engine->submit(rs.back());
   }
   rig.run_all();
-  for (const auto& b : rig.model.batches) EXPECT_LE(b.size(), 2u);
+  for (const auto& b : rig.runner.batches) EXPECT_LE(b.size(), 2u);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(collect(*rs[i]).tokens, expected_fake((i + 3) % kFakeVocab, 4)) << i;
-  EXPECT_EQ(rig.state->gdn().num_free(), 2);
-  EXPECT_EQ(rig.state->kv().allocator().num_free(), 64);
+  EXPECT_EQ(rig.free_slots(), 2);
+  EXPECT_EQ(rig.free_blocks(), 64);
 }
 
 TEST(Engine, PreemptsTheNewestWhenBlocksRunOutAndRecomputes) {
@@ -173,8 +227,8 @@ TEST(Engine, PreemptsTheNewestWhenBlocksRunOutAndRecomputes) {
   EXPECT_EQ(cb.tokens, expected_fake(27, 12));
   EXPECT_EQ(ca.finishes, 1);
   EXPECT_EQ(cb.finishes, 1);
-  EXPECT_EQ(rig.state->kv().allocator().num_free(), 6);
-  EXPECT_EQ(rig.state->gdn().num_free(), 4);
+  EXPECT_EQ(rig.free_blocks(), 6);
+  EXPECT_EQ(rig.free_slots(), 4);
 }
 
 // Allows even ids only and records what the engine reports as taken.
@@ -221,15 +275,15 @@ TEST(Engine, CancellationFreesEverythingAtTheNextStep) {
   rig.engine->submit(b);
   rig.engine->step();
   rig.engine->step();
-  EXPECT_LT(rig.state->kv().allocator().num_free(), 32);
+  EXPECT_LT(rig.free_blocks(), 32);
   a->cancelled.store(true);
   rig.run_all();
   Collected ca = collect(*a);
   EXPECT_EQ(ca.finish_reason, "abort");
   EXPECT_EQ(ca.finishes, 1);
   EXPECT_EQ(collect(*b).tokens, expected_fake(9, 3));
-  EXPECT_EQ(rig.state->kv().allocator().num_free(), 32);
-  EXPECT_EQ(rig.state->gdn().num_free(), 4);
+  EXPECT_EQ(rig.free_blocks(), 32);
+  EXPECT_EQ(rig.free_slots(), 4);
   EXPECT_EQ(rig.engine->stats().running, 0);
 }
 
@@ -256,20 +310,19 @@ TEST(Engine, RequestLargerThanThePoolIsRefusedNotStuck) {
   EXPECT_FALSE(rig.engine->step());
 }
 
-TEST(Engine, StopTokenAndForcedOutput) {
+TEST(Engine, StopTokenEndsWithStop) {
   Rig rig(2, 32, 4, 64);
   auto s = greedy_request({5}, 10);
   s->params.stop_token_ids = {8};
-  auto f = greedy_request({5}, 10);
-  f->forced_tokens = std::vector<int32_t>{40, 41, 42};
+  auto n = greedy_request({5}, 3);
   rig.engine->submit(s);
-  rig.engine->submit(f);
+  rig.engine->submit(n);
   rig.run_all();
-  Collected cs = collect(*s), cf = collect(*f);
+  Collected cs = collect(*s), cn = collect(*n);
   EXPECT_EQ(cs.tokens, (std::vector<int32_t>{6, 7, 8}));
   EXPECT_EQ(cs.finish_reason, "stop");
-  EXPECT_EQ(cf.tokens, (std::vector<int32_t>{40, 41, 42}));
-  EXPECT_EQ(cf.finish_reason, "stop");
+  EXPECT_EQ(cn.tokens, (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ(cn.finish_reason, "length");
 }
 
 TEST(Engine, ThreadedLoopServesConcurrentSubmissionsAndShutdownAborts) {
@@ -291,7 +344,7 @@ TEST(Engine, ThreadedLoopServesConcurrentSubmissionsAndShutdownAborts) {
     EXPECT_TRUE(done);
     EXPECT_EQ(toks, expected_fake((i + 4) % kFakeVocab, 6)) << i;
   }
-  rig.model.delay = std::chrono::milliseconds(1);  // the late request runs ~1000 steps at most
+  rig.runner.delay = std::chrono::milliseconds(1);  // the late request runs ~1000 steps at most
   auto late = greedy_request(iota_prompt(5), 1000000);
   rig.engine->submit(late);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -308,14 +361,14 @@ TEST(Engine, TinyModelGreedyBatchInvariance) {
   auto backend = make_cpu_backend(2);
   auto model = load_qwen35(kTiny, *backend);
   ASSERT_TRUE(model.ok()) << model.message();
-  Qwen35StepModel step(**model);
   auto run = [&](const std::vector<std::vector<int32_t>>& prompts, int64_t budget) {
     StateLimits lim{8, 64, 16};
     ModelState state(*backend, (*model)->config(), lim);
+    Qwen35Runner runner(**model, state);
     EngineConfig ec;
     ec.max_num_batched_tokens = budget;
     ec.vocab_size = (*model)->config().vocab_size;
-    Engine engine(step, state, 8, ec);
+    Engine engine(runner, ec);
     std::vector<std::shared_ptr<EngineRequest>> rs;
     for (const auto& p : prompts) {
       rs.push_back(greedy_request(p, 8));

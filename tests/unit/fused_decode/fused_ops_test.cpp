@@ -22,6 +22,7 @@
 #include "backend/backend_factory.h"
 #include "core/dtype.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::test {
 namespace {
@@ -550,7 +551,7 @@ void model_fused_vs_unfused(Backend& be, const std::string& name, bool exact, do
   off.set_graphs_enabled(false);
   on.set_fused_enabled(true);
   off.set_fused_enabled(false);
-  ModelState s_on(be, on.config(), StateLimits{2, 64, 16}), s_off(be, off.config(), StateLimits{2, 64, 16});
+  DirectState s_on(be, on.config(), StateLimits{2, 64, 16}), s_off(be, off.config(), StateLimits{2, 64, 16});
   std::vector<SequenceState> q_on, q_off;
   for (int i = 0; i < 2; ++i) {
     q_on.push_back(*s_on.open_sequence());
@@ -568,8 +569,8 @@ void model_fused_vs_unfused(Backend& be, const std::string& name, bool exact, do
       in_on.push_back({&q_on[static_cast<size_t>(i)], work[static_cast<size_t>(i)], false});
       in_off.push_back({&q_off[static_cast<size_t>(i)], work[static_cast<size_t>(i)], false});
     }
-    auto l_on = on.forward(in_on, s_on);
-    auto l_off = off.forward(in_off, s_off);
+    auto l_on = s_on.forward(on, in_on);
+    auto l_off = s_off.forward(off, in_off);
     ASSERT_TRUE(l_on.ok() && l_off.ok());
     if (exact) {
       ASSERT_TRUE(bitwise(l_on->data, l_off->data)) << name << " step " << step;

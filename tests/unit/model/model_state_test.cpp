@@ -13,6 +13,8 @@
 #include "core/npy.h"
 #include "model/load.h"
 #include "tiny_checkpoint.h"
+#include "runtime/block_pool.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::test {
 namespace {
@@ -53,13 +55,13 @@ StateLimits limits(int32_t seqs, int32_t blocks, int64_t block_size = 16) {
 
 // Teacher-forced logits of every token of `ids`, in one forward.
 Logits all_logits(Qwen35Model& m, const std::vector<int32_t>& ids) {
-  ModelState st(m.backend(), m.config(), limits(1, 64));
+  DirectState st(m.backend(), m.config(), limits(1, 64));
   auto seq = st.open_sequence();
   std::vector<SequenceInput> b(1);
   b[0].state = &*seq;
   b[0].tokens = ids;
   b[0].all_logits = true;
-  auto l = m.forward(b, st);
+  auto l = st.forward(m, b);
   EXPECT_TRUE(l.ok()) << l.message();
   return *l;
 }
@@ -89,18 +91,18 @@ TEST_P(FixtureModel, PrefillThenDecodeEqualsRecompute) {
   std::vector<int32_t> ids = prompt_ids(GetParam(), "long");  // 150 tokens
   Logits ref = all_logits(*l.model, ids);
   const int64_t V = ref.vocab, P = 100;
-  ModelState st(*l.backend, l.model->config(), limits(1, 16));
+  DirectState st(*l.backend, l.model->config(), limits(1, 16));
   auto seq = st.open_sequence();
   std::vector<SequenceInput> b(1);
   b[0].state = &*seq;
   b[0].tokens.assign(ids.begin(), ids.begin() + P);
-  auto out = l.model->forward(b, st);
+  auto out = st.forward(*l.model, b);
   ASSERT_TRUE(out.ok());
   const double scale = max_abs(ref.data.data(), ref.rows * V);
   EXPECT_LE(max_diff(out->row(0), ref.row(P - 1), V) / scale, kOrderTol);
   for (int64_t t = P; t < static_cast<int64_t>(ids.size()); ++t) {
     b[0].tokens = {ids[static_cast<size_t>(t)]};
-    out = l.model->forward(b, st);
+    out = st.forward(*l.model, b);
     ASSERT_TRUE(out.ok());
     ASSERT_LE(max_diff(out->row(0), ref.row(t), V) / scale, kOrderTol) << "decode position " << t;
   }
@@ -116,17 +118,17 @@ TEST_P(FixtureModel, CachedDecodeMatchesTransformersDecodeLogits) {
     auto ref = read_npy_f32(fixture_dir(GetParam()) / (std::string("logits_") + name + "_decode.npy"));
     ASSERT_TRUE(ref.ok()) << ref.message();
     const int64_t V = ref->shape[1];
-    ModelState st(*l.backend, l.model->config(), limits(1, 16));
+    DirectState st(*l.backend, l.model->config(), limits(1, 16));
     auto seq = st.open_sequence();
     std::vector<SequenceInput> b(1);
     b[0].state = &*seq;
     b[0].tokens = ids;
-    ASSERT_TRUE(l.model->forward(b, st).ok());
+    ASSERT_TRUE(st.forward(*l.model, b).ok());
     const double scale = max_abs(ref->data.data(), static_cast<int64_t>(ref->data.size()));
     double worst = 0;
     for (size_t s = 0; s < greedy.size(); ++s) {
       b[0].tokens = {greedy[s]};  // row s = logits after feeding greedy token s
-      auto out = l.model->forward(b, st);
+      auto out = st.forward(*l.model, b);
       ASSERT_TRUE(out.ok());
       const double err = max_diff(out->row(0), ref->data.data() + s * static_cast<size_t>(V), V) / scale;
       // transformers' fp32 reference: ~1e-6 relative expected; the bound is 1e-3.
@@ -144,7 +146,7 @@ TEST_P(FixtureModel, ChunkedPrefillInPiecesEqualsOneShot) {
   Logits ref = all_logits(*l.model, ids);
   const int64_t V = ref.vocab;
   const double scale = max_abs(ref.data.data(), ref.rows * V);
-  ModelState st(*l.backend, l.model->config(), limits(1, 16));
+  DirectState st(*l.backend, l.model->config(), limits(1, 16));
   auto seq = st.open_sequence();
   std::vector<SequenceInput> b(1);
   b[0].state = &*seq;
@@ -152,7 +154,7 @@ TEST_P(FixtureModel, ChunkedPrefillInPiecesEqualsOneShot) {
   int64_t begin = 0;
   for (int64_t n : {37, 50, 63}) {  // pieces that do not line up with 64-token chunks or 16-token blocks
     b[0].tokens.assign(ids.begin() + begin, ids.begin() + begin + n);
-    auto out = l.model->forward(b, st);
+    auto out = st.forward(*l.model, b);
     ASSERT_TRUE(out.ok());
     ASSERT_EQ(out->rows, n);
     for (int64_t i = 0; i < n; ++i)
@@ -171,14 +173,14 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
 
   // Alone: a prefill then 3 decode steps; c prefill then a 7-token chunk then one decode.
   auto run_alone = [&](const std::vector<std::vector<int32_t>>& steps) {
-    ModelState st(*l.backend, l.model->config(), limits(1, 16));
+    DirectState st(*l.backend, l.model->config(), limits(1, 16));
     auto seq = st.open_sequence();
     std::vector<Logits> outs;
     for (auto& s : steps) {
       std::vector<SequenceInput> b(1);
       b[0].state = &*seq;
       b[0].tokens = s;
-      auto o = l.model->forward(b, st);
+      auto o = st.forward(*l.model, b);
       EXPECT_TRUE(o.ok());
       outs.push_back(*o);
     }
@@ -189,7 +191,7 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
 
   // Together: step 1 = both prefills; step 2 = a decode + c chunk; step 3 = both decode;
   // step 4 = a decode alone in a batch of one.
-  ModelState st(*l.backend, l.model->config(), limits(2, 32));
+  DirectState st(*l.backend, l.model->config(), limits(2, 32));
   auto sa = st.open_sequence(), sc = st.open_sequence();
   ASSERT_TRUE(sa.ok() && sc.ok());
   auto batch2 = [&](std::vector<int32_t> ta, std::vector<int32_t> tc) {
@@ -198,7 +200,7 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
     b[0].tokens = std::move(ta);
     b[1].state = &*sc;
     b[1].tokens = std::move(tc);
-    auto o = l.model->forward(b, st);
+    auto o = st.forward(*l.model, b);
     EXPECT_TRUE(o.ok());
     return *o;
   };
@@ -218,7 +220,7 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
   std::vector<SequenceInput> b(1);
   b[0].state = &*sa;
   b[0].tokens = {a_next[2]};
-  auto s4 = l.model->forward(b, st);
+  auto s4 = st.forward(*l.model, b);
   ASSERT_TRUE(s4.ok());
   same(*s4, 0, A[3]);
 }
@@ -226,25 +228,25 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel,
                          ::testing::Values("qwen35-moe-tiny", "qwen35-dense-tiny"));
 
-TEST(ModelState, ErrorsLeaveStateUntouched) {
+TEST(DirectState, ErrorsLeaveStateUntouched) {
   Loaded l = load(fixture_dir("qwen35-dense-tiny-causallm"));
   ASSERT_TRUE(l.model);
-  ModelState st(*l.backend, l.model->config(), limits(1, 2, 4));  // room for 8 tokens
+  DirectState st(*l.backend, l.model->config(), limits(1, 2, 4));  // room for 8 tokens
   auto seq = st.open_sequence();
   ASSERT_TRUE(seq.ok());
   std::vector<SequenceInput> b(1);
   b[0].state = &*seq;
   b[0].tokens = {1, 2, 1000};
-  auto r = l.model->forward(b, st);
+  auto r = st.forward(*l.model, b);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("token id 1000 is out of range [0, 1000)"), std::string::npos) << r.message();
   EXPECT_EQ(seq->num_tokens, 0);
   EXPECT_TRUE(seq->block_table.empty());
 
   b[0].tokens = {1, 2, 3, 4, 5, 6};
-  ASSERT_TRUE(l.model->forward(b, st).ok());
+  ASSERT_TRUE(st.forward(*l.model, b).ok());
   b[0].tokens = {7, 8, 9};
-  r = l.model->forward(b, st);
+  r = st.forward(*l.model, b);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("KV cache full"), std::string::npos) << r.message();
   EXPECT_EQ(seq->num_tokens, 6);
@@ -254,7 +256,7 @@ TEST(ModelState, ErrorsLeaveStateUntouched) {
   std::vector<SequenceInput> twice(2);
   twice[0].state = twice[1].state = &*seq;
   twice[0].tokens = twice[1].tokens = {1};
-  r = l.model->forward(twice, st);
+  r = st.forward(*l.model, twice);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("share one state"), std::string::npos) << r.message();
   EXPECT_EQ(seq->num_tokens, 6);
@@ -264,34 +266,48 @@ TEST(ModelState, ErrorsLeaveStateUntouched) {
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.message().find("no free GDN state slot"), std::string::npos);
   st.close_sequence(*seq);
-  EXPECT_EQ(st.kv().allocator().num_free(), 2);
+  EXPECT_EQ(st.free_blocks(), 2);
   EXPECT_TRUE(st.open_sequence().ok());
 }
 
-TEST(KvBlocks, AllocatorHandsOutEachBlockOnce) {
-  KvBlockAllocator a(3);
+TEST(KvBlockPool, HandsOutEachBlockOnceAndCountsHolders) {
+  KvBlockPool a(3);
   std::vector<int32_t> got;
   while (auto b = a.allocate()) got.push_back(*b);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(a.num_free(), 0);
+  a.retain(1);
+  a.release(1);
+  EXPECT_EQ(a.num_free(), 0);  // still held once
   a.release(1);
   EXPECT_EQ(a.allocate().value(), 1);
 }
 
-TEST(GdnSlots, AcquireZeroesTheSlot) {
+TEST(GdnSlots, ZeroAndCopyRows) {
   auto backend = make_cpu_backend(1);
   GdnDims d{1, 2, 4, 3, 4};
-  GdnSlots slots(*backend, 1, 1, d);
-  auto s = slots.acquire();
-  ASSERT_TRUE(s.ok());
-  std::fill_n(slots.recurrent_pool(0).ptr<float>(), slots.recurrent_pool(0).numel(), 7.0f);
-  std::fill_n(slots.conv_pool(0).ptr<float>(), slots.conv_pool(0).numel(), 7.0f);
-  slots.release(*s);
-  s = slots.acquire();
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(max_abs(slots.recurrent_pool(0).ptr<float>(), slots.recurrent_pool(0).numel()), 0.0);
-  EXPECT_EQ(max_abs(slots.conv_pool(0).ptr<float>(), slots.conv_pool(0).numel()), 0.0);
+  GdnSlots slots(*backend, 2, /*slots=*/1, /*snapshots=*/2, d);
+  ASSERT_EQ(slots.num_rows(), 3);
+  for (int l = 0; l < 2; ++l) {
+    const Tensor& r = slots.recurrent_pool(l);
+    const Tensor& c = slots.conv_pool(l);
+    for (int64_t i = 0; i < r.numel(); ++i) r.ptr<float>()[i] = static_cast<float>(i + 100 * l);
+    for (int64_t i = 0; i < c.numel(); ++i) c.ptr<float>()[i] = static_cast<float>(-i - 100 * l);
+  }
+  slots.copy_row(0, 2);
+  slots.zero_row(0);
+  for (int l = 0; l < 2; ++l) {
+    const Tensor r = slots.recurrent_pool(l), c = slots.conv_pool(l);
+    const int64_t rn = r.numel() / 3, cn = c.numel() / 3;
+    EXPECT_EQ(max_abs(r.ptr<float>(), rn), 0.0);
+    EXPECT_EQ(max_abs(c.ptr<float>(), cn), 0.0);
+    for (int64_t i = 0; i < rn; ++i) ASSERT_EQ(r.ptr<float>()[2 * rn + i], static_cast<float>(i + 100 * l));
+    for (int64_t i = 0; i < cn; ++i) ASSERT_EQ(c.ptr<float>()[2 * cn + i], static_cast<float>(-i - 100 * l));
+    for (int64_t i = 0; i < rn; ++i) ASSERT_EQ(r.ptr<float>()[rn + i], static_cast<float>(rn + i + 100 * l));
+  }
+  // Per layer: recurrent Hv*dk*dv = 2*4*3 floats, conv conv_dim*(K-1) = (2*1*4 + 2*3)*3 floats.
+  EXPECT_EQ(slots.row_bytes(), 2 * (2 * 4 * 3 + 14 * 3) * 4);
 }
 
 }  // namespace

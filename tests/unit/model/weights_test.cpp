@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/load.h"
 #include "tiny_checkpoint.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve::test {
 namespace {
@@ -25,13 +26,13 @@ Expected<std::vector<float>> run(const std::filesystem::path& dir, std::vector<s
   SS_ASSIGN_OR_RETURN(auto model, load_qwen35(dir, *backend, notes));
   StateLimits lim;
   lim.num_kv_blocks = 8;
-  ModelState st(*backend, model->config(), lim);
+  DirectState st(*backend, model->config(), lim);
   SS_ASSIGN_OR_RETURN(SequenceState seq, st.open_sequence());
   std::vector<SequenceInput> b(1);
   b[0].state = &seq;
   b[0].tokens = {3, 999, 0, 512, 77, 77, 12, 400, 401, 2};
   b[0].all_logits = true;
-  SS_ASSIGN_OR_RETURN(Logits l, model->forward(b, st));
+  SS_ASSIGN_OR_RETURN(Logits l, st.forward(*model, b));
   return l.data;
 }
 

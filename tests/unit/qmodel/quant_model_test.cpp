@@ -18,7 +18,7 @@
 #include "loader/safetensors.h"
 #include "loader/synth_checkpoint.h"
 #include "model/load.h"
-#include "runtime/model_state.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve {
 namespace {
@@ -62,13 +62,13 @@ Expected<Run> run(const fs::path& dir, int gen, std::vector<std::string>* notes 
   SS_ASSIGN_OR_RETURN(auto model, load_qwen35(dir, *backend, notes));
   StateLimits lim;
   lim.num_kv_blocks = 8;
-  ModelState st(*backend, model->config(), lim);
+  DirectState st(*backend, model->config(), lim);
   SS_ASSIGN_OR_RETURN(SequenceState seq, st.open_sequence());
   std::vector<SequenceInput> b(1);
   b[0].state = &seq;
   b[0].tokens = kPrompt;
   b[0].all_logits = true;
-  SS_ASSIGN_OR_RETURN(Logits l, model->forward(b, st));
+  SS_ASSIGN_OR_RETURN(Logits l, st.forward(*model, b));
   Run r;
   r.logits = l.data;
   r.vocab = model->config().vocab_size;
@@ -81,7 +81,7 @@ Expected<Run> run(const fs::path& dir, int gen, std::vector<std::string>* notes 
     r.generated.push_back(next);
     b[0].tokens = {next};
     b[0].all_logits = false;
-    SS_ASSIGN_OR_RETURN(Logits d, model->forward(b, st));
+    SS_ASSIGN_OR_RETURN(Logits d, st.forward(*model, b));
     for (float v : d.data)
       if (!std::isfinite(v)) return make_error("non-finite logit while decoding");
     next = argmax_last(d.data);

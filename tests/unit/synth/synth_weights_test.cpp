@@ -17,6 +17,7 @@
 #include "loader/synth_weights.h"
 #include "loader/weights.h"
 #include "model/qwen35.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve {
 namespace {
@@ -116,14 +117,14 @@ TEST_P(SynthWeightsTest, SameStructsAndBytesAsTheLoaderOnTheWrittenCheckpoint) {
   Qwen35Model model(*backend, synth->config, std::move(synth->weights));
   StateLimits lim;
   lim.num_kv_blocks = 8;
-  ModelState st(*backend, model.config(), lim);
+  DirectState st(*backend, model.config(), lim);
   auto seq = st.open_sequence();
   ASSERT_TRUE(seq.ok());
   std::vector<SequenceInput> batch(1);
   batch[0].state = &*seq;
   batch[0].tokens = {3, 999, 0, 512, 77};
   for (int step = 0; step < 2; ++step) {
-    auto logits = model.forward(batch, st);
+    auto logits = st.forward(model, batch);
     ASSERT_TRUE(logits.ok()) << logits.message();
     float amax = 0;
     for (float v : logits->data) {

@@ -1,6 +1,7 @@
-"""Reasoning, tool calls and stop strings through the output parser, with the server's TEST-ONLY
---test-forced-output flag (random weights never write a tool call): every request emits the
-tokens of conftest.FORCED_TOOL_TEXT. The model still runs on each token."""
+"""Reasoning, tool calls and stop strings through the output parser, on the server with a scripted
+fake model runner (tests/serve_scripted; random weights never write a tool call): every request
+generates the tokens of conftest.SCRIPTED_TOOL_TEXT, then EOS, through the real engine, sampler,
+detokenizer and parsers."""
 import json
 
 import httpx
@@ -17,9 +18,9 @@ REASONING = "The user wants the weather, so I call the tool.\n"
 
 
 @pytest.fixture
-def fclient(forced_server):
+def fclient(scripted_server):
     import openai
-    return openai.OpenAI(base_url=forced_server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    return openai.OpenAI(base_url=scripted_server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def test_tool_call_non_streaming(fclient):
@@ -57,8 +58,8 @@ def test_tool_choice_none_leaves_text_as_content(fclient):
     assert "<function=get_weather>" in c.message.content
 
 
-def test_stop_string(fclient, forced_server):
-    stops_before = forced_server.metric("sparkserve:request_success_total")
+def test_stop_string(fclient, scripted_server):
+    stops_before = scripted_server.metric("sparkserve:request_success_total")
     r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=200, stop=["so I"])
     c = r.choices[0]
     assert c.text == "The user wants the weather, "
@@ -67,14 +68,14 @@ def test_stop_string(fclient, forced_server):
     # The engine frees the request and counts it once, as "stop" (not "abort").
     import time
     for _ in range(100):
-        if forced_server.metric("sparkserve:request_success_total") == stops_before + 1:
+        if scripted_server.metric("sparkserve:request_success_total") == stops_before + 1:
             break
         time.sleep(0.05)
-    text = __import__("httpx").get(forced_server.url + "/metrics").text
+    text = __import__("httpx").get(scripted_server.url + "/metrics").text
     assert 'finished_reason="abort"} 0' in text
 
 
-def test_max_tokens_cuts_forced_output(fclient):
+def test_max_tokens_cuts_scripted_output(fclient):
     r = fclient.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 3

@@ -1,0 +1,55 @@
+// `sparkserve serve`, as functions: its options and the server around a model runner. The serve
+// subcommand runs the checkpoint's model; test binaries run the same server on a fake runner.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cli/model_args.h"
+#include "core/status.h"
+#include "loader/hf_config.h"
+#include "runtime/model_runner.h"
+#include "runtime/model_state.h"
+
+namespace sparkserve::cli {
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string served_model_name;
+  int64_t max_model_len = 0;
+  int max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t kv_blocks = 0;
+  int64_t kv_cache_mb = 256;
+  int block_size = 16;
+  int threads = 0;
+  std::string device = "cpu";
+  LoadCliOptions load;
+  int64_t max_body_bytes = 8 << 20;
+  double request_timeout = 600;
+  int http_workers = 4;
+  int max_connections = 1024;
+  int64_t max_waiting_requests = 256;
+  double shutdown_timeout = 10;
+  double keep_alive_timeout = 60;
+};
+
+void add_serve_options(CLI::App* cmd, ServeOptions& o);
+
+// The runner requests execute on, over state storage of `limits` (KV blocks, GDN slots) for a
+// model of `config` (config.json of --model).
+using RunnerFactory = std::function<Expected<std::unique_ptr<ModelRunner>>(
+    const ServeOptions& o, const ModelConfig& config, const StateLimits& limits)>;
+
+// Loads the tokenizer, chat template and generation defaults of o.model, sizes the state, builds the
+// runner, serves until SIGTERM / SIGINT. Returns the process exit code.
+int run_serve(const ServeOptions& o, const RunnerFactory& make_runner);
+
+}  // namespace sparkserve::cli

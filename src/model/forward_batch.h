@@ -1,0 +1,53 @@
+// What one forward pass reads and writes, as plain data: the sequences of the batch (which state
+// rows and KV blocks each one uses), the state pools themselves, and the logits that come back.
+// The model never allocates or frees any of it: whoever calls forward (the engine's scheduler and
+// model runner, or a tool running one sequence) owns the accounting.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace sparkserve {
+
+struct MultimodalPrompt;  // model/multimodal.h
+
+// One sequence's part of a forward batch: `tokens` continue the sequence at position start_pos.
+struct ForwardSeq {
+  int32_t gdn_slot = -1;                   // row of the GDN state pools holding its state
+  std::span<const int32_t> block_table;    // KV blocks covering positions [0, start_pos + tokens.size())
+  int64_t start_pos = 0;                   // tokens already held in its state and KV blocks
+  std::span<const int32_t> tokens;         // the new tokens (a prefill chunk, a decode token, ...)
+  // Logits rows wanted for the LAST num_logits new tokens: 1 to sample the next token, 0 for a
+  // prefill chunk short of the prompt's end, tokens.size() for teacher forcing or a verify step.
+  int64_t num_logits = 1;
+  // The prompt's images and M-RoPE positions, for the chunks of a prompt with images (the images are
+  // encoded by the first forward that sees them). Tokens at or past mm->length, and every token when
+  // mm is null, sit at rotary position index + rope_delta.
+  MultimodalPrompt* mm = nullptr;
+  int64_t rope_delta = 0;  // the sequence's M-RoPE offset (mm->rope_delta once its prompt had images)
+};
+
+// Logits rows in batch order: for each sequence, its num_logits rows in position order.
+struct Logits {
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  std::vector<float> data;  // [rows, vocab]
+  const float* row(int64_t r) const { return data.data() + r * vocab; }
+};
+
+// The state pools a forward reads and writes (views; the owner keeps the memory).
+//   k[i], v[i]:   attention layer i's paged KV pool [num_blocks, block_size, kv_heads, head_dim]
+//   conv[i]:      GDN layer i's conv state [rows, conv_dim, K-1]
+//   recurrent[i]: GDN layer i's recurrent state [rows, Hv, dk, dv]
+// Rows [0, num_slots) of the GDN pools are the state of running sequences; an owner may keep more
+// rows after them (e.g. prefix-cache snapshots) that no forward touches.
+struct StatePools {
+  int64_t block_size = 0;
+  int64_t num_slots = 0;
+  std::vector<Tensor> k, v, conv, recurrent;
+};
+
+}  // namespace sparkserve

@@ -1,0 +1,56 @@
+// Sequences run without the engine (generate, logits, bench, tests): the model's state storage
+// with the simplest accounting on top — a free list of GDN slots, a free list of KV blocks, each
+// sequence's block table grown as its tokens arrive. No sharing, no prefix cache; the engine uses
+// its scheduler (runtime/scheduler.h) over the same storage instead.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "model/qwen35.h"
+#include "runtime/model_state.h"
+
+namespace sparkserve {
+
+// One sequence's handle on the state.
+struct SequenceState {
+  int32_t gdn_slot = -1;
+  std::vector<int32_t> block_table;  // KV blocks, in position order
+  int64_t num_tokens = 0;            // tokens already processed (the next token's position)
+  // M-RoPE: a token after a prompt's images sits at rotary position index + rope_delta
+  // (transformers' rope_deltas; 0 for text-only sequences). Set by the forward that sees the images.
+  int64_t rope_delta = 0;
+};
+
+// One sequence's part of a forward batch: its new tokens continuing from state->num_tokens.
+struct SequenceInput {
+  SequenceState* state = nullptr;
+  std::vector<int32_t> tokens;
+  bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
+  MultimodalPrompt* mm = nullptr;  // the prompt's images (model/multimodal.h), for its prefill chunks
+};
+
+class DirectState {
+ public:
+  DirectState(Backend& backend, const ModelConfig& config, const StateLimits& limits);
+
+  // A fresh sequence (zeroed GDN slot, no KV blocks); error when no slot is free.
+  Expected<SequenceState> open_sequence();
+  // Returns the sequence's slot and blocks.
+  void close_sequence(SequenceState& seq);
+
+  // Reserves the KV blocks the new tokens need, runs `model`, advances every num_tokens. Errors
+  // (no block left, a model error) leave every sequence and the free lists as they were.
+  Expected<Logits> forward(Qwen35Model& model, std::vector<SequenceInput>& batch);
+
+  ModelState& state() { return state_; }
+  int32_t free_blocks() const { return static_cast<int32_t>(free_blocks_.size()); }
+  int32_t free_slots() const { return static_cast<int32_t>(free_slots_.size()); }
+
+ private:
+  ModelState state_;
+  std::vector<int32_t> free_blocks_, free_slots_;  // LIFO
+};
+
+}  // namespace sparkserve

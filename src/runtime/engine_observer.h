@@ -1,0 +1,30 @@
+// What the engine reports as it runs (the server's Prometheus metrics implement it; tests may
+// count). Calls come from the engine thread; an implementation shared with other threads locks.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace sparkserve {
+
+struct EngineGauges {
+  int64_t running = 0, waiting = 0;
+  double kv_cache_usage = 0;     // [0, 1]: KV blocks held by sequences or the prefix cache
+  double state_slots_usage = 0;  // [0, 1]: GDN state slots held by running sequences
+};
+
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  // A request was admitted for the first time: its prompt length and how many of those tokens
+  // came from the prefix cache (0 when it is off).
+  virtual void on_prompt(int64_t prompt_tokens, int64_t cached_tokens) = 0;
+  // A token was generated: `first` with the time since arrival, else the time since the last one.
+  virtual void on_token(bool first, double seconds) = 0;
+  virtual void on_finished(std::string_view finish_reason, double e2e_seconds) = 0;
+  virtual void on_preemption() = 0;
+  // After every step.
+  virtual void on_gauges(const EngineGauges& gauges) = 0;
+};
+
+}  // namespace sparkserve

@@ -1,0 +1,84 @@
+#include "runtime/post_process.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+namespace sparkserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+void PostProcessor::end(EngineRequest& req, EngineEvent event) {
+  event.finished = true;
+  if (observer_) observer_->on_finished(event.finish_reason, seconds_between(req.arrival, Clock::now()));
+  req.out.push(std::move(event));
+}
+
+void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler) {
+  for (const EndedRequest& e : plan.ended) {
+    EngineEvent ev;
+    ev.finish_reason = e.finish_reason;
+    ev.error = e.error;
+    end(*e.req, std::move(ev));
+  }
+  if (!out.ok()) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      EngineEvent err;
+      err.finish_reason = "error";
+      err.error = out.message();
+      end(*c.seq->req, std::move(err));
+      scheduler.finish(c.seq);
+    }
+    return;
+  }
+  const Logits& logits = out->logits;
+  int64_t row = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
+    row += c.num_logits;
+    sample(*c.seq, logits.row(row - 1), logits.vocab, scheduler);
+  }
+}
+
+void PostProcessor::sample(Sequence& s, const float* row, int64_t logits_vocab, Scheduler& scheduler) {
+  const EngineRequest& r = *s.req;
+  const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
+  std::span<const uint8_t> allowed;
+  if (r.constraint) {
+    mask_.resize(static_cast<size_t>(vocab));
+    r.constraint->allowed_tokens(mask_);
+    allowed = mask_;
+  }
+  EngineEvent ev;
+  ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(), s.output(),
+                           allowed);
+  ev.token = ev.sample.token;
+  if (r.constraint) r.constraint->accept(ev.token);
+  s.tokens.push_back(ev.token);
+  const int64_t n_out = s.num_generated();
+  std::optional<TokenStop> stop =
+      check_token_stop(r.params, ev.token, n_out, static_cast<int64_t>(s.tokens.size()), max_model_len_);
+  const auto now = Clock::now();
+  if (observer_)
+    observer_->on_token(!s.first_token_sent,
+                        seconds_between(s.first_token_sent ? s.last_token_time : r.arrival, now));
+  s.first_token_sent = true;
+  s.last_token_time = now;
+  s.req->out.push(std::move(ev));
+  if (stop) {
+    EngineEvent e;
+    e.finish_reason = stop->finish_reason;
+    e.stop_token = stop->stop_token;
+    end(*s.req, std::move(e));
+    scheduler.finish(&s);
+  }
+}
+
+}  // namespace sparkserve

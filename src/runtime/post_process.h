@@ -1,0 +1,38 @@
+// The step after the forward: for every chunk that asked for logits, sample the next token
+// (constraint mask, sampling parameters), append it to the sequence, check the token stops
+// (min_tokens, EOS, stop ids, max_tokens, context), push the events, report to the observer, and
+// tell the scheduler which sequences are done. Also the final event of every request the scheduler
+// ended itself (cancelled, refused) or the forward failed on.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/engine_observer.h"
+#include "runtime/model_runner.h"
+#include "runtime/scheduler.h"
+#include "runtime/step_plan.h"
+
+namespace sparkserve {
+
+class PostProcessor {
+ public:
+  // vocab_size: logits columns the sampler sees (the tokenizer's vocabulary; 0: all columns).
+  PostProcessor(int64_t vocab_size, int64_t max_model_len, EngineObserver* observer)
+      : vocab_size_(vocab_size), max_model_len_(max_model_len), observer_(observer) {}
+
+  void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler);
+  // The final event of a request that will not run any further.
+  void end(EngineRequest& req, EngineEvent event);
+
+ private:
+  void sample(Sequence& s, const float* logits, int64_t vocab, Scheduler& scheduler);
+
+  int64_t vocab_size_;
+  int64_t max_model_len_;
+  EngineObserver* observer_;
+  std::vector<uint8_t> mask_;  // a constrained request's allowed tokens, reused per sample
+};
+
+}  // namespace sparkserve

@@ -1,0 +1,40 @@
+// The engine's record of one request while it is waiting or running: its tokens, where its state
+// lives, how far the model has got. Owned by the scheduler; the post-processing step appends the
+// tokens it samples.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "runtime/request.h"
+
+namespace sparkserve {
+
+struct Sequence {
+  std::shared_ptr<EngineRequest> req;
+  std::vector<int32_t> tokens;  // the prompt, then every token generated so far
+  int64_t prompt_len = 0;
+
+  // Scheduler: the state it runs on. Tokens [0, num_computed) have their keys/values in `blocks`
+  // and are folded into the GDN state in `slot`; a waiting sequence holds neither (num_computed 0).
+  int32_t slot = -1;
+  std::vector<int32_t> blocks;
+  int64_t num_computed = 0;
+  bool admitted_once = false;     // the prompt is counted once, not again after a preemption
+  int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied at the first admission
+
+  // Post-processing.
+  bool first_token_sent = false;
+  std::chrono::steady_clock::time_point last_token_time;
+
+  std::span<const int32_t> prompt() const { return std::span(tokens).first(static_cast<size_t>(prompt_len)); }
+  std::span<const int32_t> output() const { return std::span(tokens).subspan(static_cast<size_t>(prompt_len)); }
+  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  // Tokens still to go through the model before the next token can be sampled.
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+};
+
+}  // namespace sparkserve
