@@ -1,21 +1,99 @@
-// y = x W^T on CUDA: the decode GEMVs (gemv_dense.h) for few tokens and quantized weights, the
-// quantized GEMV (quant_linear.cu) for what they do not take, else the SIMT matmuls (simt_matmul.h).
+// y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
+//   fp8_tensor_core_regime   W8A8 FP8, enough tokens     -> fp8_gemm.cu (cuBLASLt; tensor cores)
+//   bf16_tensor_core_regime  bf16 weights, many tokens   -> bf16_gemm.cu (split-bf16, tensor cores)
+//   nvfp4_grouped_regime     NVFP4 weights, many tokens  -> the grouped NVFP4 GEMM (hook below)
+//   decode GEMVs             few tokens, any format      -> gemv_dense.cu / gemv_fp8_t1.cu
+//   quantized fallback       what the above do not take  -> quant_linear.cu
+//   SIMT fallback            f32 weights, odd shapes     -> simt_matmul.cu
+// A path that does not take a case (alignment, the library missing, an architecture where cuBLASLt
+// refuses a mode: each checked at run time, fp8_gemm.cu probes the device once) returns false and
+// the next one runs, so every target keeps a working kernel.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
+#include "backend/cuda/linear_probe.h"
 #include "backend/cuda/simt_matmul.h"
+#include "backend/cuda/tc_gemm.h"
 
 namespace sparkserve {
+namespace {
+
+// Token counts from which the tensor cores beat the GEMVs (these read the weights once per 8
+// tokens; measured on the H200 at the 122B shapes: gpu_ops --bench-kernels --bench-filter gemm).
+constexpr int64_t kFp8TensorCoreMinTokens = 16;
+// The bf16 GEMV computes the CPU's fp32 function exactly up to its summation order; above 16 tokens
+// it re-reads the weights more often than the split-bf16 GEMM costs.
+constexpr int64_t kBf16TensorCoreMinTokens = 17;
+
+bool fp8_tensor_core_regime(int64_t T, const Linear& w) {
+  return T >= kFp8TensorCoreMinTokens && fp8_gemm_takes(w);
+}
+bool bf16_tensor_core_regime(int64_t T, const Linear& w) {
+  return T >= kBf16TensorCoreMinTokens && bf16_gemm_takes(w);
+}
+
+// NVFP4 dense layers at prefill and batched-decode T: the grouped NVFP4 GEMM of the routed experts
+// (one group, the layer's weights) is to serve them. Until it does, they take the decode GEMVs
+// (8 tokens per weight pass), as before.
+bool nvfp4_grouped_regime(int64_t T, const Linear& w) { return false; }
+bool nvfp4_grouped_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) { return false; }
+
+// One named path (linear_probe); kDispatch is linear's own choice.
+bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, LinearPath path) {
+  const int64_t K = w.in_features, N = w.out_features;
+  switch (path) {
+    case LinearPath::kDispatch:
+      if (fp8_tensor_core_regime(T, w) && fp8_gemm_linear(b, out, x, T, w)) return true;
+      if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
+      if (nvfp4_grouped_regime(T, w) && nvfp4_grouped_linear(b, out, x, T, w)) return true;
+      if (decode_linear(b, out, x, T, w)) return true;
+      if (is_quantized(w.format)) {
+        b.quant_matmul(out, x, T, 1, nullptr, w);
+        return true;
+      }
+      launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
+      return true;
+    case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
+    case LinearPath::kFp8OuterVec: return fp8_gemm_linear(b, out, x, T, w, {Fp8Scaling::kOuterVec, false});
+    case LinearPath::kFp8Epilogue: return fp8_gemm_linear(b, out, x, T, w, {Fp8Scaling::kEpilogue, false});
+    case LinearPath::kFp8FastAccum: return fp8_gemm_linear(b, out, x, T, w, {Fp8Scaling::kOuterVec, true});
+    case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
+    case LinearPath::kSimt:
+      if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
+      launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
+      return true;
+    case LinearPath::kQuantGemv:
+      if (!is_quantized(w.format)) return false;
+      b.quant_matmul(out, x, T, 1, nullptr, w);
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 void CudaBackend::linear(const Tensor& out, const Tensor& x, const Linear& w) {
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N);
-  // Decode-sized T (and quantized weights at any T): gemv_dense.cu's fused GEMVs.
-  if (decode_linear(*this, out.ptr<float>(), x.ptr<const float>(), T, w)) return;
-  if (is_quantized(w.format)) {
-    quant_matmul(out.ptr<float>(), x.ptr<const float>(), T, 1, nullptr, w);
-    return;
-  }
-  launch_matmul(stream_, out.ptr<float>(), x.ptr<const float>(), T, K, N, w.weight.data, weight_is_bf16(w), 0);
+  if (T == 0 || N == 0) return;
+  run_path(*this, out.ptr<float>(), x.ptr<const float>(), T, w, LinearPath::kDispatch);
+}
+
+bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
+  CHECK(x.numel() == T * K && out.numel() == T * N);
+  return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
+}
+
+bool fp8_quantize_probe(Backend& b, const Tensor& codes, const Tensor& scales, const Tensor& x) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t T = x.dim(0), K = x.dim(1);
+  CHECK(codes.numel() == T * K && scales.numel() == T && K % 4 == 0);
+  fp8_quantize_rows(c->stream(), static_cast<uint8_t*>(codes.data), scales.ptr<float>(), x.ptr<const float>(), T, K,
+                    nullptr);
+  return true;
 }
 
 }  // namespace sparkserve

@@ -1,0 +1,30 @@
+// For gpu_ops only (tests/gpu/gemm_checks.cpp and gemm_bench.cpp, compiled without nvcc): linear
+// through one named matmul path of the CUDA backend, so the checks can test every path on every
+// shape (not only the one linear's dispatch picks there) and the benchmarks can compare them.
+#pragma once
+
+#include "backend/ops.h"
+
+namespace sparkserve {
+
+enum class LinearPath : int {
+  kDispatch = 0,        // what CudaBackend::linear picks
+  kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
+  kFp8OuterVec,         // fp8_gemm.cu, scales in cuBLASLt's epilogue
+  kFp8Epilogue,         // fp8_gemm.cu, scales by a separate kernel (the sm_100 / sm_120 route)
+  kFp8FastAccum,        // fp8_gemm.cu, outer-vector scales, fast accumulation (benchmarks only)
+  kBf16Split,           // bf16_gemm.cu
+  kSimt,                // simt_matmul.cu (f32 / bf16 weights)
+  kQuantGemv,           // quant_linear.cu (quantized weights, any T)
+};
+
+// False when `b` is not the CUDA backend or the path does not take this case (nothing ran then).
+// x: [T, K] f32 -> out: [T, N] f32
+bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path);
+
+// The W8A8 activation quantization of the tensor-core path alone (fp8_quantize_rows), dynamic
+// per-token scales. False when `b` is not the CUDA backend.
+// x: [T, K] f32 (K % 4 == 0) -> codes: [T, K] u8 (E4M3), scales: [T] f32
+bool fp8_quantize_probe(Backend& b, const Tensor& codes, const Tensor& scales, const Tensor& x);
+
+}  // namespace sparkserve
