@@ -1,10 +1,13 @@
 // gpu_ops --bench-kernels cases of the dense matmul regimes (--bench-filter gemm), at the
 // Qwen3.5-122B-A10B shapes, every path through linear_probe (backend/cuda/linear_probe.h):
-// - "gemm fp8 prefill": the W8A8 FP8 GEMM at T = 8192 (the M = 8192, N = 12288, K = 3072 is
-//   in_proj_qkv): TFLOP/s with the activation quantization included, for each scaling route and
-//   fast accumulation, and the quantization alone;
-// - "gemm small-N": T = 1..64 tokens (batched decode, speculative verify): the GEMV vs the FP8 tensor
-//   cores, µs and weight bytes per second against the measured copy bandwidth (the floor);
+// - "gemm fp8 prefill": the W8A8 GEMM at T = 8192 (M = 8192, N = 12288, K = 3072 is in_proj_qkv):
+//   TFLOP/s with the activation quantization, the weights' f16 conversion and the scaling included,
+//   for the exact f16 route (production), Hopper's FP8 tensor cores (with and without fast
+//   accumulation, for comparison) and the small-N kernel in pieces of 64 tokens (the fallback); the
+//   quantization alone; qkv at T = 128..2048 for the crossover;
+// - "gemm small-N": T = 1..64 tokens (batched decode, speculative verify): the GEMVs, the small-N
+//   kernel and the cuBLASLt route, µs and weight bytes per second against the measured copy
+//   bandwidth (the floor);
 // - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
@@ -68,30 +71,36 @@ std::vector<BenchLinear> weight_copies(Backend& g, WeightFormat fmt, ActivationQ
 
 void bench_fp8_prefill(Backend& g) {
   const double copy = copy_bandwidth(g);
-  const int64_t T = 8192;
-  std::printf("-- FP8 W8A8 GEMM at T = %lld (TFLOP/s include the activation quantization)\n", static_cast<long long>(T));
+  std::printf("-- W8A8 GEMM, TFLOP/s including quantization, conversion and scaling\n");
+  const std::pair<LinearPath, const char*> paths[] = {{LinearPath::kDispatch, "dispatch"},
+                                                      {LinearPath::kFp8Gemm, "gemm-f16"},
+                                                      {LinearPath::kFp8Native, "native-fp8"},
+                                                      {LinearPath::kFp8NativeFastAccum, "fast-accum"},
+                                                      {LinearPath::kFp8SmallN, "small-n x64"}};
   for (const Shape& s : kFp8Shapes) {
     auto ws = weight_copies(g, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, s.N, s.K, s.P,
                             static_cast<double>(s.N * s.K), 1);
-    Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
-    const double flop = 2.0 * T * s.N * s.K, bytes = static_cast<double>(s.N * s.K);
-    for (auto [path, name] : {std::pair{LinearPath::kDispatch, "dispatch"}, {LinearPath::kFp8OuterVec, "outer-vec"},
-                              {LinearPath::kFp8Epilogue, "epilogue"}, {LinearPath::kFp8FastAccum, "fast-accum"}}) {
-      const double ms = time_path(g, out, x, ws, path, 8);
-      if (ms < 0) std::printf("%-32s %5lld %-12s not taken\n", s.name, static_cast<long long>(T), name);
-      else print_row(s.name, T, name, ms, flop, bytes, copy);
-    }
-    if (s.N == 12288) {  // the quantization alone, the part the GEMM figures above include
-      Buffer codes(&g, DType::kU8, {T, s.K}), scales(&g, DType::kF32, {T});
-      const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, codes, scales, x); }, 8);
-      print_row("fp8 quantize x 8192x3072", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 5.0, copy);
+    const bool qkv = s.N == 12288;
+    for (int64_t T : qkv ? std::vector<int64_t>{128, 512, 2048, 8192} : std::vector<int64_t>{8192}) {
+      Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
+      const double flop = 2.0 * T * s.N * s.K, bytes = static_cast<double>(s.N * s.K);
+      for (auto [path, name] : paths) {
+        const double ms = time_path(g, out, x, ws, path, T >= 2048 ? 4 : 8);
+        if (ms < 0) std::printf("%-32s %5lld %-12s not taken\n", s.name, static_cast<long long>(T), name);
+        else print_row(s.name, T, name, ms, flop, bytes, copy);
+      }
+      if (qkv && T == 8192) {  // the quantization alone, part of every figure above
+        Buffer codes(&g, DType::kU8, {T, s.K}), scales(&g, DType::kF32, {T});
+        const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, codes, scales, x); }, 8);
+        print_row("fp8 quantize x 8192x3072 (u8)", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 5.0, copy);
+      }
     }
   }
 }
 
 void bench_small_n(Backend& g) {
   const double copy = copy_bandwidth(g);
-  std::printf("-- small N: GEMV vs FP8 tensor cores (GB/s of weights; the floor is the copy bandwidth %.0f GB/s)\n",
+  std::printf("-- small N: GEMV vs small-N tensor-core kernel vs cuBLASLt (GB/s of weights; floor: copy %.0f GB/s)\n",
               copy);
   for (const Shape& s : kFp8Shapes) {
     const double bytes = static_cast<double>(s.N) * (s.K + 4);
@@ -99,7 +108,8 @@ void bench_small_n(Backend& g) {
     for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
       Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
       const int iters = std::max<int>(static_cast<int>(ws.size()), 8);
-      for (auto [path, name] : {std::pair{LinearPath::kGemv, "gemv"}, {LinearPath::kFp8OuterVec, "tensor-core"}}) {
+      for (auto [path, name] : {std::pair{LinearPath::kGemv, "gemv"}, {LinearPath::kFp8SmallN, "small-n"},
+                                {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kDispatch, "dispatch"}}) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
@@ -115,8 +125,8 @@ void bench_bf16(Backend& g) {
     int64_t N, K;
     std::vector<int64_t> Ts;
   };
-  for (const Case& c : {Case{"router 256x3072", 256, 3072, {64, 512, 8192}},
-                        Case{"lm_head 248320x3072", 248320, 3072, {16, 32, 64, 512}}}) {
+  for (const Case& c : {Case{"router 256x3072", 256, 3072, {2, 4, 8, 16, 64, 512, 8192}},
+                        Case{"lm_head 248320x3072", 248320, 3072, {2, 4, 8, 16, 32, 64, 512}}}) {
     const double bytes = static_cast<double>(c.N * c.K) * 2;
     auto ws = weight_copies(g, WeightFormat::kBf16, ActivationQuant::kNone, c.N, c.K, 1, bytes, 64);
     for (int64_t T : c.Ts) {

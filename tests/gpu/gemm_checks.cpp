@@ -13,12 +13,14 @@
 // Bounds. Recursive f32 summation of K terms in any order errs by at most γ_K Σ|terms| with
 // γ_K ≈ K · 2^-24, so two f32 sums (CPU and GPU) differ by at most 2 K 2^-24 of the norm product:
 // 3.7e-4 at K = 3072, 9.8e-4 at K = 8192 (the worst case; random data gives ~sqrt(K) times less).
-// - FP8 (fast accumulation off): cuBLASLt promotes the tensor cores' partial sums to f32 every
-//   k-block; inside a block Hopper's FP8 MMA keeps ~14 significant bits (DeepSeek-V3 §3.3), which
-//   adds at most 2^-14 of the block's Σ|terms| (6.1e-5 of the norm product). Bound: 2 K 2^-24 + 2^-14.
-// - FP8 fast accumulation (benchmarks only, never used by linear): the whole K in the ~14-bit
-//   accumulator: each of the K/32 MMA steps may drop 2^-14 of a partial sum; bound K/32 · 2^-14
-//   (5.9e-3 at K = 3072), stated for the measurement, not a production path.
+// - W8A8 small-N and cuBLASLt routes: exact f16 products (E4M3 values are exact in f16), f32 sums:
+//   2 K 2^-24. They are also held to the GEMVs' own bound, 1e-5 of max|ref| (kFp32): the same
+//   exact products summed in f32 in another order.
+// - Hopper's FP8 tensor cores (benchmarks only, never chosen by linear): cuBLASLt promotes partial
+//   sums to f32 every k-block, but inside a block the FP8 MMA keeps ~14 significant bits
+//   (DeepSeek-V3 §3.3), adding up to 2^-14 of the block's Σ|terms|: bound 2 K 2^-24 + 2^-14. With
+//   fast accumulation the whole K stays in that accumulator: K/32 steps may each drop 2^-14 of a
+//   partial sum: bound K/32 · 2^-14 (5.9e-3 at K = 3072). Stated for the measurement.
 // - split-bf16: x = hi + lo to 2^-16 relative, plus the two f32 sums: 2^-16 + 2 K 2^-24.
 // A wrong scale, a swapped operand or a missing half moves outputs by O(1) of the norm product.
 #include <algorithm>
@@ -120,8 +122,9 @@ void test_fp8(Harness& h) {
     }
     record("gemm_fp8", "quantize codes+scales differing TxK " + sz({T, K}), static_cast<double>(bad), kExact);
   }
-  // 2. The GEMM through each FP8 path vs the CPU. Prefill-like and batched-decode T, rows and T
-  // that are no multiple of 16, K of the 122B (3072, out_proj 8192, shared down 1024), two
+  // 2. The GEMM through each FP8 path vs the CPU. Prefill-like and batched-decode T (the small-N
+  // kernel runs T > 64 in pieces of 64), rows and T that are no multiple of 16, K of the 122B (3072,
+  // out_proj 8192, shared down 1024) and one no multiple of 64 (the small-N kernel declines it), two
   // partitions with static per-partition scales, per-tensor weight scales.
   struct Case {
     int64_t T, N, K, P;
@@ -132,18 +135,20 @@ void test_fp8(Harness& h) {
   std::vector<Case> cases = {
       {256, 2048, 3072, 1, WeightFormat::kFp8Channel, dyn}, {100, 1000, 3072, 2, WeightFormat::kFp8Channel, dyn},
       {64, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn},  {203, 3072, 1024, 1, WeightFormat::kFp8Tensor, stat},
-      {37, 520, 1024, 2, WeightFormat::kFp8Tensor, stat},
+      {37, 520, 1024, 2, WeightFormat::kFp8Tensor, stat},   {65, 1000, 1040, 1, WeightFormat::kFp8Channel, dyn},
   };
   for (int64_t T : {1, 2, 3, 4, 8, 16, 32, 64}) cases.push_back({T, 1536, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  enum class Kind { kExact, kNative, kFast };
   struct Path {
     LinearPath path;
     const char* name;
-    bool fast;
+    Kind kind;
   };
-  const Path paths[] = {{LinearPath::kFp8OuterVec, "outer-vec", false},
-                        {LinearPath::kFp8Epilogue, "epilogue", false},
-                        {LinearPath::kFp8FastAccum, "fast-accum", true},
-                        {LinearPath::kDispatch, "dispatch", false}};
+  const Path paths[] = {{LinearPath::kFp8SmallN, "small-n", Kind::kExact},
+                        {LinearPath::kFp8Gemm, "gemm-f16", Kind::kExact},
+                        {LinearPath::kDispatch, "dispatch", Kind::kExact},
+                        {LinearPath::kFp8Native, "native-fp8", Kind::kNative},
+                        {LinearPath::kFp8NativeFastAccum, "fast-accum", Kind::kFast}};
   for (const Case& c : cases) {
     QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
     auto xv = randn(c.T * c.K);
@@ -156,20 +161,25 @@ void test_fp8(Harness& h) {
     for (const Path& p : paths) {
       h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
       if (!linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, p.path)) {
-        // cuBLASLt may refuse rows that are no multiple of 16 (the dispatch then runs the GEMV, checked
-        // by its own line); the model's shapes are multiples of 16 and must be taken.
-        if (c.N % 16 != 0) {
-          std::printf("      %-10s %s: declined by cuBLASLt\n", p.name, shape.c_str());
+        // Allowed to decline: the small-N kernel at K % 64 != 0, cuBLASLt at rows that are no
+        // multiple of 16 (the dispatch then runs the next path, checked by its own line). Everything
+        // else, the model's shapes among them, must be taken.
+        const bool small_n = p.path == LinearPath::kFp8SmallN;
+        if ((small_n && c.K % 64 != 0) || (!small_n && p.path != LinearPath::kDispatch && c.N % 16 != 0)) {
+          std::printf("      %-10s %s: declined\n", p.name, shape.c_str());
           continue;
         }
         record("gemm_fp8", std::string(p.name) + " not taken " + shape, 1.0, 0.0);
         continue;
       }
       const auto got = h.gpu_f(o);
-      const double bound = p.fast ? static_cast<double>(c.K) / 32.0 * std::ldexp(1.0, -14)
-                                  : fp32_sums_bound(c.K) + std::ldexp(1.0, -14);
-      std::printf("      %-10s %s: max|d|/max|ref| %.3e\n", p.name, shape.c_str(), rel_err(got, ref));
+      const double bound = p.kind == Kind::kFast     ? static_cast<double>(c.K) / 32.0 * std::ldexp(1.0, -14)
+                           : p.kind == Kind::kNative ? fp32_sums_bound(c.K) + std::ldexp(1.0, -14)
+                                                     : fp32_sums_bound(c.K);
+      const double std_err = rel_err(got, ref);
+      std::printf("      %-10s %s: max|d|/max|ref| %.3e\n", p.name, shape.c_str(), std_err);
       record("gemm_fp8", std::string(p.name) + " " + shape, norm_relative(got, ref, rn, cn), bound);
+      if (p.kind == Kind::kExact) record("gemm_fp8", std::string(p.name) + " max-rel " + shape, std_err, kFp32);
     }
   }
   // 3. Shapes the tensor cores do not take fall back to the GEMVs (K % 16 != 0 here): the
@@ -178,8 +188,9 @@ void test_fp8(Harness& h) {
     const int64_t T = 40, N = 300, K = 1000;
     QWeight w = make_qweight(h, 1, N, K, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
     Pair x = h.f32({T, K}, randn(T * K)), o = h.out({T, N});
-    const bool taken = linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8OuterVec);
-    record("gemm_fp8", "K % 16 != 0 declined by the tensor-core path", taken ? 1.0 : 0.0, kExact);
+    const bool taken = linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8Gemm) ||
+                       linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8SmallN);
+    record("gemm_fp8", "K % 16 != 0 declined by the tensor-core paths", taken ? 1.0 : 0.0, kExact);
     h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
     h.gpu->linear(o.gpu(), x.gpu(), w.gpu_lin);
     record("gemm_fp8", "K % 16 != 0 dispatch TxNxK " + sz({T, N, K}), h.err(o), kFp32);

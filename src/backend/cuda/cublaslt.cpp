@@ -1,6 +1,6 @@
 // cublaslt.h: the library loaded with dlopen, one handle per process, and a plan (descriptors +
 // the heuristic's first algorithm) cached per problem shape, so a call after the first is a few
-// host-side attribute writes and one cublasLtMatmul.
+// host-side lookups and one cublasLtMatmul.
 #include "backend/cuda/cublaslt.h"
 
 #include <cublasLt.h>
@@ -71,7 +71,7 @@ int alignment(const void* p, int64_t row_bytes) {
   return static_cast<int>(v & (~v + 1));
 }
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, size_t, int, int, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, size_t, int, int, int>;
 
 struct Plan {
   bool ok = false;
@@ -92,16 +92,6 @@ Plan make_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes, int a
   if (fp8) {
     const int8_t fast = p.fast_accum ? 1 : 0;
     ok = ok && lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)) == CUBLAS_STATUS_SUCCESS;
-    if (p.scale == LtMatmul::Scale::kOuterVec) {
-      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      ok = ok && lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)) == CUBLAS_STATUS_SUCCESS &&
-           lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)) == CUBLAS_STATUS_SUCCESS;
-    }
-    if (p.scale != LtMatmul::Scale::kNone) {  // the pointers themselves are written per call
-      const void* none = nullptr;
-      ok = ok && lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &none, sizeof(none)) == CUBLAS_STATUS_SUCCESS &&
-           lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &none, sizeof(none)) == CUBLAS_STATUS_SUCCESS;
-    }
   }
   ok = ok &&
        lt.layout_create(&plan.la, p.ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.m), p.lda) ==
@@ -151,8 +141,8 @@ Plan* find_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes) {
   const int align_a = alignment(p.a, p.lda * esz), align_b = alignment(p.b, p.ldb * esz),
             align_d = alignment(p.d, p.ldd * 4);
   static std::map<PlanKey, Plan> plans;
-  const PlanKey key{static_cast<int>(p.ab_type), p.m, p.n, p.k, p.lda, p.ldb, p.ldd, static_cast<int>(p.scale),
-                    p.fast_accum, workspace_bytes, align_a, align_b, align_d};
+  const PlanKey key{static_cast<int>(p.ab_type), p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.fast_accum, workspace_bytes,
+                    align_a, align_b, align_d};
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(lt, p, workspace_bytes, align_a, align_b, align_d)).first;
   return it->second.ok ? &it->second : nullptr;
@@ -172,12 +162,6 @@ bool lt_matmul(const LtMatmul& p, cudaStream_t s, void* workspace, size_t worksp
   std::lock_guard<std::mutex> lock(plan_mutex());
   Plan* plan = find_plan(*lt, p, workspace_bytes);
   if (!plan) return false;
-  if (p.scale != LtMatmul::Scale::kNone &&
-      (lt->desc_set(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &p.a_scale, sizeof(p.a_scale)) !=
-           CUBLAS_STATUS_SUCCESS ||
-       lt->desc_set(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &p.b_scale, sizeof(p.b_scale)) !=
-           CUBLAS_STATUS_SUCCESS))
-    return false;
   const float alpha = 1.0f, beta = 0.0f;
   return lt->matmul(lt->handle, plan->desc, &alpha, p.a, plan->la, p.b, plan->lb, &beta, p.d, plan->ld, p.d, plan->ld,
                     &plan->algo, workspace, workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;

@@ -6,7 +6,8 @@
 //
 // One problem shape, "TN" in cuBLAS terms, is all the backend needs: out = x W^T with W row-major
 // [m, k] (the weights, cuBLAS's A used transposed), x row-major [n, k] (the tokens, B), out
-// row-major [n, ldd >= m] f32 (D, column-major m x n). Host-side only; no device code here.
+// row-major [n, ldd >= m] f32 (D, column-major m x n), f32 accumulation (CUBLAS_COMPUTE_32F), no
+// scales. Host-side only; no device code here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,8 +19,7 @@
 namespace sparkserve {
 
 struct LtMatmul {
-  enum class Scale { kNone, kScalar, kOuterVec };
-  cudaDataType_t ab_type = CUDA_R_16BF;  // CUDA_R_8F_E4M3 or CUDA_R_16BF
+  cudaDataType_t ab_type = CUDA_R_16BF;  // CUDA_R_16BF, CUDA_R_16F or CUDA_R_8F_E4M3
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;   // [m, k], row stride lda (elements)
   int64_t lda = 0;
@@ -27,11 +27,6 @@ struct LtMatmul {
   int64_t ldb = 0;
   float* d = nullptr;        // [n, ldd] f32
   int64_t ldd = 0;
-  // FP8 only. kScalar: a_scale / b_scale point at one f32 each (device); kOuterVec: at m / n values,
-  // d[j, i] = a_scale[i] * b_scale[j] * sum_l a[i, l] b[j, l].
-  Scale scale = Scale::kNone;
-  const float* a_scale = nullptr;
-  const float* b_scale = nullptr;
   // FP8 only: let the tensor cores accumulate a whole K without periodic promotion to fp32.
   bool fast_accum = false;
 };

@@ -1,12 +1,16 @@
-// W8A8 FP8 Linear on the tensor cores (tc_gemm.h): prefill and batched-decode token counts.
+// W8A8 FP8 Linear on the tensor cores for prefill-sized T (tc_gemm.h).
 //
 // Numerics vs the CPU specification (core/fp8_quant.cpp, backend/cpu/quant_linear.cpp): the
 // activation codes and scales are the CPU's bit for bit (same f32 amax, the same __fdiv_rn(x, s)
-// and round-to-nearest-even saturating E4M3 conversion); every product q_x · q_w is exact (two
-// 4-bit significands); the CPU sums them in double, the tensor cores in f32 with promotion of the
-// partial sums to full fp32 at cuBLASLt's k-block boundaries (fast_accum off), then s_t · ws[n]
-// is applied in f32 (the CPU: in double). The difference is the f32 summation error of the same
-// exact products: tests/gpu/gemm_checks.cpp bounds it against Σ|products| and states the measure.
+// and round-to-nearest-even saturating E4M3 conversion). Every E4M3 value is exact in f16 (4
+// significant bits, exponents 2^-9..2^8), so the codes of both sides go to the f16 tensor cores
+// unchanged: each product is exact in f32 and the sums are f32 (cuBLASLt, CUBLAS_COMPUTE_32F), like
+// the CPU's f32 sums of the same exact products in another order; s_t · ws[n] is applied after the
+// sum, in f32 (the CPU: in double). Measured on the H200: within 1e-5 of max|ref| like the GEMVs.
+// Hopper's FP8 tensor cores were measured too (route kNativeFp8): their partial sums keep ~14
+// significant bits, 1.2e-4..2.1e-4 of max|ref| on random data, enough to flip W8A8 re-quantization
+// codes downstream (fixture logits 1e-2 off the CPU's); they stay for the benchmarks only.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cmath>
@@ -24,10 +28,25 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for Hopper (split-K / stream-K)
 
+// Four E4M3 codes (one word) in the layout of the output type: the codes themselves (u8), or their
+// values as f16 (exact).
+template <class OutT>
+__device__ __forceinline__ void store4(OutT* dst, uint32_t codes) {
+  if constexpr (sizeof(OutT) == 1) {
+    *reinterpret_cast<uint32_t*>(dst) = codes;
+  } else {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
+                                                static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
+  }
+}
+
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
 // conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x).
-__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(uint8_t* codes, float* scales, const float* x,
+template <class OutT>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(OutT* codes, float* scales, const float* x,
                                                                      int64_t K, const float* static_scale) {
   const int64_t t = blockIdx.x;
   const float* xr = x + t * K;
@@ -55,12 +74,31 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(uint8_t* c
                                                  __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
                                                  __NV_E4M3);
-    *reinterpret_cast<uint32_t*>(codes + t * K + k) = lo | (hi << 16);
+    store4(codes + t * K + k, lo | (hi << 16));
   }
   if (threadIdx.x == 0) scales[t] = s;
 }
 
-// The scales where cuBLASLt cannot apply them: out[t, n0 + i] *= ts[t] · ws[i], i < cols.
+// E4M3 weight codes -> their f16 values (exact), 16 per thread. n16: bytes / 16.
+__global__ void fp8_to_f16_kernel(__half* out, const uint8_t* w, int64_t n16) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n16) return;
+  const uint4 q = reinterpret_cast<const uint4*>(w)[i];
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  uint2 o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[j] & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[j] >> 16), __NV_E4M3);
+    o[j] = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
+                      static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out) + 2 * i;
+  dst[0] = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
+  dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
+}
+
+// out[t, i] *= ts[t] · ws[i] for the partition's cols columns (ldo apart per token).
 __global__ void scale_outer_kernel(float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
                                    const float* ws) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -78,29 +116,20 @@ struct RelaxedCaptureMode {
   ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&prev); }
 };
 
-// Whether cuBLASLt computes FP8 matmuls here with `scale`, checked on a small problem whose exact
-// answer is known (so a scale vector applied to the wrong side, or not at all, is caught too):
-// A = 1.0 codes [64, 64], B = 2.0 codes [16, 64], scales 2^-(i % 4) and 2^(j % 3):
-// d[j, i] = 128 · 2^-(i % 4) · 2^(j % 3) (kOuterVec) or 128 (kNone).
-bool probe_fp8(LtMatmul::Scale scale) {
+// Whether cuBLASLt runs FP8 matmuls here (the native route, benchmarks only), checked once on a
+// problem with a known exact answer: A = 1.0 codes [64, 64], B = 2.0 codes [16, 64] -> 128 everywhere.
+bool probe_native_fp8() {
   constexpr int M = 64, N = 16, K = 64;
   RelaxedCaptureMode relaxed;
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint8_t *a = nullptr, *b = nullptr;
-  float *as = nullptr, *bs = nullptr, *d = nullptr;
+  float* d = nullptr;
   void* ws = nullptr;
   CUDA_CHECK(cudaMalloc(&a, M * K));
   CUDA_CHECK(cudaMalloc(&b, N * K));
-  CUDA_CHECK(cudaMalloc(&as, M * 4));
-  CUDA_CHECK(cudaMalloc(&bs, N * 4));
   CUDA_CHECK(cudaMalloc(&d, M * N * 4));
   CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));
-  std::vector<float> hs(M);
-  for (int i = 0; i < M; ++i) hs[static_cast<size_t>(i)] = std::ldexp(1.0f, -(i % 4));
-  CUDA_CHECK(cudaMemcpyAsync(as, hs.data(), M * 4, cudaMemcpyHostToDevice, s));
-  for (int j = 0; j < N; ++j) hs[static_cast<size_t>(j)] = std::ldexp(1.0f, j % 3);
-  CUDA_CHECK(cudaMemcpyAsync(bs, hs.data(), N * 4, cudaMemcpyHostToDevice, s));
   CUDA_CHECK(cudaMemsetAsync(a, 0x38, M * K, s));  // E4M3 1.0
   CUDA_CHECK(cudaMemsetAsync(b, 0x40, N * K, s));  // E4M3 2.0
   CUDA_CHECK(cudaMemsetAsync(d, 0, M * N * 4, s));
@@ -115,124 +144,109 @@ bool probe_fp8(LtMatmul::Scale scale) {
   p.ldb = K;
   p.d = d;
   p.ldd = M;
-  p.scale = scale;
-  p.a_scale = as;
-  p.b_scale = bs;
   bool ok = lt_matmul(p, s, ws, kWorkspaceBytes);
   std::vector<float> got(M * N);
   CUDA_CHECK(cudaMemcpyAsync(got.data(), d, M * N * 4, cudaMemcpyDeviceToHost, s));
   ok = cudaStreamSynchronize(s) == cudaSuccess && ok;
-  for (int j = 0; j < N && ok; ++j)
-    for (int i = 0; i < M && ok; ++i) {
-      const float want = scale == LtMatmul::Scale::kOuterVec ? 128.0f * std::ldexp(1.0f, (j % 3) - (i % 4)) : 128.0f;
-      ok = got[static_cast<size_t>(j * M + i)] == want;
-    }
+  for (float v : got) ok = ok && v == 128.0f;
   (void)cudaGetLastError();  // a refused launch must not surface at the next op's check
   cudaFree(a);
   cudaFree(b);
-  cudaFree(as);
-  cudaFree(bs);
   cudaFree(d);
   cudaFree(ws);
   cudaStreamDestroy(s);
   return ok;
 }
-
-// What this device supports, probed once (the backend drives one device).
-struct Fp8Support {
-  bool outer_vec = false, unscaled = false;
-};
-const Fp8Support& fp8_support() {
+bool native_fp8_supported() {
   static std::once_flag once;
-  static Fp8Support sup;
-  std::call_once(once, [] {
-    if (!lt_available()) return;
-    sup.outer_vec = probe_fp8(LtMatmul::Scale::kOuterVec);
-    sup.unscaled = probe_fp8(LtMatmul::Scale::kNone);
-  });
-  return sup;
+  static bool ok = false;
+  std::call_once(once, [] { ok = lt_available() && probe_native_fp8(); });
+  return ok;
+}
+
+template <class OutT>
+void launch_quantize(cudaStream_t s, OutT* codes, float* scales, const float* x, int64_t T, int64_t K,
+                     const float* static_scale) {
+  if (T == 0) return;
+  CHECK(K % 4 == 0 && T <= INT32_MAX);
+  quantize_rows_kernel<OutT><<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(codes, scales, x, K, static_scale);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void fp8_quantize_rows(cudaStream_t s, uint8_t* codes, float* scales, const float* x, int64_t T, int64_t K,
                        const float* static_scale) {
-  if (T == 0) return;
-  CHECK(K % 4 == 0 && T <= INT32_MAX);
-  quantize_rows_kernel<<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(codes, scales, x, K, static_scale);
+  launch_quantize(s, codes, scales, x, T, K, static_scale);
+}
+void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
+                           const float* static_scale) {
+  launch_quantize(s, values, scales, x, T, K, static_scale);
+}
+void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
+                     const float* ws) {
+  if (T * cols == 0) return;
+  scale_outer_kernel<<<blocks_for(T * cols, 256), 256, 0, s>>>(out, ldo, T, cols, ts, ws);
   CUDA_CHECK_LAUNCH();
 }
 
-bool fp8_gemm_takes(const Linear& w) {
+bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple) {
   if (!is_fp8(w.format)) return false;
   if (w.activation != ActivationQuant::kFp8TokenDynamic && w.activation != ActivationQuant::kFp8TensorStatic)
     return false;
   if (w.activation == ActivationQuant::kFp8TensorStatic && !w.input_scale.data) return false;
   const int64_t K = w.in_features, N = w.out_features, P = w.partitions;
-  return K > 0 && K % 16 == 0 && P >= 1 && N % P == 0 && (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0;
+  return K > 0 && K % k_multiple == 0 && P >= 1 && N % P == 0 &&
+         (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0;
 }
 
-bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, const Fp8GemmOptions& o) {
+bool fp8_gemm_takes(const Linear& w) { return fp8_w8a8_takes(w, 16); }
+
+bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, Fp8Route route) {
   if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
-  const Fp8Support& sup = fp8_support();
-  bool outer = false;
-  switch (o.scaling) {
-    case Fp8Scaling::kAuto:
-      outer = sup.outer_vec;
-      if (!outer && !sup.unscaled) return false;
-      break;
-    case Fp8Scaling::kOuterVec:
-      if (!sup.outer_vec) return false;
-      outer = true;
-      break;
-    case Fp8Scaling::kEpilogue:
-      if (!sup.unscaled) return false;
-      break;
-  }
+  const bool native = route != Fp8Route::kExactF16;
+  if (native ? !native_fp8_supported() : !lt_available()) return false;
   const int64_t K = w.in_features, N = w.out_features;
   if (T == 0 || N == 0) return true;
   // A static activation scale may differ per partition: each partition's rows get x quantized
   // with its own scale. Dynamic scales are per token, the same for every partition.
   const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
   const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts;
-  CudaBackend::Scratch codes(&b, static_cast<size_t>(T * K)), scales(&b, static_cast<size_t>(T) * 4),
-      workspace(&b, kWorkspaceBytes);
+  const size_t esz = native ? 1 : 2;
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(T * K) * esz), scales(&b, static_cast<size_t>(T) * 4),
+      wh(&b, native ? 0 : static_cast<size_t>(N * K) * 2), workspace(&b, kWorkspaceBytes);
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
   LtMatmul m;
-  m.ab_type = CUDA_R_8F_E4M3;
+  m.ab_type = native ? CUDA_R_8F_E4M3 : CUDA_R_16F;
   m.m = rows;
   m.n = T;
   m.k = K;
-  m.a = wq;
   m.lda = K;
-  m.b = codes.as<uint8_t>();
+  m.b = xq.ptr;
   m.ldb = K;
-  m.d = out;
   m.ldd = N;
-  m.scale = outer ? LtMatmul::Scale::kOuterVec : LtMatmul::Scale::kNone;
-  m.b_scale = scales.as<float>();
-  m.fast_accum = o.fast_accum;
+  m.fast_accum = route == Fp8Route::kNativeFp8FastAccum;
   auto partition = [&](int64_t p) {
-    m.a = wq + p * rows * K;
+    m.a = native ? static_cast<const void*>(wq + p * rows * K) : static_cast<const void*>(wh.as<__half>() + p * rows * K);
     m.d = out + p * rows;
-    m.a_scale = ws + p * rows;
   };
   for (int64_t p = 0; p < parts; ++p) {  // every partition's problem taken before anything runs
     partition(p);
     if (!lt_plan(m, kWorkspaceBytes)) return false;
   }
+  if (!native) {
+    fp8_to_f16_kernel<<<blocks_for(N * K / 16, 256), 256, 0, b.stream()>>>(wh.as<__half>(), wq, N * K / 16);
+    CUDA_CHECK_LAUNCH();
+  }
   for (int64_t p = 0; p < parts; ++p) {
-    fp8_quantize_rows(b.stream(), codes.as<uint8_t>(), scales.as<float>(), x, T, K,
-                      w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr);
+    const float* static_scale = w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr;
+    if (native) fp8_quantize_rows(b.stream(), xq.as<uint8_t>(), scales.as<float>(), x, T, K, static_scale);
+    else fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K, static_scale);
     partition(p);
-    CHECK_MSG(lt_matmul(m, b.stream(), workspace.ptr, kWorkspaceBytes), "cuBLASLt refused a planned FP8 matmul");
-    if (!outer) {
-      scale_outer_kernel<<<blocks_for(T * rows, 256), 256, 0, b.stream()>>>(out + p * rows, N, T, rows,
-                                                                            scales.as<float>(), ws + p * rows);
-      CUDA_CHECK_LAUNCH();
-    }
+    CHECK_MSG(lt_matmul(m, b.stream(), workspace.ptr, kWorkspaceBytes), "cuBLASLt refused a planned W8A8 matmul");
+    fp8_scale_outer(b.stream(), out + p * rows, N, T, rows, scales.as<float>(), ws + p * rows);
   }
   return true;
 }

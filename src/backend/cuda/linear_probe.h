@@ -10,9 +10,10 @@ namespace sparkserve {
 enum class LinearPath : int {
   kDispatch = 0,        // what CudaBackend::linear picks
   kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
-  kFp8OuterVec,         // fp8_gemm.cu, scales in cuBLASLt's epilogue
-  kFp8Epilogue,         // fp8_gemm.cu, scales by a separate kernel (the sm_100 / sm_120 route)
-  kFp8FastAccum,        // fp8_gemm.cu, outer-vector scales, fast accumulation (benchmarks only)
+  kFp8SmallN,           // fp8_small_n.cu (any T, in pieces of 64 tokens)
+  kFp8Gemm,             // fp8_gemm.cu, exact f16 route (cuBLASLt)
+  kFp8Native,           // fp8_gemm.cu, Hopper's FP8 tensor cores (benchmarks only)
+  kFp8NativeFastAccum,  // the same without fp32 promotion (benchmarks only)
   kBf16Split,           // bf16_gemm.cu
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)

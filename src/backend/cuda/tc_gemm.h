@@ -1,9 +1,12 @@
-// The tensor-core GEMMs of linear (cuBLASLt, cublaslt.h): fp8_gemm.cu (W8A8 FP8 weights with
-// dynamic per-token or static activation scales) and bf16_gemm.cu (bf16 weights, f32 activations as
-// split-bf16 hi + lo operands). Each returns false when it does not take the case (format, shape,
+// The tensor-core GEMMs of linear: fp8_gemm.cu (W8A8 FP8 weights with dynamic per-token or static
+// activation scales, prefill T, cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
+// mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
+// cuBLASLt). Each returns false when it does not take the case (format, shape,
 // alignment, the library missing or refusing the problem); the caller then runs another kernel.
 // Graph-capturable: launches on the backend's stream, stream-ordered scratch.
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -11,28 +14,39 @@
 
 namespace sparkserve {
 
-// How the FP8 GEMM applies the scales s_t · ws[n]: inside cuBLASLt's epilogue (outer-vector scale
-// mode: Hopper), or by a separate kernel over the unscaled sums (where the outer-vector mode is
-// refused: cuBLAS 13.1 on sm_100 / sm_120). kAuto: the first where this device takes it.
-enum class Fp8Scaling { kAuto, kOuterVec, kEpilogue };
-struct Fp8GemmOptions {
-  Fp8Scaling scaling = Fp8Scaling::kAuto;
-  bool fast_accum = false;  // benchmarks only: Hopper's FP8 accumulation without fp32 promotion
-};
-
 // W8A8 FP8 weights (kFp8Channel / kFp8Tensor with kFp8TokenDynamic or kFp8TensorStatic
-// activations) whose K and rows suit the tensor cores (K % 16 == 0: 16-byte rows of codes).
+// activations), K a multiple of k_multiple, partitions dividing the rows, 16-byte aligned codes.
+bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple);
+
+// How fp8_gemm_linear multiplies: kExactF16, the production route, puts the E4M3 codes of both sides
+// (exact in f16) on the f16 tensor cores with f32 accumulation; the native FP8 routes (Hopper's FP8
+// tensor cores, whose partial sums keep ~14 bits) are for the benchmarks' comparison only.
+enum class Fp8Route { kExactF16, kNativeFp8, kNativeFp8FastAccum };
+// fp8_w8a8_takes(w, 16): 16-byte rows of codes for cuBLASLt.
 bool fp8_gemm_takes(const Linear& w);
-// out = x W^T: x quantized to the CPU's E4M3 codes and per-token scales (fp8_quantize_rows), then
-// s_t · ws[n] · Σ_k q_x q_w on the tensor cores with f32 accumulation.
+// out = x W^T for prefill-sized T through cuBLASLt: x quantized to the CPU's E4M3 codes and
+// per-token scales, Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w,
-                     const Fp8GemmOptions& o = {});
+                     Fp8Route route = Fp8Route::kExactF16);
+// out = x W^T for T = 2..64 tokens (batched decode, speculative verify): fp8_small_n.cu, weights on
+// the MMA's M side streamed once, exact f16 products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run
+// in pieces of 64 tokens (each reads the weights again: the fallback where cuBLASLt is missing).
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+inline constexpr int64_t kFp8SmallNMaxTokens = 64;
+
 // The activation quantization of the W8A8 paths, as core/fp8_quant.cpp: scales[t] = the token's
-// dynamic scale (static_scale null) or *static_scale; codes = fp8_e4m3(x / s) saturating.
-// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> codes: [T, K] E4M3, scales: [T] f32 (device)
+// dynamic scale (static_scale null) or *static_scale; codes = fp8_e4m3(x / s) saturating, stored as
+// the codes (u8) or as their exact f16 values.
+// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> codes / values: [T, K], scales: [T] f32 (device)
 void fp8_quantize_rows(cudaStream_t s, uint8_t* codes, float* scales, const float* x, int64_t T, int64_t K,
                        const float* static_scale);
+void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
+                           const float* static_scale);
+// out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
+void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
+                     const float* ws);
 
 // bf16 weights (K % 8 == 0: 16-byte rows).
 bool bf16_gemm_takes(const Linear& w);
