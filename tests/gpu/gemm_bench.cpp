@@ -2,8 +2,7 @@
 // Qwen3.5-122B-A10B shapes, every path through linear_probe (backend/cuda/linear_probe.h):
 // - "gemm fp8 prefill": the W8A8 GEMM at T = 8192 (M = 8192, N = 12288, K = 3072 is in_proj_qkv):
 //   TFLOP/s with the activation quantization, the weights' f16 conversion and the scaling included,
-//   for the exact f16 route (production), Hopper's FP8 tensor cores (with and without fast
-//   accumulation, for comparison) and the small-N kernel in pieces of 64 tokens (the fallback); the
+//   for the cuBLASLt route and the small-N kernel in pieces of 64 tokens (the fallback); the
 //   quantization alone; qkv at T = 128..2048 for the crossover;
 // - "gemm small-N": T = 1..64 tokens (batched decode, speculative verify): the GEMVs, the small-N
 //   kernel and the cuBLASLt route, µs and weight bytes per second against the measured copy
@@ -72,11 +71,8 @@ std::vector<BenchLinear> weight_copies(Backend& g, WeightFormat fmt, ActivationQ
 void bench_fp8_prefill(Backend& g) {
   const double copy = copy_bandwidth(g);
   std::printf("-- W8A8 GEMM, TFLOP/s including quantization, conversion and scaling\n");
-  const std::pair<LinearPath, const char*> paths[] = {{LinearPath::kDispatch, "dispatch"},
-                                                      {LinearPath::kFp8Gemm, "gemm-f16"},
-                                                      {LinearPath::kFp8Native, "native-fp8"},
-                                                      {LinearPath::kFp8NativeFastAccum, "fast-accum"},
-                                                      {LinearPath::kFp8SmallN, "small-n x64"}};
+  const std::pair<LinearPath, const char*> paths[] = {
+      {LinearPath::kDispatch, "dispatch"}, {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kFp8SmallN, "small-n x64"}};
   for (const Shape& s : kFp8Shapes) {
     auto ws = weight_copies(g, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, s.N, s.K, s.P,
                             static_cast<double>(s.N * s.K), 1);
@@ -90,9 +86,9 @@ void bench_fp8_prefill(Backend& g) {
         else print_row(s.name, T, name, ms, flop, bytes, copy);
       }
       if (qkv && T == 8192) {  // the quantization alone, part of every figure above
-        Buffer codes(&g, DType::kU8, {T, s.K}), scales(&g, DType::kF32, {T});
-        const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, codes, scales, x); }, 8);
-        print_row("fp8 quantize x 8192x3072 (u8)", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 5.0, copy);
+        Buffer values(&g, DType::kF16, {T, s.K}), scales(&g, DType::kF32, {T});
+        const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, values, scales, x); }, 8);
+        print_row("fp8 quantize x 8192x3072 (f16)", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 6.0, copy);
       }
     }
   }

@@ -71,7 +71,7 @@ int alignment(const void* p, int64_t row_bytes) {
   return static_cast<int>(v & (~v + 1));
 }
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, size_t, int, int, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t, int, int, int>;
 
 struct Plan {
   bool ok = false;
@@ -84,15 +84,10 @@ struct Plan {
 // offers none (the plan is kept, so the question is asked once). Plans live as long as the process.
 Plan make_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes, int align_a, int align_b, int align_d) {
   Plan plan;
-  const bool fp8 = p.ab_type == CUDA_R_8F_E4M3;
   if (lt.desc_create(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return plan;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   bool ok = lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) == CUBLAS_STATUS_SUCCESS &&
             lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) == CUBLAS_STATUS_SUCCESS;
-  if (fp8) {
-    const int8_t fast = p.fast_accum ? 1 : 0;
-    ok = ok && lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)) == CUBLAS_STATUS_SUCCESS;
-  }
   ok = ok &&
        lt.layout_create(&plan.la, p.ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.m), p.lda) ==
            CUBLAS_STATUS_SUCCESS &&
@@ -137,11 +132,10 @@ std::mutex& plan_mutex() {
 }
 Plan* find_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) return nullptr;
-  const int esz = p.ab_type == CUDA_R_8F_E4M3 ? 1 : 2;
-  const int align_a = alignment(p.a, p.lda * esz), align_b = alignment(p.b, p.ldb * esz),
+  const int align_a = alignment(p.a, p.lda * 2), align_b = alignment(p.b, p.ldb * 2),
             align_d = alignment(p.d, p.ldd * 4);
   static std::map<PlanKey, Plan> plans;
-  const PlanKey key{static_cast<int>(p.ab_type), p.m, p.n, p.k, p.lda, p.ldb, p.ldd, p.fast_accum, workspace_bytes,
+  const PlanKey key{static_cast<int>(p.ab_type), p.m, p.n, p.k, p.lda, p.ldb, p.ldd, workspace_bytes,
                     align_a, align_b, align_d};
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(lt, p, workspace_bytes, align_a, align_b, align_d)).first;

@@ -19,7 +19,7 @@
 namespace sparkserve {
 
 struct LtMatmul {
-  cudaDataType_t ab_type = CUDA_R_16BF;  // CUDA_R_16BF, CUDA_R_16F or CUDA_R_8F_E4M3
+  cudaDataType_t ab_type = CUDA_R_16BF;  // CUDA_R_16BF or CUDA_R_16F
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;   // [m, k], row stride lda (elements)
   int64_t lda = 0;
@@ -27,8 +27,6 @@ struct LtMatmul {
   int64_t ldb = 0;
   float* d = nullptr;        // [n, ldd] f32
   int64_t ldd = 0;
-  // FP8 only: let the tensor cores accumulate a whole K without periodic promotion to fp32.
-  bool fast_accum = false;
 };
 
 // False when the library is not loadable, or cuBLASLt has no algorithm for the problem (types,

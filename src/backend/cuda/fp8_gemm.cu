@@ -6,16 +6,13 @@
 // significant bits, exponents 2^-9..2^8), so the codes of both sides go to the f16 tensor cores
 // unchanged: each product is exact in f32 and the sums are f32 (cuBLASLt, CUBLAS_COMPUTE_32F), like
 // the CPU's f32 sums of the same exact products in another order; s_t · ws[n] is applied after the
-// sum, in f32 (the CPU: in double). Measured on the H200: within 1e-5 of max|ref| like the GEMVs.
-// Hopper's FP8 tensor cores were measured too (route kNativeFp8): their partial sums keep ~14
-// significant bits, 1.2e-4..2.1e-4 of max|ref| on random data, enough to flip W8A8 re-quantization
-// codes downstream (fixture logits 1e-2 off the CPU's); they stay for the benchmarks only.
+// sum, in f32 (the CPU: in double). Measured on the H200: 1.2e-7..4.9e-7 of max|ref|, like the GEMVs.
+// Hopper's FP8 tensor cores were measured too and not kept (docs/performance.md): their partial sums
+// keep ~14 significant bits, 1.3e-4..2.1e-4 of max|ref| on random data (fast accumulation 1.4e-3..3.5e-3),
+// enough to flip W8A8 re-quantization codes downstream (fixture logits 1e-2 off the CPU's), for 1.4x
+// the throughput at 8192 tokens.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-
-#include <cmath>
-#include <mutex>
-#include <vector>
 
 #include "backend/cuda/cublaslt.h"
 #include "backend/cuda/quant_math.cuh"
@@ -28,25 +25,19 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for Hopper (split-K / stream-K)
 
-// Four E4M3 codes (one word) in the layout of the output type: the codes themselves (u8), or their
-// values as f16 (exact).
-template <class OutT>
-__device__ __forceinline__ void store4(OutT* dst, uint32_t codes) {
-  if constexpr (sizeof(OutT) == 1) {
-    *reinterpret_cast<uint32_t*>(dst) = codes;
-  } else {
-    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
-    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
-    *reinterpret_cast<uint2*>(dst) = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
-                                                static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
-  }
+// Four E4M3 codes (one word) stored as their f16 values (exact).
+__device__ __forceinline__ void store4_f16(__half* dst, uint32_t codes) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
+  *reinterpret_cast<uint2*>(dst) = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
+                                              static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
 }
 
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
-// conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x).
-template <class OutT>
-__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(OutT* codes, float* scales, const float* x,
+// conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x),
+// stored as the codes' f16 values.
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* values, float* scales, const float* x,
                                                                      int64_t K, const float* static_scale) {
   const int64_t t = blockIdx.x;
   const float* xr = x + t * K;
@@ -74,7 +65,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(OutT* code
                                                  __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
                                                  __NV_E4M3);
-    store4(codes + t * K + k, lo | (hi << 16));
+    store4_f16(values + t * K + k, lo | (hi << 16));
   }
   if (threadIdx.x == 0) scales[t] = s;
 }
@@ -107,81 +98,14 @@ __global__ void scale_outer_kernel(float* out, int64_t ldo, int64_t T, int64_t c
   out[t * ldo + n] *= ts[t] * ws[n];
 }
 
-// The thread's stream-capture mode made relaxed for a scope: the one-time probe below allocates,
-// copies and synchronises on its own stream, which is legal while another stream is being captured
-// but refused by the global / thread-local modes.
-struct RelaxedCaptureMode {
-  cudaStreamCaptureMode prev = cudaStreamCaptureModeRelaxed;
-  RelaxedCaptureMode() { CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&prev)); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&prev); }
-};
-
-// Whether cuBLASLt runs FP8 matmuls here (the native route, benchmarks only), checked once on a
-// problem with a known exact answer: A = 1.0 codes [64, 64], B = 2.0 codes [16, 64] -> 128 everywhere.
-bool probe_native_fp8() {
-  constexpr int M = 64, N = 16, K = 64;
-  RelaxedCaptureMode relaxed;
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint8_t *a = nullptr, *b = nullptr;
-  float* d = nullptr;
-  void* ws = nullptr;
-  CUDA_CHECK(cudaMalloc(&a, M * K));
-  CUDA_CHECK(cudaMalloc(&b, N * K));
-  CUDA_CHECK(cudaMalloc(&d, M * N * 4));
-  CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));
-  CUDA_CHECK(cudaMemsetAsync(a, 0x38, M * K, s));  // E4M3 1.0
-  CUDA_CHECK(cudaMemsetAsync(b, 0x40, N * K, s));  // E4M3 2.0
-  CUDA_CHECK(cudaMemsetAsync(d, 0, M * N * 4, s));
-  LtMatmul p;
-  p.ab_type = CUDA_R_8F_E4M3;
-  p.m = M;
-  p.n = N;
-  p.k = K;
-  p.a = a;
-  p.lda = K;
-  p.b = b;
-  p.ldb = K;
-  p.d = d;
-  p.ldd = M;
-  bool ok = lt_matmul(p, s, ws, kWorkspaceBytes);
-  std::vector<float> got(M * N);
-  CUDA_CHECK(cudaMemcpyAsync(got.data(), d, M * N * 4, cudaMemcpyDeviceToHost, s));
-  ok = cudaStreamSynchronize(s) == cudaSuccess && ok;
-  for (float v : got) ok = ok && v == 128.0f;
-  (void)cudaGetLastError();  // a refused launch must not surface at the next op's check
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(d);
-  cudaFree(ws);
-  cudaStreamDestroy(s);
-  return ok;
-}
-bool native_fp8_supported() {
-  static std::once_flag once;
-  static bool ok = false;
-  std::call_once(once, [] { ok = lt_available() && probe_native_fp8(); });
-  return ok;
-}
-
-template <class OutT>
-void launch_quantize(cudaStream_t s, OutT* codes, float* scales, const float* x, int64_t T, int64_t K,
-                     const float* static_scale) {
-  if (T == 0) return;
-  CHECK(K % 4 == 0 && T <= INT32_MAX);
-  quantize_rows_kernel<OutT><<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(codes, scales, x, K, static_scale);
-  CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
-void fp8_quantize_rows(cudaStream_t s, uint8_t* codes, float* scales, const float* x, int64_t T, int64_t K,
-                       const float* static_scale) {
-  launch_quantize(s, codes, scales, x, T, K, static_scale);
-}
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
                            const float* static_scale) {
-  launch_quantize(s, values, scales, x, T, K, static_scale);
+  if (T == 0) return;
+  CHECK(K % 4 == 0 && T <= INT32_MAX);
+  quantize_rows_kernel<<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, static_scale);
+  CUDA_CHECK_LAUNCH();
 }
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
                      const float* ws) {
@@ -202,24 +126,21 @@ bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple) {
 
 bool fp8_gemm_takes(const Linear& w) { return fp8_w8a8_takes(w, 16); }
 
-bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, Fp8Route route) {
-  if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
-  const bool native = route != Fp8Route::kExactF16;
-  if (native ? !native_fp8_supported() : !lt_available()) return false;
+bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
+  if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !lt_available()) return false;
   const int64_t K = w.in_features, N = w.out_features;
   if (T == 0 || N == 0) return true;
   // A static activation scale may differ per partition: each partition's rows get x quantized
   // with its own scale. Dynamic scales are per token, the same for every partition.
   const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
   const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts;
-  const size_t esz = native ? 1 : 2;
-  CudaBackend::Scratch xq(&b, static_cast<size_t>(T * K) * esz), scales(&b, static_cast<size_t>(T) * 4),
-      wh(&b, native ? 0 : static_cast<size_t>(N * K) * 2), workspace(&b, kWorkspaceBytes);
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(T * K) * 2), scales(&b, static_cast<size_t>(T) * 4),
+      wh(&b, static_cast<size_t>(N * K) * 2), workspace(&b, kWorkspaceBytes);
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
   LtMatmul m;
-  m.ab_type = native ? CUDA_R_8F_E4M3 : CUDA_R_16F;
+  m.ab_type = CUDA_R_16F;
   m.m = rows;
   m.n = T;
   m.k = K;
@@ -227,23 +148,19 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
   m.b = xq.ptr;
   m.ldb = K;
   m.ldd = N;
-  m.fast_accum = route == Fp8Route::kNativeFp8FastAccum;
   auto partition = [&](int64_t p) {
-    m.a = native ? static_cast<const void*>(wq + p * rows * K) : static_cast<const void*>(wh.as<__half>() + p * rows * K);
+    m.a = wh.as<__half>() + p * rows * K;
     m.d = out + p * rows;
   };
   for (int64_t p = 0; p < parts; ++p) {  // every partition's problem taken before anything runs
     partition(p);
     if (!lt_plan(m, kWorkspaceBytes)) return false;
   }
-  if (!native) {
-    fp8_to_f16_kernel<<<blocks_for(N * K / 16, 256), 256, 0, b.stream()>>>(wh.as<__half>(), wq, N * K / 16);
-    CUDA_CHECK_LAUNCH();
-  }
+  fp8_to_f16_kernel<<<blocks_for(N * K / 16, 256), 256, 0, b.stream()>>>(wh.as<__half>(), wq, N * K / 16);
+  CUDA_CHECK_LAUNCH();
   for (int64_t p = 0; p < parts; ++p) {
-    const float* static_scale = w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr;
-    if (native) fp8_quantize_rows(b.stream(), xq.as<uint8_t>(), scales.as<float>(), x, T, K, static_scale);
-    else fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K, static_scale);
+    fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
+                          w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr);
     partition(p);
     CHECK_MSG(lt_matmul(m, b.stream(), workspace.ptr, kWorkspaceBytes), "cuBLASLt refused a planned W8A8 matmul");
     fp8_scale_outer(b.stream(), out + p * rows, N, T, rows, scales.as<float>(), ws + p * rows);

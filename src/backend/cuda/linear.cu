@@ -57,9 +57,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       return true;
     case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
     case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
-    case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w, Fp8Route::kExactF16);
-    case LinearPath::kFp8Native: return fp8_gemm_linear(b, out, x, T, w, Fp8Route::kNativeFp8);
-    case LinearPath::kFp8NativeFastAccum: return fp8_gemm_linear(b, out, x, T, w, Fp8Route::kNativeFp8FastAccum);
+    case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
     case LinearPath::kSimt:
       if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
@@ -90,13 +88,13 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
   return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
 }
 
-bool fp8_quantize_probe(Backend& b, const Tensor& codes, const Tensor& scales, const Tensor& x) {
+bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
   const int64_t T = x.dim(0), K = x.dim(1);
-  CHECK(codes.numel() == T * K && scales.numel() == T && K % 4 == 0);
-  fp8_quantize_rows(c->stream(), static_cast<uint8_t*>(codes.data), scales.ptr<float>(), x.ptr<const float>(), T, K,
-                    nullptr);
+  CHECK(values.numel() == T * K && values.dtype == DType::kF16 && scales.numel() == T && K % 4 == 0);
+  fp8_quantize_rows_f16(c->stream(), static_cast<__half*>(values.data), scales.ptr<float>(), x.ptr<const float>(), T, K,
+                        nullptr);
   return true;
 }
 

@@ -11,9 +11,7 @@ enum class LinearPath : int {
   kDispatch = 0,        // what CudaBackend::linear picks
   kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
   kFp8SmallN,           // fp8_small_n.cu (any T, in pieces of 64 tokens)
-  kFp8Gemm,             // fp8_gemm.cu, exact f16 route (cuBLASLt)
-  kFp8Native,           // fp8_gemm.cu, Hopper's FP8 tensor cores (benchmarks only)
-  kFp8NativeFastAccum,  // the same without fp32 promotion (benchmarks only)
+  kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
   kBf16Split,           // bf16_gemm.cu
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)
@@ -23,9 +21,9 @@ enum class LinearPath : int {
 // x: [T, K] f32 -> out: [T, N] f32
 bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path);
 
-// The W8A8 activation quantization of the tensor-core path alone (fp8_quantize_rows), dynamic
+// The W8A8 activation quantization of the tensor-core paths alone (fp8_quantize_rows_f16), dynamic
 // per-token scales. False when `b` is not the CUDA backend.
-// x: [T, K] f32 (K % 4 == 0) -> codes: [T, K] u8 (E4M3), scales: [T] f32
-bool fp8_quantize_probe(Backend& b, const Tensor& codes, const Tensor& scales, const Tensor& x);
+// x: [T, K] f32 (K % 4 == 0) -> values: [T, K] f16 (the E4M3 codes' values), scales: [T] f32
+bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x);
 
 }  // namespace sparkserve

@@ -18,17 +18,13 @@ namespace sparkserve {
 // activations), K a multiple of k_multiple, partitions dividing the rows, 16-byte aligned codes.
 bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple);
 
-// How fp8_gemm_linear multiplies: kExactF16, the production route, puts the E4M3 codes of both sides
-// (exact in f16) on the f16 tensor cores with f32 accumulation; the native FP8 routes (Hopper's FP8
-// tensor cores, whose partial sums keep ~14 bits) are for the benchmarks' comparison only.
-enum class Fp8Route { kExactF16, kNativeFp8, kNativeFp8FastAccum };
 // fp8_w8a8_takes(w, 16): 16-byte rows of codes for cuBLASLt.
 bool fp8_gemm_takes(const Linear& w);
 // out = x W^T for prefill-sized T through cuBLASLt: x quantized to the CPU's E4M3 codes and
-// per-token scales, Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
+// per-token scales, the codes of both sides as their exact f16 values on the f16 tensor cores
+// (weights converted per call), Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
-bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w,
-                     Fp8Route route = Fp8Route::kExactF16);
+bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 // out = x W^T for T = 2..64 tokens (batched decode, speculative verify): fp8_small_n.cu, weights on
 // the MMA's M side streamed once, exact f16 products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run
 // in pieces of 64 tokens (each reads the weights again: the fallback where cuBLASLt is missing).
@@ -38,10 +34,8 @@ inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 
 // The activation quantization of the W8A8 paths, as core/fp8_quant.cpp: scales[t] = the token's
 // dynamic scale (static_scale null) or *static_scale; codes = fp8_e4m3(x / s) saturating, stored as
-// the codes (u8) or as their exact f16 values.
-// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> codes / values: [T, K], scales: [T] f32 (device)
-void fp8_quantize_rows(cudaStream_t s, uint8_t* codes, float* scales, const float* x, int64_t T, int64_t K,
-                       const float* static_scale);
+// their exact f16 values.
+// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> values: [T, K] f16, scales: [T] f32 (device)
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
                            const float* static_scale);
 // out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
