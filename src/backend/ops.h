@@ -290,6 +290,9 @@ class Backend {
   virtual void run_branches(const std::vector<std::function<void()>>& branches) {
     for (const auto& b : branches) b();
   }
+  // false: run_branches runs the branches in order on one stream even where it could overlap them
+  // (A/B measurements: bench --sequential-branches; tests). Results are bitwise the same either way.
+  virtual void set_concurrent_branches(bool on) {}
 
   // ---- recorded forward passes (CUDA graphs; the CPU backend runs every op as it comes) --------
   // The ops `body` issues, recorded instead of run; null where the backend cannot record. Inside

@@ -65,6 +65,8 @@ struct BenchOptions {
   std::string json_out;
   std::string concurrency;  // --url load mode levels, e.g. "1,8,32,64"
   bool weights_digest = false;
+  // A/B measurements: each turns one decode mechanism off (all are on in serving).
+  bool no_graphs = false, no_fused = false, sequential_branches = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -245,6 +247,9 @@ int run_bench(const BenchOptions& o) {
   const double load_s = seconds_since(t_load);
   Qwen35Model& m = *model;
   const ModelConfig& c = m.config();
+  if (o.no_graphs) m.set_graphs_enabled(false);
+  if (o.no_fused) m.set_fused_enabled(false);
+  if (o.sequential_branches) be.set_concurrent_branches(false);
   std::mt19937 rng(1234);
   auto random_ids = [&](int64_t n) {
     std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -295,6 +300,9 @@ int run_bench(const BenchOptions& o) {
     j["model"] = o.model;
   }
   j["device"] = o.device;
+  j["graphs"] = !o.no_graphs;
+  j["fused_decode"] = !o.no_fused;
+  j["concurrent_branches"] = !o.sequential_branches;
   j["load_s"] = load_s;
   j["weights_bytes"] = loaded_bytes;
   j["weight_bytes_per_token"] = bytes.token_bytes;
@@ -317,6 +325,9 @@ int run_bench(const BenchOptions& o) {
            : o.model.c_str(),
       o.device.c_str(), load_s, loaded_bytes / 1e9, bytes.token_bytes / 1e9, copy_gbs,
       bytes.token_bytes / (copy_gbs * 1e9) * 1e3);
+  if (o.no_graphs || o.no_fused || o.sequential_branches)
+    say("A/B: %s%s%s\n", o.no_graphs ? "CUDA graphs off " : "", o.no_fused ? "fused decode off " : "",
+        o.sequential_branches ? "branches in order" : "");
 
   const double free_at_start = static_cast<double>(device_memory(be).free_bytes);
   // Memory a case needs beyond the weights; -1 free = not tracked (CPU).
@@ -516,6 +527,10 @@ void register_bench(CLI::App& root, int& exit_code) {
                   "Skip cases once this many seconds (load included) would be exceeded; 0 = no limit")
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "CPU worker threads (default: hardware concurrency)");
+  cmd->add_flag("--no-graphs", opts->no_graphs, "A/B: run decode steps op by op instead of replaying CUDA graphs");
+  cmd->add_flag("--no-fused", opts->no_fused, "A/B: run the fused decode chains as their separate ops");
+  cmd->add_flag("--sequential-branches", opts->sequential_branches,
+                "A/B: run independent branches (routed vs shared expert, q/k/v) in order on one stream");
   cmd->add_flag("--json", opts->json, "Print one JSON object");
   cmd->add_option("--json-out", opts->json_out, "Also write the JSON object to this file (with the table on stdout)");
   cmd->add_flag("--weights-digest", opts->weights_digest,

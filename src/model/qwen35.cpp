@@ -44,10 +44,6 @@ Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weig
     : backend_(backend), config_(std::move(config)), w_(std::move(weights)) {
   int gdn = 0, attn = 0;
   for (LayerType t : config_.layer_types) layer_slot_.push_back(t == LayerType::kLinearAttention ? gdn++ : attn++);
-  const char* env = std::getenv("SPARKSERVE_CUDA_GRAPHS");
-  graphs_enabled_ = !(env && std::strcmp(env, "0") == 0);
-  const char* fused = std::getenv("SPARKSERVE_FUSED_DECODE");
-  fused_ = !(fused && std::strcmp(fused, "0") == 0);
   if (config_.vision.present && w_.vision.present) {
     vision_ = std::make_unique<VisionTower>(backend_, config_.vision, w_.vision);
     // The text M-RoPE as rope_axes tables: pair i takes its angle from the temporal, height or width

@@ -46,13 +46,13 @@ class Qwen35Model {
   // of running the ops one by one.
   Expected<Logits> forward(std::span<const ForwardSeq> batch, const StatePools& state);
 
-  // Recorded decode steps are on unless the environment says SPARKSERVE_CUDA_GRAPHS=0 at construction.
+  // Recorded decode steps are on by default; off only for A/B measurements (bench --no-graphs) and tests.
   void set_graphs_enabled(bool on);
   bool graphs_enabled() const { return graphs_enabled_; }
   // Fused chains (Backend::gdn_decode_step for pure-decode GDN layers, attention_prep,
-  // gated_attention, add_gated_shared_rmsnorm) are on unless the environment says
-  // SPARKSERVE_FUSED_DECODE=0 at construction. On the CPU backend
-  // both settings compute bit-identical results (the fused ops are the compositions there).
+  // gated_attention, add_gated_shared_rmsnorm) are on by default; off only for A/B measurements
+  // (bench --no-fused) and tests. On the CPU backend both settings compute bit-identical results
+  // (the fused ops are the compositions there).
   void set_fused_enabled(bool on) { fused_ = on; }
   bool fused_enabled() const { return fused_; }
   struct GraphStats {

@@ -40,7 +40,7 @@ for step in "$@"; do
           --decode-steps 8 >"$LOG/slice-nvfp4.log" 2>&1
         summary+=("slice-nvfp4 rc=$?")
       fi
-      [ -n "${NOGRAPH:-}" ] && SPARKSERVE_CUDA_GRAPHS=0 timeout 90 "$BIN/sparkserve" bench --synth qwen3.5-122b-a10b \
+      [ -n "${NOGRAPH:-}" ] && timeout 90 "$BIN/sparkserve" bench --no-graphs --synth qwen3.5-122b-a10b \
         --layout "${LAYOUT:-nvfp4-fp8dense}" --batches 1 --prompt-lens 64 --decode-steps 16 >"$LOG/slice-nograph.log" 2>&1
       ;;
   esac

@@ -15,6 +15,8 @@
 
 #include "backend/ops.h"
 #include "core/dtype.h"
+#include "core/fp8_quant.h"
+#include "core/nvfp4.h"
 
 namespace sparkserve {
 
@@ -122,6 +124,64 @@ inline Weight make_weight(Harness& h, std::vector<int64_t> shape, bool bf16, flo
   }
   w.cpu_lin.weight = w.p.cpu();
   w.gpu_lin.weight = w.p.gpu();
+  return w;
+}
+
+// A quantized Linear [E, N, K] with `parts` partitions, each (expert, partition) block quantized on
+// its own as compressed-tensors does (own global scale), the same bytes on both backends.
+struct QWeight {
+  Pair w, ws, gs, is;
+  Linear cpu_lin, gpu_lin;
+};
+inline QWeight make_qweight(Harness& h, int64_t E, int64_t N, int64_t K, int64_t parts, WeightFormat fmt,
+                     ActivationQuant act, float x_amax) {
+  const int64_t Np = N / parts;
+  const bool nvfp4 = is_nvfp4(fmt);
+  std::vector<uint8_t> codes, scales8;
+  std::vector<float> scales32, gsv, isv;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t p = 0; p < parts; ++p) {
+      // Different magnitudes per block so the per-partition scales matter.
+      auto v = randn(Np * K, (1.0f + static_cast<float>(p + e % 3)) / std::sqrt(static_cast<float>(K)));
+      if (nvfp4) {
+        auto q = nvfp4_quantize_weight(v.data(), Np, K);
+        codes.insert(codes.end(), q.packed.begin(), q.packed.end());
+        scales8.insert(scales8.end(), q.scales.begin(), q.scales.end());
+        const bool mo = fmt == WeightFormat::kNvfp4ModelOpt;
+        gsv.push_back(mo ? 1.0f / q.global_scale : q.global_scale);
+        const float igs = 448.0f * 6.0f / (x_amax * (1.0f + 0.25f * static_cast<float>(p)));
+        isv.push_back(mo ? 1.0f / igs : igs);
+      } else {
+        const bool channel = fmt == WeightFormat::kFp8Channel;
+        auto q = fp8_quantize_weight(v.data(), Np, K, channel, true);
+        codes.insert(codes.end(), q.q.begin(), q.q.end());
+        for (int64_t n = 0; n < Np; ++n) scales32.push_back(q.scales[channel ? static_cast<size_t>(n) : 0]);
+        isv.push_back(x_amax / 448.0f * (1.0f + 0.25f * static_cast<float>(p)));
+        gsv.push_back(1.0f);
+      }
+    }
+  QWeight w;
+  if (nvfp4) {
+    w.w = h.make(DType::kU8, {E, N, K / 2}, codes.data());
+    w.ws = h.make(DType::kF8E4M3, {E, N, K / 16}, scales8.data());
+    w.gs = h.make(DType::kF32, {E, parts}, gsv.data());
+  } else {
+    w.w = h.make(DType::kF8E4M3, {E, N, K}, codes.data());
+    w.ws = h.make(DType::kF32, {E, N}, scales32.data());
+  }
+  w.is = h.make(DType::kF32, {E, parts}, isv.data());
+  for (int side = 0; side < 2; ++side) {
+    Linear& l = side == 0 ? w.cpu_lin : w.gpu_lin;
+    l.format = fmt;
+    l.activation = act;
+    l.out_features = N;
+    l.in_features = K;
+    l.partitions = parts;
+    l.weight = side == 0 ? w.w.cpu() : w.w.gpu();
+    l.weight_scale = side == 0 ? w.ws.cpu() : w.ws.gpu();
+    if (nvfp4) l.global_scale = side == 0 ? w.gs.cpu() : w.gs.gpu();
+    if (act != ActivationQuant::kNone) l.input_scale = side == 0 ? w.is.cpu() : w.is.gpu();
+  }
   return w;
 }
 

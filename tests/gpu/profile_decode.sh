@@ -15,11 +15,11 @@ mkdir -p "$LOG"
 export LD_LIBRARY_PATH=$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
-SPARKSERVE_CUDA_GRAPHS=0 SPARKSERVE_CONCURRENT_BRANCHES=0 timeout 300 "$NCU" --clock-control none \
+timeout 300 "$NCU" --clock-control none \
   --kernel-name regex:'^(?!synth_fill|add_kernel)' \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
   --csv --page raw --log-file "$LOG/ncu.log" \
-  "$BIN/sparkserve" bench --synth qwen3.5-122b-a10b --layout "${LAYOUT:-nvfp4-fp8dense}" --layers "$LAYERS" \
+  "$BIN/sparkserve" bench --no-graphs --sequential-branches --synth qwen3.5-122b-a10b --layout "${LAYOUT:-nvfp4-fp8dense}" --layers "$LAYERS" \
   --batches "${BATCH:-1}" --prompt-lens 8 --contexts 0 --decode-steps 2 >"$LOG/bench.txt" 2>"$LOG/bench.stderr"
 echo "ncu rc=$?"
 python3 "$(dirname "$0")/ncu_summary.py" "$LOG/ncu.log"

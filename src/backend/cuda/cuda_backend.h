@@ -128,8 +128,9 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                    const Linear& gate_up, const Linear& down) override;
 
-  // Branches on side streams (branches.cu); SPARKSERVE_CONCURRENT_BRANCHES=0 runs them in order.
+  // Branches on side streams (branches.cu).
   void run_branches(const std::vector<std::function<void()>>& branches) override;
+  void set_concurrent_branches(bool on) override { branches_concurrent_ = on; }
 
   // CUDA graphs (graph.cu): stream capture of the ops, and layouts at a fixed device address.
   bool can_record() const override { return true; }

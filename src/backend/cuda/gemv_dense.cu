@@ -19,40 +19,23 @@ struct DenseArgs {
   float* out;            // [T, ldo]
   int64_t K, Np, ldo, row_bytes, rows_per_cta;
   int T, cpr, act, modelopt;
-  int interleave;        // 1 partition: warp g of the grid takes rows g·RPW + i·(all warps)·RPW
-  int hw_fp8;            // FP8 activations via fp8_quant_pair (1) or, SPARKSERVE_FP8_T1=0, fp8_quant_value (0)
 };
 
 // grid: P x ceil(Np / rows_per_cta) blocks, each a run of rows inside one partition; warp w takes
-// rows n0 + w*RPW.. (+ kWarps*RPW per step). Interleaved (one partition, a grid of ~2 blocks per SM):
-// the rows go round-robin over all warps of the grid, so every SM gets the same share of rows to
-// within one warp step (a run of rows per block left SMs with 2 and 3 blocks' worth).
+// rows n0 + w*RPW.. (+ kWarps*RPW per step).
 template <int FMT, int RPW, int U, int TT>
 __global__ void __launch_bounds__(kThreads) dense_gemv_kernel(DenseArgs a) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   __shared__ float ts[TT], red[kWarps * TT];
-  int64_t p = 0, n0, n1, r_step = kWarps * RPW;
-  if (a.interleave) {
-    n0 = static_cast<int64_t>(blockIdx.x) * kWarps * RPW;
-    n1 = a.Np;
-    r_step = static_cast<int64_t>(gridDim.x) * kWarps * RPW;
-    const int64_t first = min(static_cast<int64_t>(kWarps * RPW), n1 - n0);  // the block's first step
-    prefetch_l2(a.w + n0 * a.row_bytes, first * a.row_bytes);
-    if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), first * (a.K / 16));
-  } else {
-    const int64_t bpp = (a.Np + a.rows_per_cta - 1) / a.rows_per_cta;
-    p = blockIdx.x / bpp;
-    n0 = p * a.Np + (blockIdx.x % bpp) * a.rows_per_cta;
-    n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
-    prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
-    if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
-  }
+  const int64_t r_step = kWarps * RPW;
+  const int64_t bpp = (a.Np + a.rows_per_cta - 1) / a.rows_per_cta;
+  const int64_t p = blockIdx.x / bpp;
+  const int64_t n0 = p * a.Np + (blockIdx.x % bpp) * a.rows_per_cta, n1 = min(n0 + a.rows_per_cta, (p + 1) * a.Np);
+  prefetch_l2(a.w + n0 * a.row_bytes, (n1 - n0) * a.row_bytes);
+  if (FMT == kFmtNvfp4) prefetch_l2(a.ws + n0 * (a.K / 16), (n1 - n0) * (a.K / 16));
   const int64_t ldx = padded32(a.K);
-  if (a.hw_fp8)
-    quantize_rows<TT, true>(xs, ldx, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
-  else
-    quantize_rows<TT, false>(xs, ldx, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
+  quantize_rows<TT, true>(xs, ldx, ts, red, a.x, a.T, a.K, a.act, a.modelopt != 0, a.iscale ? a.iscale[p] : 1.0f);
   const float gmul = FMT == kFmtNvfp4 ? nvfp4_gmul(a.gscale[p], a.modelopt != 0) : 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t r0 = n0 + warp * RPW; r0 < n1; r0 += r_step) {
@@ -88,23 +71,11 @@ void launch_dense_t(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_
 
 // Rows per warp and chunks per lane in flight: 4 x 16 bytes per lane either way. Several tokens or
 // short rows: 4 rows at once (each activation load from shared memory serves 4 rows); one token and
-// long rows: 4 chunks of one row. The interleaved FP8 GEMVs at one token keep more in flight: 6
-// chunks when a row is 192 of them (K = 3072: one pass of the lane loop, no idle lanes), 8 for rows
-// of 256 chunks and more (out_proj, K = 8192).
+// long rows: 4 chunks of one row (FP8 at one token has its own kernel, gemv_fp8_t1.cu).
 template <int FMT, int TT>
 void launch_dense_rows(const DenseArgs& a, unsigned grid, int64_t smem, cudaStream_t s, bool long_rows) {
   if constexpr (TT == 1) {
     if (long_rows) {
-      if constexpr (FMT == kFmtFp8) {
-        if (a.interleave && a.cpr == 192) {
-          launch_dense_t<FMT, 1, 6, TT>(a, grid, smem, s);
-          return;
-        }
-        if (a.interleave && a.cpr >= 256) {
-          launch_dense_t<FMT, 1, 8, TT>(a, grid, smem, s);
-          return;
-        }
-      }
       launch_dense_t<FMT, 1, 4, TT>(a, grid, smem, s);
       return;
     }
@@ -137,8 +108,7 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
   if (padded32(K) * 4 > smem_budget()) return false;
   if (T == 0 || N == 0) return true;
   // One token, FP8 weights, an activation quantization the same for every partition.
-  const bool fp8_t1 = fp8_t1_enabled();
-  if (fp8_t1 && T == 1 && v.fmt == kFmtFp8 && (w.activation != ActivationQuant::kFp8TensorStatic || P == 1)) {
+  if (T == 1 && v.fmt == kFmtFp8 && (w.activation != ActivationQuant::kFp8TensorStatic || P == 1)) {
     fp8_t1_linear(b, out, x, w, v);
     return true;
   }
@@ -161,11 +131,7 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
   a.cpr = v.cpr;
   a.act = static_cast<int>(w.activation);
   a.modelopt = v.modelopt ? 1 : 0;
-  a.hw_fp8 = fp8_t1 ? 1 : 0;
-  // FP8 at one token with long rows (qkv, z, q, out_proj): rows round-robin over ~2 blocks per SM.
-  a.interleave = v.fmt == kFmtFp8 && long_rows && P == 1 ? 1 : 0;
-  const int64_t blocks = a.interleave ? std::min<int64_t>(steps, 2 * static_cast<int64_t>(b.sm_count()))
-                                      : P * ((Np + a.rows_per_cta - 1) / a.rows_per_cta);
+  const int64_t blocks = P * ((Np + a.rows_per_cta - 1) / a.rows_per_cta);
   CHECK(blocks <= INT32_MAX);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int tc = static_cast<int>(std::min<int64_t>(chunk, T - t0));

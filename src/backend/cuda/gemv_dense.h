@@ -22,7 +22,5 @@ bool decode_linear(CudaBackend& b, float* out, const float* x, int64_t T, const 
 // The one-token FP8 GEMV (gemv_fp8_t1.cu) for a weight make_view took as FP8 whose activation
 // quantization is the same for every partition. x: [1, K] f32 (device) -> out: [1, N] f32 (device)
 void fp8_t1_linear(CudaBackend& b, float* out, const float* x, const Linear& w, const gemv::View& v);
-// False when SPARKSERVE_FP8_T1=0: the previous FP8 path, for A/B measurements.
-bool fp8_t1_enabled();
 
 }  // namespace sparkserve

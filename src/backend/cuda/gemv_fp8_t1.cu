@@ -1,7 +1,4 @@
 // The one-token FP8 GEMV (gemv_dense.h: fp8_t1_linear), decode's largest dense regime at batch 1.
-#include <cstdlib>
-#include <cstring>
-
 #include "backend/cuda/gemv_dense.h"
 #include "backend/cuda/gemv_rows.cuh"
 
@@ -225,16 +222,6 @@ void launch_fp8_t1(const Fp8T1Args& a, int sm_count, cudaStream_t s) {
 }
 
 }  // namespace
-
-// SPARKSERVE_FP8_T1=0 (read once) takes the previous FP8 path instead, for A/B measurements:
-// dense_gemv_kernel at T = 1 and quant_math.cuh's fp8_quant_value in every FP8 prologue.
-bool fp8_t1_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SPARKSERVE_FP8_T1");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
 
 void fp8_t1_linear(CudaBackend& b, float* out, const float* x, const Linear& w, const gemv::View& v) {
   Fp8T1Args a{};

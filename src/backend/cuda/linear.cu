@@ -1,21 +1,101 @@
-// y = x W^T on CUDA: the decode GEMVs (gemv_dense.h) for few tokens and quantized weights, the
-// quantized GEMV (quant_linear.cu) for what they do not take, else the SIMT matmuls (simt_matmul.h).
+// y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
+//   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
+//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_small_n.cu (mma.sync, weights read once)
+//   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm.cu (cuBLASLt, exact f16 products)
+//   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
+//   nvfp4_grouped_regime      NVFP4, many tokens         -> the grouped NVFP4 GEMM (hook below)
+//   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
+//   quantized fallback        what the above do not take -> quant_linear.cu
+//   SIMT fallback             f32 weights, odd shapes    -> simt_matmul.cu
+// A path that does not take a case (alignment, K, cuBLASLt missing or refusing the problem on this
+// device: all checked at run time) returns false and the next one runs, so every target keeps a
+// working kernel: mma.sync runs on sm_80 and later, the GEMVs and SIMT kernels anywhere.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
+#include "backend/cuda/linear_probe.h"
 #include "backend/cuda/simt_matmul.h"
+#include "backend/cuda/tc_gemm.h"
 
 namespace sparkserve {
+namespace {
+
+// Measured on the H200 at the 122B shapes (gpu_ops --bench-kernels --bench-filter gemm; docs/performance.md):
+// the one-token kernels stream weights at ~3 TB/s; from 2 tokens on, the small-N kernel reads them
+// once where the GEMVs re-read them per 8 tokens; above kFp8SmallNMaxTokens the cuBLASLt GEMM wins.
+bool one_token_gemv(int64_t T) { return T == 1; }
+bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_w8a8_takes(w, 64); }
+bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
+// Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
+// tokens: 2.6 ms against 0.39 ms).
+bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16_gemm_takes(w); }
+
+// NVFP4 dense layers at prefill and batched-decode T: the grouped NVFP4 GEMM of the routed experts
+// (one group, the layer's weights) is to serve them. Until it does, they take the decode GEMVs
+// (8 tokens per weight pass), as before.
+bool nvfp4_grouped_regime(int64_t T, const Linear& w) { return false; }
+bool nvfp4_grouped_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) { return false; }
+
+// One named path (linear_probe); kDispatch is linear's own choice.
+bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, LinearPath path) {
+  const int64_t K = w.in_features, N = w.out_features;
+  switch (path) {
+    case LinearPath::kDispatch:
+      if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
+      if (fp8_small_n_regime(T, w) && fp8_small_n_linear(b, out, x, T, w)) return true;
+      if (fp8_tensor_core_regime(T, w) && fp8_gemm_linear(b, out, x, T, w)) return true;
+      if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
+      if (nvfp4_grouped_regime(T, w) && nvfp4_grouped_linear(b, out, x, T, w)) return true;
+      // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
+      // tokens through the small-N kernel rather than once per 8 through the GEMV.
+      if (fp8_w8a8_takes(w, 64) && fp8_small_n_linear(b, out, x, T, w)) return true;
+      if (decode_linear(b, out, x, T, w)) return true;
+      if (is_quantized(w.format)) {
+        b.quant_matmul(out, x, T, 1, nullptr, w);
+        return true;
+      }
+      launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
+      return true;
+    case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
+    case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
+    case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
+    case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
+    case LinearPath::kSimt:
+      if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
+      launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
+      return true;
+    case LinearPath::kQuantGemv:
+      if (!is_quantized(w.format)) return false;
+      b.quant_matmul(out, x, T, 1, nullptr, w);
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 void CudaBackend::linear(const Tensor& out, const Tensor& x, const Linear& w) {
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N);
-  // Decode-sized T (and quantized weights at any T): gemv_dense.cu's fused GEMVs.
-  if (decode_linear(*this, out.ptr<float>(), x.ptr<const float>(), T, w)) return;
-  if (is_quantized(w.format)) {
-    quant_matmul(out.ptr<float>(), x.ptr<const float>(), T, 1, nullptr, w);
-    return;
-  }
-  launch_matmul(stream_, out.ptr<float>(), x.ptr<const float>(), T, K, N, w.weight.data, weight_is_bf16(w), 0);
+  if (T == 0 || N == 0) return;
+  run_path(*this, out.ptr<float>(), x.ptr<const float>(), T, w, LinearPath::kDispatch);
+}
+
+bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
+  CHECK(x.numel() == T * K && out.numel() == T * N);
+  return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
+}
+
+bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t T = x.dim(0), K = x.dim(1);
+  CHECK(values.numel() == T * K && values.dtype == DType::kF16 && scales.numel() == T && K % 4 == 0);
+  fp8_quantize_rows_f16(c->stream(), static_cast<__half*>(values.data), scales.ptr<float>(), x.ptr<const float>(), T, K,
+                        nullptr);
+  return true;
 }
 
 }  // namespace sparkserve

@@ -34,8 +34,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&main_stream_, cudaStreamNonBlocking));
   stream_ = main_stream_;
-  const char* conc = std::getenv("SPARKSERVE_CONCURRENT_BRANCHES");
-  branches_concurrent_ = !(conc && std::strcmp(conc, "0") == 0);
   // Keep freed pool memory instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool;
   CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));

@@ -4,7 +4,7 @@
 // as a stale input, a wrong fixed layout or a buffer shared between replays). Covers batch sizes
 // 1, 3 and 8, re-recording when sequences outgrow the recorded block tables, sequences finishing,
 // being preempted and re-admitted between steps, a new DirectState, the engine with preemption, and
-// the SPARKSERVE_CUDA_GRAPHS=0 opt-out. Skipped where the build or machine has no CUDA device;
+// the opt-out (set_graphs_enabled(false), bench --no-graphs). Skipped where the build or machine has no CUDA device;
 // the CPU-backend checks run everywhere.
 #include <gtest/gtest.h>
 
@@ -326,16 +326,15 @@ TEST(GraphVsEagerEngine, GreedyOutputsEqualWithPreemption) {
   EXPECT_GT(p.graph->graph_stats().replayed, 10);
 }
 
-// SPARKSERVE_CUDA_GRAPHS=0 at construction turns recording off; on the CPU backend nothing is ever
-// recorded and results do not depend on the setting. Runs without a GPU.
-TEST(GraphOptOut, EnvironmentAndCpuBackend) {  // runs without a GPU
+// set_graphs_enabled(false) turns recording off; on the CPU backend nothing is ever recorded and
+// results do not depend on the setting. Runs without a GPU.
+TEST(GraphOptOut, SetterAndCpuBackend) {  // runs without a GPU
   auto cpu = make_backend("cpu", 1);
   ASSERT_TRUE(cpu.ok());
-  setenv("SPARKSERVE_CUDA_GRAPHS", "0", 1);
   auto off = load_qwen35(fixture("qwen35-moe-tiny"), **cpu);
-  unsetenv("SPARKSERVE_CUDA_GRAPHS");
   auto on = load_qwen35(fixture("qwen35-moe-tiny"), **cpu);
   ASSERT_TRUE(off.ok() && on.ok());
+  (*off)->set_graphs_enabled(false);
   EXPECT_FALSE((*off)->graphs_enabled());
   EXPECT_TRUE((*on)->graphs_enabled());
   Pair p;
@@ -354,14 +353,13 @@ TEST(GraphOptOut, EnvironmentAndCpuBackend) {  // runs without a GPU
   EXPECT_EQ(p.graph->graph_stats().replayed, 0);
 }
 
-TEST(GraphOptOut, EnvironmentOnCuda) {
+TEST(GraphOptOut, SetterOnCuda) {
   std::string why;
   auto be = cuda_backend(&why);
   if (!be) GTEST_SKIP() << why;
-  setenv("SPARKSERVE_CUDA_GRAPHS", "0", 1);
   auto cuda_off = load_qwen35(fixture("qwen35-moe-tiny"), *be);
-  unsetenv("SPARKSERVE_CUDA_GRAPHS");
   ASSERT_TRUE(cuda_off.ok());
+  (*cuda_off)->set_graphs_enabled(false);
   EXPECT_FALSE((*cuda_off)->graphs_enabled());
   DirectState st(*be, (*cuda_off)->config(), StateLimits{1, 32, 16});
   auto seq = st.open_sequence();
@@ -374,7 +372,7 @@ TEST(GraphOptOut, EnvironmentOnCuda) {
 }
 
 // Backend::run_branches: a CUDA backend forks independent ops (routed vs shared expert, the
-// projections of one input) onto side streams; with SPARKSERVE_CONCURRENT_BRANCHES=0 it runs them in
+// projections of one input) onto side streams; after set_concurrent_branches(false) it runs them in
 // order on one stream. Same kernels on the same data: the logits must be bitwise equal, for the
 // prefill (op by op) and for recorded decode steps (the fork / join become graph edges), for every
 // fixture layout; a race between branches (a shared buffer, a missing join) shows up as a difference
@@ -385,10 +383,9 @@ TEST_P(BranchesConcurrentVsInOrder, LogitsBitwiseEqual) {
   std::string why;
   auto conc = cuda_backend(&why);
   if (!conc) GTEST_SKIP() << why;
-  setenv("SPARKSERVE_CONCURRENT_BRANCHES", "0", 1);
   auto in_order = cuda_backend(&why);
-  unsetenv("SPARKSERVE_CONCURRENT_BRANCHES");
   ASSERT_TRUE(in_order) << why;
+  in_order->set_concurrent_branches(false);
   auto a = load_qwen35(fixture(GetParam()), *in_order);
   auto b = load_qwen35(fixture(GetParam()), *conc);
   ASSERT_TRUE(a.ok() && b.ok());

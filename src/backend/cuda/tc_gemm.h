@@ -1,0 +1,52 @@
+// The tensor-core GEMMs of linear: fp8_gemm.cu (W8A8 FP8 weights with dynamic per-token or static
+// activation scales, prefill T, cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
+// mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
+// cuBLASLt). Each returns false when it does not take the case (format, shape,
+// alignment, the library missing or refusing the problem); the caller then runs another kernel.
+// Graph-capturable: launches on the backend's stream, stream-ordered scratch.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace sparkserve {
+
+// W8A8 FP8 weights (kFp8Channel / kFp8Tensor with kFp8TokenDynamic or kFp8TensorStatic
+// activations), K a multiple of k_multiple, partitions dividing the rows, 16-byte aligned codes.
+bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple);
+
+// fp8_w8a8_takes(w, 16): 16-byte rows of codes for cuBLASLt.
+bool fp8_gemm_takes(const Linear& w);
+// out = x W^T for prefill-sized T through cuBLASLt: x quantized to the CPU's E4M3 codes and
+// per-token scales, the codes of both sides as their exact f16 values on the f16 tensor cores
+// (weights converted per call), Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+// out = x W^T for T = 2..64 tokens (batched decode, speculative verify): fp8_small_n.cu, weights on
+// the MMA's M side streamed once, exact f16 products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run
+// in pieces of 64 tokens (each reads the weights again: the fallback where cuBLASLt is missing).
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+inline constexpr int64_t kFp8SmallNMaxTokens = 64;
+
+// The activation quantization of the W8A8 paths, as core/fp8_quant.cpp: scales[t] = the token's
+// dynamic scale (static_scale null) or *static_scale; codes = fp8_e4m3(x / s) saturating, stored as
+// their exact f16 values.
+// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> values: [T, K] f16, scales: [T] f32 (device)
+void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
+                           const float* static_scale);
+// out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
+void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
+                     const float* ws);
+
+// bf16 weights (K % 8 == 0: 16-byte rows).
+bool bf16_gemm_takes(const Linear& w);
+// out = x W^T with x = hi + lo, hi = bf16(x), lo = bf16(x - hi) (x to ~2^-16 relative), both
+// products on the tensor cores with f32 accumulation, summed in f32.
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool bf16_split_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+
+}  // namespace sparkserve
