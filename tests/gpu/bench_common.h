@@ -25,6 +25,11 @@ struct BenchLinear {
 };
 BenchLinear make_linear(Backend* g, WeightFormat fmt, ActivationQuant act, int64_t E, int64_t N, int64_t K, int64_t P);
 
+// Uniform random routing: k distinct experts of E per token for T tokens, weights 1/k. Returns how
+// many distinct experts the T tokens touch.
+// -> ids: [T, k], weights: [T, k] (appended)
+int64_t random_routing(int64_t T, int64_t E, int64_t k, std::vector<int32_t>& ids, std::vector<float>& weights);
+
 // Median ms of one body(i) call: iters calls captured into a CUDA graph, replayed 5 times.
 double time_graph(Backend& cb, const std::function<void(int)>& body, int iters);
 

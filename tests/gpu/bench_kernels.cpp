@@ -99,6 +99,21 @@ BenchLinear make_linear(Backend* g, WeightFormat fmt, ActivationQuant act, int64
   return b;
 }
 
+int64_t random_routing(int64_t T, int64_t E, int64_t k, std::vector<int32_t>& ids, std::vector<float>& weights) {
+  std::set<int32_t> touched;
+  std::vector<int32_t> all(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
+    std::shuffle(all.begin(), all.end(), g_bench_rng);
+    for (int64_t j = 0; j < k; ++j) {
+      ids.push_back(all[static_cast<size_t>(j)]);
+      weights.push_back(1.0f / static_cast<float>(k));
+      touched.insert(all[static_cast<size_t>(j)]);
+    }
+  }
+  return static_cast<int64_t>(touched.size());
+}
+
 // Median ms of one body(i) call: ITERS calls captured into a graph, replayed 5 times.
 double time_graph(Backend& cb, const std::function<void(int)>& body, int iters) {
   const cudaStream_t s = cuda_stream_of(cb);
@@ -218,19 +233,9 @@ int run_bench_kernels(Backend& gpu, const std::string& filter) {
       for (int sidx = 0; sidx < kSets; ++sidx) {
         std::vector<int32_t> iv;
         std::vector<float> wv;
-        std::set<int32_t> touched;
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<int32_t> all(static_cast<size_t>(E));
-          for (int32_t e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
-          std::shuffle(all.begin(), all.end(), g_bench_rng);
-          for (int64_t j = 0; j < k; ++j) {
-            iv.push_back(all[static_cast<size_t>(j)]);
-            wv.push_back(1.0f / static_cast<float>(k));
-            touched.insert(all[static_cast<size_t>(j)]);
-          }
-        }
-        bytes += static_cast<double>(touched.size()) * (gu.bytes_per_expert + dn.bytes_per_expert);
-        bytes_gu += static_cast<double>(touched.size()) * gu.bytes_per_expert;
+        const double touched = static_cast<double>(random_routing(T, E, k, iv, wv));
+        bytes += touched * (gu.bytes_per_expert + dn.bytes_per_expert);
+        bytes_gu += touched * gu.bytes_per_expert;
         ids.emplace_back(&gpu, DType::kI32, std::vector<int64_t>{T, k});
         gpu.upload(ids.back(), iv.data());
         wts.emplace_back(&gpu, DType::kF32, std::vector<int64_t>{T, k});

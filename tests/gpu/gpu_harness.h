@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -22,6 +23,20 @@ namespace sparkserve {
 
 
 inline constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
+// NVFP4 W4A4 products on tensor cores (backend/cuda/nvfp4_group_*.cu: the routed experts above 16
+// tokens, dense Linear at T >= 2; the predicates below follow backend/cuda/moe.cu's and linear.cu's
+// dispatch): the products are exact (both operands exact in fp16), but the tensor
+// core adds each k16 step's products into the fp32 accumulator with truncation, so the sum may lose
+// up to ~1 ulp (2^-23) of the partial sum per step, always toward zero: at most K/16 x 1.2e-7 of the
+// partial sums' magnitude, 2.3e-5 at K = 3072 and 6e-5 at K = 8192 when partial sums are as large as
+// the output's maximum. A wrong scale, code or index is off by > 1e-3.
+inline constexpr double kTensorCore = 1e-4;
+inline bool tensor_core_w4a4_moe(const Linear& gate_up, int64_t T) {
+  return is_nvfp4(gate_up.format) && gate_up.activation == ActivationQuant::kNvfp4 && T > 16;
+}
+inline bool tensor_core_w4a4_linear(const Linear& w, int64_t T) {
+  return is_nvfp4(w.format) && w.activation == ActivationQuant::kNvfp4 && T >= 2;
+}
 
 struct Result {
   std::string group, name;
@@ -134,7 +149,7 @@ struct QWeight {
   Linear cpu_lin, gpu_lin;
 };
 inline QWeight make_qweight(Harness& h, int64_t E, int64_t N, int64_t K, int64_t parts, WeightFormat fmt,
-                     ActivationQuant act, float x_amax) {
+                            ActivationQuant act, float x_amax) {
   const int64_t Np = N / parts;
   const bool nvfp4 = is_nvfp4(fmt);
   std::vector<uint8_t> codes, scales8;
@@ -183,6 +198,35 @@ inline QWeight make_qweight(Harness& h, int64_t E, int64_t N, int64_t K, int64_t
     if (act != ActivationQuant::kNone) l.input_scale = side == 0 ? w.is.cpu() : w.is.gpu();
   }
   return w;
+}
+
+// Per-token error of an MoE output whose down input is re-quantized (W4A4 / W8A8): the two backends
+// compute silu(gate)*up in different f32 orders (~1e-6 apart after a K = 3072 sum), so an element
+// that close to a rounding threshold takes the neighbouring code on one side (measured ~1-2% of
+// tokens at the 122B shapes), moving that token's output by one code step of one input (observed
+// 5e-4 .. 1.4e-3 of max|ref|; a block-scale step moves 16 inputs), while a formula or indexing error
+// moves every token by O(0.1-1). So err_t = max|d| over token t's row / max|ref|; tokens over
+// `threshold` (the path's own bound: kFp32 or kTensorCore) are "flipped" and counted. Bounds: every
+// token <= kFlippedTokenErr, flipped tokens <= flipped_tokens_bound(T).
+inline constexpr double kFlippedTokenErr = 2e-2;
+inline double flipped_tokens_bound(int64_t T) { return static_cast<double>(std::max<int64_t>(2, T / 4)); }
+inline std::pair<double, int> token_errors(Harness& h, const Pair& o, int64_t T, int64_t H, double threshold) {
+  const auto g = h.gpu_f(o), r = h.cpu_f(o);
+  double mr = 0, worst = 0;
+  for (float v : r) mr = std::max(mr, std::fabs(static_cast<double>(v)));
+  int flipped = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    double d = 0;
+    for (int64_t i = 0; i < H; ++i) {
+      const size_t j = static_cast<size_t>(t * H + i);
+      const double dd = std::fabs(static_cast<double>(g[j]) - r[j]);
+      d = std::max(d, std::isfinite(dd) ? dd : INFINITY);
+    }
+    const double et = mr > 0 ? d / mr : INFINITY;
+    worst = std::max(worst, et);
+    flipped += et > threshold;
+  }
+  return {worst, flipped};
 }
 
 inline std::string sz(std::initializer_list<int64_t> dims) {

@@ -322,7 +322,8 @@ void test_quant(Harness& h) {
       Pair x = h.f32({T, K}, randn(T * K)), o = h.out({T, N});
       h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
       h.gpu->linear(o.gpu(), x.gpu(), w.gpu_lin);
-      record("quant_linear", std::string(c.name) + " TxKxNxP " + sz({T, K, N, P}), h.err(o), kFp32);
+      record("quant_linear", std::string(c.name) + " TxKxNxP " + sz({T, K, N, P}), h.err(o),
+             tensor_core_w4a4_linear(w.gpu_lin, T) ? kTensorCore : kFp32);
     }
     for (auto [T, E, k, H, I] : std::vector<std::array<int64_t, 5>>{{1, 8, 3, 256, 64}, {20, 16, 4, 128, 96}}) {
       QWeight gu = make_qweight(h, E, 2 * I, H, 2, c.fmt, c.act, 4.0f);
@@ -385,7 +386,8 @@ void test_decode_paths(Harness& h) {
       Pair x = h.f32({T, c.K}, randn(T * c.K)), o = h.out({T, c.N});
       h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
       h.gpu->linear(o.gpu(), x.gpu(), w.gpu_lin);
-      record("decode_linear", std::string(c.name) + " TxNxK " + sz({T, c.N, c.K}), h.err(o), kFp32);
+      record("decode_linear", std::string(c.name) + " TxNxK " + sz({T, c.N, c.K}), h.err(o),
+             tensor_core_w4a4_linear(w.gpu_lin, T) ? kTensorCore : kFp32);
     }
   // BF16 GEMVs (router, GDN a/b, shared_expert_gate, a tenth of lm_head's rows) for T <= 16.
   for (auto [T, N, K] : std::vector<std::array<int64_t, 3>>{
@@ -404,31 +406,6 @@ void test_decode_paths(Harness& h) {
     const char* name;
     int64_t E, k, H, I;
     std::vector<int64_t> Ts;
-  };
-  // Per-token error of an MoE output whose down input is re-quantized (W4A4 / W8A8): the two
-  // backends compute silu(gate)*up in different f32 orders (~1e-7 apart), so an element that close
-  // to a rounding threshold takes the neighbouring code on one side (measured ~1-2% of tokens at
-  // these sizes), moving that token's output by one code step of one input (observed 5e-4 .. 1.4e-3
-  // of max|ref|; a block-scale step moves 16 inputs), while a formula or indexing error moves every
-  // token by O(0.1-1). So err_t = max|d| over token t's row / max|ref|; tokens over kFp32 are
-  // "flipped" and counted; bounds: every token <= 2e-2, flipped tokens <= max(1, T/4).
-  auto moe_token_errors = [&](const Pair& o, int64_t T, int64_t H) {
-    const auto g = h.gpu_f(o), r = h.cpu_f(o);
-    double mr = 0, worst = 0;
-    for (float v : r) mr = std::max(mr, std::fabs(static_cast<double>(v)));
-    int flipped = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      double d = 0;
-      for (int64_t i = 0; i < H; ++i) {
-        const size_t j = static_cast<size_t>(t * H + i);
-        const double dd = std::fabs(static_cast<double>(g[j]) - r[j]);
-        d = std::max(d, std::isfinite(dd) ? dd : INFINITY);
-      }
-      const double et = mr > 0 ? d / mr : INFINITY;
-      worst = std::max(worst, et);
-      flipped += et > kFp32;
-    }
-    return std::pair<double, int>(worst, flipped);
   };
   const std::vector<Moe> moes = {
       {WeightFormat::kNvfp4, ActivationQuant::kNvfp4, "nvfp4 w4a4", 12, 8, 3072, 1024, {1, 2, 5, 16, 64}},
@@ -465,10 +442,12 @@ void test_decode_paths(Harness& h) {
         record("decode_moe", name, h.err(o), kFp32);
         continue;
       }
-      // Re-quantized down input: per-token bound (moe_token_errors).
-      const auto [worst, flipped] = moe_token_errors(o, T, c.H);
-      record("decode_moe", name + " all tokens", worst, 2e-2);
-      record("decode_moe_flips", name + " tokens > 1e-5", flipped, static_cast<double>(std::max<int64_t>(1, T / 4)));
+      // Re-quantized down input: per-token bound (gpu_harness.h, token_errors).
+      const double thr = tensor_core_w4a4_moe(gu.gpu_lin, T) ? kTensorCore : kFp32;
+      const auto [worst, flipped] = token_errors(h, o, T, c.H, thr);
+      record("decode_moe", name + " all tokens", worst, kFlippedTokenErr);
+      record("decode_moe_flips", name + (thr == kFp32 ? " tokens > 1e-5" : " tokens > 1e-4"), flipped,
+             flipped_tokens_bound(T));
     }
   }
   // Backend::moe_route_experts: the routing fused into the W4A4 experts' first launch on CUDA, vs
@@ -488,9 +467,11 @@ void test_decode_paths(Harness& h) {
       const std::string name = std::string(c.name) + " routed TxExkxHxI " + sz({T, c.E, c.k, c.H, c.I});
       record("moe_route_experts", name + " ids differ", h.gpu_f(id) == h.cpu_f(id) ? 0.0 : 1.0, 0.0);
       record("moe_route_experts", name + " weights", h.err(wt), kFp32);
-      const auto [worst, flipped] = moe_token_errors(o, T, c.H);
-      record("moe_route_experts", name + " all tokens", worst, 2e-2);
-      record("decode_moe_flips", name + " tokens > 1e-5", flipped, static_cast<double>(std::max<int64_t>(1, T / 4)));
+      const double thr = tensor_core_w4a4_moe(gu.gpu_lin, T) ? kTensorCore : kFp32;
+      const auto [worst, flipped] = token_errors(h, o, T, c.H, thr);
+      record("moe_route_experts", name + " all tokens", worst, kFlippedTokenErr);
+      record("decode_moe_flips", name + (thr == kFp32 ? " tokens > 1e-5" : " tokens > 1e-4"), flipped,
+             flipped_tokens_bound(T));
     }
   }
   for (auto [T, E, k] : std::vector<std::array<int64_t, 3>>{{1, 16, 8}, {6, 16, 8}}) {

@@ -3,7 +3,7 @@
 //   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_small_n.cu (mma.sync, weights read once)
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm.cu (cuBLASLt, exact f16 products)
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
-//   nvfp4_grouped_regime      NVFP4, many tokens         -> the grouped NVFP4 GEMM (hook below)
+//   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
 //   quantized fallback        what the above do not take -> quant_linear.cu
 //   SIMT fallback             f32 weights, odd shapes    -> simt_matmul.cu
@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
 #include "backend/cuda/linear_probe.h"
+#include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/simt_matmul.h"
 #include "backend/cuda/tc_gemm.h"
 
@@ -29,11 +30,11 @@ bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNM
 // tokens: 2.6 ms against 0.39 ms).
 bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16_gemm_takes(w); }
 
-// NVFP4 dense layers at prefill and batched-decode T: the grouped NVFP4 GEMM of the routed experts
-// (one group, the layer's weights) is to serve them. Until it does, they take the decode GEMVs
-// (8 tokens per weight pass), as before.
-bool nvfp4_grouped_regime(int64_t T, const Linear& w) { return false; }
-bool nvfp4_grouped_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) { return false; }
+// NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group
+// (moe_grouped.h; in_proj_qkv at T = 2 / 8: 13 / 14 us where the GEMVs took ~133 us at T = 8).
+bool nvfp4_grouped_regime(int64_t T, const Linear& w) {
+  return T >= 2 && is_nvfp4(w.format) && w.activation == ActivationQuant::kNvfp4;
+}
 
 // One named path (linear_probe); kDispatch is linear's own choice.
 bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, LinearPath path) {
@@ -44,7 +45,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       if (fp8_small_n_regime(T, w) && fp8_small_n_linear(b, out, x, T, w)) return true;
       if (fp8_tensor_core_regime(T, w) && fp8_gemm_linear(b, out, x, T, w)) return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
-      if (nvfp4_grouped_regime(T, w) && nvfp4_grouped_linear(b, out, x, T, w)) return true;
+      if (nvfp4_grouped_regime(T, w) && grouped_nvfp4_linear(b, out, x, T, w)) return true;
       // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
       // tokens through the small-N kernel rather than once per 8 through the GEMV.
       if (fp8_w8a8_takes(w, 64) && fp8_small_n_linear(b, out, x, T, w)) return true;

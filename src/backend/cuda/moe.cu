@@ -1,13 +1,13 @@
-// Sparse MoE: router softmax + top-k, and the routed SiLU-gated experts. The experts run per
-// (token, slot) pair straight from the device ids, with no host round trip: for decode a GEMV per
-// slot, for prefill and large batches the slots grouped by expert on the device and a grouped
-// SIMT GEMM (each 64-slot tile reads its expert once); then a per-token combine in ascending expert
-// id (HF's eager order, as the CPU reference).
-#include <cstdlib>
-#include <cstring>
-
+// Sparse MoE: router softmax + top-k, and the routed SiLU-gated experts, straight from the device
+// ids with no host round trip. NVFP4 W4A4 experts (both NVFP4 checkpoint layouts): up to 16 tokens on
+// moe_w4a4.cu's integer GEMVs (routing fused), more on moe_grouped.cu's tensor-core kernels. Other
+// formats: moe_decode.cu's fused GEMVs (quantized experts, few slots per expert), else per slot a
+// GEMV or, for many slots, the slots grouped by expert on the device and a grouped SIMT GEMM (each
+// 64-slot tile reads its expert once); then a per-token combine in ascending expert id (HF's eager
+// order, as the CPU reference).
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_decode.h"
+#include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_w4a4.h"
 #include "backend/cuda/simt_matmul.h"
@@ -90,21 +90,26 @@ void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const
   const int64_t T = router_logits.dim(0), E = router_logits.dim(1), k = weights.dim(1);
   CHECK(ids.dim(1) == k && k <= E && ids.dtype == DType::kI32);
   CHECK_MSG(E * 4 <= 48 * 1024, "CUDA moe_route_topk supports up to 12288 experts");
+  launch_route_topk(stream_, weights.ptr<float>(), ids.ptr<int32_t>(), router_logits.ptr<const float>(), T, E, k);
+}
+
+void launch_route_topk(cudaStream_t stream, float* weights, int32_t* ids, const float* logits, int64_t T, int64_t E,
+                       int64_t k) {
   if (T == 0) return;
-  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, stream_>>>(
-      weights.ptr<float>(), ids.ptr<int32_t>(), router_logits.ptr<const float>(), E, k);
+  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, stream>>>(weights, ids, logits, E, k);
   CUDA_CHECK_LAUNCH();
 }
 
 namespace {
-// SPARKSERVE_MOE_W4A4=0 turns the integer W4A4 expert path off (A/B measurements; the float
-// kernels of moe_decode.cu take the same layouts).
-bool w4a4_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SPARKSERVE_MOE_W4A4");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
+// The regimes of NVFP4 W4A4 experts, by measurement (docs/performance.md, grouped MoE): up to 16
+// tokens, moe_w4a4.cu's integer GEMVs per (token, expert) pair with the routing fused in (repeated
+// experts come from L2; at T = 2 / 4 / 16 they beat the grouped small-N kernel, 48 / 74 / 230 us vs
+// 62 / 99 / 277 us at the 122B shapes); more, moe_grouped.cu's tensor-core kernels, each distinct
+// expert read once (T = 64: 597 us vs 859).
+constexpr int64_t kPairGemvMaxT = 16;
+bool pair_gemv_w4a4(int64_t T) { return T <= kPairGemvMaxT; }
+bool grouped_w4a4(int64_t T, int64_t k, const float* x, const Linear& gate_up, const Linear& down) {
+  return T > kPairGemvMaxT && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);
 }
 }  // namespace
 
@@ -114,10 +119,17 @@ void CudaBackend::moe_route_experts(const Tensor& out, const Tensor& weights, co
   const int64_t T = x.dim(0), k = ids.dim(1), E = router_logits.dim(1);
   CHECK(router_logits.dim(0) == T && ids.dim(0) == T && weights.numel() == T * k && ids.dtype == DType::kI32);
   CHECK(k <= E && out.numel() == T * x.dim(1));
-  if (T > 0 && E == gate_up.weight.dim(0) && w4a4_enabled() &&
-      moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
-               router_logits.ptr<const float>(), T, k, gate_up, down))
-    return;
+  if (T > 0 && E == gate_up.weight.dim(0)) {
+    if (pair_gemv_w4a4(T) &&
+        moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                 router_logits.ptr<const float>(), T, k, gate_up, down))
+      return;
+    if (grouped_w4a4(T, k, x.ptr<const float>(), gate_up, down)) {
+      moe_grouped(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(),
+                  router_logits.ptr<const float>(), T, k, gate_up, down);
+      return;
+    }
+  }
   Backend::moe_route_experts(out, weights, ids, router_logits, x, gate_up, down);  // the two ops
 }
 
@@ -131,9 +143,17 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   if (slots == 0) return;
   const int64_t E = gate_up.weight.dim(0);
   const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
-  // W4A4 NVFP4 experts at any T: integer block dot products (moe_w4a4.cu).
-  if (w4a4_enabled() && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(),
-                                  weights.ptr<float>(), nullptr, T, k, gate_up, down))
+  if (pair_gemv_w4a4(T) && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(),
+                                     weights.ptr<float>(), nullptr, T, k, gate_up, down))
+    return;
+  if (grouped_w4a4(T, k, x.ptr<const float>(), gate_up, down)) {
+    moe_grouped(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, T,
+                k, gate_up, down);
+    return;
+  }
+  // W4A4 NVFP4 experts the grouped kernels do not take (shapes): integer block dot products.
+  if (moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, T,
+               k, gate_up, down))
     return;
   // Decode (and quantized experts at any T): moe_decode.cu's two fused launches.
   if ((quantized || slots <= 4 * E) &&
@@ -156,7 +176,6 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   int32_t* tile_rows = tile_start + max_tiles;
   int32_t* num_tiles = tile_rows + max_tiles;
   if (grouped) {
-    CHECK_MSG(max_tiles <= 65535, "CUDA moe_experts: too many (token, expert) pairs in one call");
     CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream_));
     group_slots_kernel<<<1, 1024, 0, stream_>>>(ids.ptr<const int32_t>(), slots, E, counts, sorted, tile_e,
                                                 tile_start, tile_rows, num_tiles);

@@ -1,6 +1,7 @@
 // The router's softmax + top-k for one token, run by one warp (lanes 0..31 of the calling block):
-// route_topk_kernel (moe.cu) and the fused routing + activation quantization of moe_w4a4.cu share
-// it, so both give the same ids and weights bit for bit.
+// route_topk_kernel (moe.cu), the fused routing + activation quantization of moe_w4a4.cu and the
+// grouped MoE's plan kernel (moe_grouped.cu) share it, so all give the same ids and weights bit for
+// bit.
 //
 // k rounds of a warp argmax over the probabilities in shared memory. (A rank-based top-k by the
 // whole block, each thread counting the experts that sort before its own, was tried: 20.8 µs per
@@ -60,5 +61,10 @@ __device__ inline void route_topk_warp(float* p, const float* l, int64_t E, int6
   if (lane == 0)
     for (int64_t j = 0; j < k; ++j) weights[j] /= top_sum;
 }
+
+// moe_route_topk's kernel (moe.cu), one warp per token, on `stream`.
+// logits: [T, E] f32 -> weights: [T, k] f32, ids: [T, k] i32 (device)
+void launch_route_topk(cudaStream_t stream, float* weights, int32_t* ids, const float* logits, int64_t T, int64_t E,
+                       int64_t k);
 
 }  // namespace sparkserve

@@ -109,18 +109,14 @@ __device__ __forceinline__ float weight_factor(float g, bool modelopt) {
 // block factor fa (x̂ = e2m1 · fa up to one rounding).
 __device__ __forceinline__ void quantize_quad(float4 v, float in_s, bool modelopt, uint32_t& codes, float& fa) {
   const float gs = modelopt ? 1.0f / in_s : in_s;
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  float sf, out_scale;
-  nvfp4_block_scales(amax, gs, sf, out_scale);
-  const float vv[4] = {v.x, v.y, v.z, v.w};
+  uint32_t c[4];
+  float sf;
+  nvfp4_quantize_quad(v, gs, c, sf);
   codes = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t c = f32_to_e2m1(fminf(fmaxf(__fmul_rn(vv[i], out_scale), -6.0f), 6.0f));
-    uint32_t b = prmt(kMagLo, kMagHi, c & 7u) & 0xffu;
-    if (c & 8u) b = (0u - b) & 0xffu;
+    uint32_t b = prmt(kMagLo, kMagHi, c[i] & 7u) & 0xffu;
+    if (c[i] & 8u) b = (0u - b) & 0xffu;
     codes |= b << (8 * i);
   }
   fa = modelopt ? __fmul_rn(sf, in_s) : __fdiv_rn(sf, gs);
@@ -453,6 +449,15 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* w
     CUDA_CHECK_LAUNCH();
   }
   return true;
+}
+
+// For the kernel benchmark only (tests/gpu/moe_grouped_bench.cpp declares it: built without nvcc):
+// moe_w4a4 at any T, to compare the grouped path with it. False when not taken.
+bool moe_w4a4_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                    const Linear& gate_up, const Linear& down) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c && moe_w4a4(*c, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr,
+                       x.dim(0), ids.dim(1), gate_up, down);
 }
 
 }  // namespace sparkserve

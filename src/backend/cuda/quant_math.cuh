@@ -4,24 +4,17 @@
 // step function: any other rounding would flip codes).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
 
 namespace sparkserve {
 
-// E4M3 code -> f32 (NaN for the two NaN codes), exact.
+// E4M3 code -> f32 (NaN for the two NaN codes), exact: every E4M3 value is an fp16 value, and the
+// hardware conversion (one instruction on sm_89 and later) gives it.
 __device__ __forceinline__ float fp8_to_f32(uint8_t v) {
-  const int e = (v >> 3) & 15, m = v & 7;
-  float a;
-  if (e == 15 && m == 7) {
-    a = __int_as_float(0x7fc00000);
-  } else if (e == 0) {
-    a = ldexpf(static_cast<float>(m), -9);
-  } else {
-    a = ldexpf(1.0f + static_cast<float>(m) * 0.125f, e - 7);
-  }
-  return (v & 0x80) ? -a : a;
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3)));
 }
 
 // Round-to-nearest-even, saturating to ±448 (the CPU's f32_to_fp8_e4m3 for finite values).
@@ -54,6 +47,20 @@ __device__ __forceinline__ void nvfp4_block_scales(float amax, float gs, float& 
   const float inv_gs = gs == 0.0f ? 0.0f : __fdiv_rn(1.0f, gs);
   const float denom = __fmul_rn(sf, inv_gs);
   out_scale = denom == 0.0f ? 0.0f : __fdiv_rn(1.0f, denom);
+}
+// Four consecutive values of a 16-value activation block whose other twelve values the three
+// neighbouring lanes hold (lanes 4q..4q+3 together hold one block, every lane of the warp calls
+// this), quantized as core/nvfp4.cpp does with the quantize-direction global scale gs: the four
+// E2M1 codes and the block's scale sf (widened from E4M3).
+__device__ __forceinline__ void nvfp4_quantize_quad(float4 v, float gs, uint32_t (&codes)[4], float& sf) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  float out_scale;
+  nvfp4_block_scales(amax, gs, sf, out_scale);
+  const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) codes[i] = f32_to_e2m1(fminf(fmaxf(__fmul_rn(vv[i], out_scale), -6.0f), 6.0f));
 }
 // One value's x̂ given its block's sf / out_scale (backend/cpu/quant_linear.cpp's dequantization).
 __device__ __forceinline__ float nvfp4_fake_quant_value(float x, float sf, float out_scale, float gs, float in_s,

@@ -1,0 +1,467 @@
+// Grouped NVFP4 W4A4 experts (moe_grouped.h). Launches, in stream order:
+//   [route_topk]   one warp per token (moe_route.cuh), unless fused into the plan's single block
+//   plan rank      per chunk of 1024 (token, slot) pairs: each slot's rank among the chunk's slots of
+//                  its expert (warp match_any + a per-warp count table: slot order, deterministic)
+//                  and the chunk's count per expert; a single chunk (T <= 128 at top-8) also does
+//                  the next step, and for T <= 64 runs the routing first
+//   plan offsets   experts' first rows, and the work pairs (expert, first row, rows <= the tile's N:
+//                  an expert's rows split evenly)
+//   prepare        per token: x quantized for each slot and gate_up partition with that expert's
+//                  input scale (CPU-exact codes, quant_math.cuh) into the GEMM's activation rows in
+//                  expert order (nvfp4_group_gemm.h's prepared layout)
+//   gate_up GEMM   + silu(gate)·up and its quantization with the down expert's input scale
+//   down GEMM      y per slot, f32
+//   combine        out[t] = Σ weight·y over the token's slots in ascending expert id (the CPU's order)
+// Numerics vs the CPU (backend/cpu/moe.cpp + quant_linear.cpp): the same activation codes and block
+// scales, exact products, f32 sums in another order (tensor-core accumulation), global factors
+// applied once per output; so a down-input element within ~1e-6 of an E2M1 rounding threshold can
+// take the neighbouring code (tests/gpu/moe_grouped_checks.cpp counts such tokens).
+#include "backend/cuda/moe_grouped.h"
+
+#include <algorithm>
+
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/nvfp4_group_gemm.h"
+#include "backend/cuda/quant_math.cuh"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kPlanThreads = 1024;
+constexpr int64_t kFusedRouteMaxT = 64;  // routing inside the single plan block: 2 tokens per warp at most
+constexpr int64_t kMaxExperts = 512;     // the plan's count table: 32 x E ints of shared memory
+constexpr int kMaxPerToken = 32;         // experts per token (the combine's order table)
+constexpr int kMaxPreparedK = 8192;      // activation row length the prepare kernel holds in registers
+// Dense Linear: one token stays on decode_gemv.cu's GEMV.
+constexpr int64_t kGroupedLinearMinRows = 2;
+
+// Exclusive prefix sum of v over the block's threads in thread order (every thread calls it); the
+// block's total in `total`. wsum: 32 ints of shared memory.
+__device__ int block_exclusive_scan(int v, int* wsum, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  int inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  if (lane == 31) wsum[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nw ? wsum[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += n;
+    }
+    wsum[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  total = wsum[nw - 1];
+  const int excl = inc - v + (warp > 0 ? wsum[warp - 1] : 0);
+  __syncthreads();
+  return excl;
+}
+
+struct PlanArgs {
+  const float* logits;  // [T, E] when the routing is fused (one chunk), else null
+  int32_t* ids;         // [T, k]
+  float* weights;       // [T, k]
+  int64_t T, k, E;
+  int tile_n;           // rows per work pair at most
+  int32_t* rank;        // [slots] a slot's rank among its chunk's slots of the same expert
+  int32_t* chunk_base;  // [chunks, E] counts per chunk, then (plan_offsets) the slots of earlier chunks
+  int32_t* offsets;     // [E] first row of each expert
+  int32_t *pair_e, *pair_start, *pair_rows, *num_pairs;
+};
+
+// The experts' offsets and the work pairs from the per-chunk counts (one block of kPlanThreads, one
+// expert per thread): chunk_base becomes an exclusive prefix over chunks, an expert's rows are split
+// evenly over ceil(count / tile_n) pairs. wsum: 32 ints of shared memory.
+__device__ void plan_offsets(const PlanArgs& a, int64_t chunks, int* wsum) {
+  const int tid = threadIdx.x;
+  int cnt = 0;
+  if (tid < a.E) {
+    constexpr int kBatch = 16;  // independent loads in flight per step of the running sum
+    for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
+      int v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = c0 + i < chunks ? a.chunk_base[(c0 + i) * a.E + tid] : 0;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (c0 + i < chunks) a.chunk_base[(c0 + i) * a.E + tid] = cnt;
+        cnt += v[i];
+      }
+    }
+  }
+  int total = 0;
+  const int first = block_exclusive_scan(cnt, wsum, total);
+  if (tid < a.E) a.offsets[tid] = first;
+  const int np = (cnt + a.tile_n - 1) / a.tile_n;
+  int num_pairs = 0;
+  const int p0 = block_exclusive_scan(np, wsum, num_pairs);
+  for (int i = 0; i < np; ++i) {
+    const int lo = first + static_cast<int>(static_cast<int64_t>(i) * cnt / np);
+    const int hi = first + static_cast<int>(static_cast<int64_t>(i + 1) * cnt / np);
+    a.pair_e[p0 + i] = tid;
+    a.pair_start[p0 + i] = lo;
+    a.pair_rows[p0 + i] = hi - lo;
+  }
+  if (tid == 0) *a.num_pairs = num_pairs;
+}
+
+// Block c ranks slots [1024c, 1024c + 1024) within their experts (warp match_any, then a per-warp
+// count table prefixed over the warps in warp order: the slot order, deterministic) and writes the
+// chunk's count per expert. A single block ([the routing first, fused], the whole batch in one chunk)
+// goes on to plan_offsets itself. Shared memory: [32][E] ints (the routing's per-warp probabilities
+// before that) + 32.
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_rank_kernel(PlanArgs a) {
+  extern __shared__ int32_t sm[];
+  const int64_t E = a.E, slots = a.T * a.k;
+  int32_t* tbl = sm;
+  int32_t* wsum = tbl + 32 * E;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (a.logits) {
+    float* probs = reinterpret_cast<float*>(tbl) + warp * E;
+    for (int64_t t = warp; t < a.T; t += kPlanThreads / 32)
+      route_topk_warp(probs, a.logits + t * E, E, a.k, a.ids + t * a.k, a.weights + t * a.k);
+    __syncthreads();
+  }
+  for (int64_t i = tid; i < 32 * E; i += kPlanThreads) tbl[i] = 0;
+  __syncthreads();
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kPlanThreads + tid;
+  int e = -1;
+  if (s < slots) {
+    e = a.ids[s];
+    if (e < 0 || e >= E) __trap();  // the CPU reference CHECKs this too
+  }
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const int in_warp = __popc(same & ((1u << lane) - 1u));
+  if (s < slots && in_warp == 0) tbl[warp * E + e] = __popc(same);
+  __syncthreads();
+  for (int64_t ee = tid; ee < E; ee += kPlanThreads) {  // warp w's first rank within the expert
+    int acc = 0;
+    for (int w = 0; w < 32; ++w) {
+      const int c = tbl[w * E + ee];
+      tbl[w * E + ee] = acc;
+      acc += c;
+    }
+    a.chunk_base[blockIdx.x * E + ee] = acc;
+  }
+  __syncthreads();
+  if (s < slots) a.rank[s] = tbl[warp * E + e] + in_warp;
+  if (gridDim.x == 1) {
+    __syncthreads();  // the block's chunk counts are visible to the block
+    plan_offsets(a, 1, wsum);
+  }
+}
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_offsets_kernel(PlanArgs a, int64_t chunks) {
+  __shared__ int wsum[32];
+  plan_offsets(a, chunks, wsum);
+}
+
+struct PrepareArgs {
+  const float* x;          // [T, K]
+  int64_t K, k, spb;       // k: slots (destination rows) per token, spb: slots per block
+  int P;
+  const float* in_scale;   // [E, P]
+  bool modelopt;
+  // MoE (null for dense: token t -> row t, expert 0): slot s = t * k + j goes to row
+  // offsets[e] + chunk_base[s / 1024, e] + rank[s] of its expert e = ids[s]; slot_of[row] = s.
+  const int32_t* ids;
+  const int32_t *rank, *chunk_base, *offsets;
+  int32_t* slot_of;
+  int64_t E;
+  __half* xq;              // [rows, P, K] (nvfp4_group_gemm.h's prepared layout)
+};
+
+// Block (t, y): x[t] held in registers (4 values per thread per pass, four lanes per 16-block),
+// quantized for slots [y·spb, y·spb + spb) of token t and each partition with that expert's input
+// scale (CPU-exact codes), the values e2m1·sf as fp16; lanes 2m and 2m+1 (values 0-3 and 4-7 of an
+// 8-group) swap halves into the order 0,4,1,5 | 2,6,3,7 and store 8 bytes each. spb = k for many
+// tokens (x read once per token), 1 for few (one block per slot: enough blocks to fill the GPU).
+constexpr int kPrepThreads = 256, kPrepQuads = kMaxPreparedK / (4 * kPrepThreads);
+__global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs a) {
+  const int64_t t = blockIdx.x, K = a.K;
+  const bool odd = threadIdx.x & 1;
+  float4 v[kPrepQuads];
+#pragma unroll
+  for (int q = 0; q < kPrepQuads; ++q) {
+    const int64_t i = 4 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
+    v[q] = i < K ? *reinterpret_cast<const float4*>(a.x + t * K + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * a.spb;
+  for (int64_t j = j0; j < min(a.k, j0 + a.spb); ++j) {
+    const int64_t s = t * a.k + j;
+    int64_t e = 0, row = s;
+    if (a.ids) {
+      e = a.ids[s];
+      row = a.offsets[e] + a.chunk_base[(s / kPlanThreads) * a.E + e] + a.rank[s];
+      if (threadIdx.x == 0) a.slot_of[row] = static_cast<int32_t>(s);
+    }
+    for (int p = 0; p < a.P; ++p) {
+      const float in_s = a.in_scale[e * a.P + p];
+      if (p > 0 && in_s == a.in_scale[e * a.P]) continue;  // partition 0's values: the GEMM reads those
+      const float gs = a.modelopt ? 1.0f / in_s : in_s;
+      __half* o = a.xq + (row * a.P + p) * K;
+#pragma unroll
+      for (int q = 0; q < kPrepQuads; ++q) {
+        const int64_t i = 4 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
+        if (q * kPrepThreads * 4 >= K) break;  // whole passes only: the shuffles need whole warps
+        uint32_t c[4];
+        float sf;
+        nvfp4_quantize_quad(v[q], gs, c, sf);
+        const __half2 lo_h = __floats2half2_rn(e2m1_value(c[0]) * sf, e2m1_value(c[1]) * sf);
+        const __half2 hi_h = __floats2half2_rn(e2m1_value(c[2]) * sf, e2m1_value(c[3]) * sf);
+        const uint32_t lo = *reinterpret_cast<const uint32_t*>(&lo_h), hi = *reinterpret_cast<const uint32_t*>(&hi_h);
+        const uint32_t plo = __shfl_xor_sync(0xffffffffu, lo, 1), phi = __shfl_xor_sync(0xffffffffu, hi, 1);
+        // even lane: (x0,x4), (x1,x5); odd lane: (x2,x6), (x3,x7)
+        const uint2 out = odd ? make_uint2(__byte_perm(phi, hi, 0x5410), __byte_perm(phi, hi, 0x7632))
+                              : make_uint2(__byte_perm(lo, plo, 0x5410), __byte_perm(lo, plo, 0x7632));
+        if (i < K) *reinterpret_cast<uint2*>(o + (i & ~int64_t{7}) + (odd ? 4 : 0)) = out;
+      }
+    }
+  }
+}
+
+// out[t] = Σ over the token's slots in ascending expert id of weight · y[slot]; block (t, y) takes
+// columns [1024y, 1024y + 1024). y: [T * k, H] f32 -> out: [T, H] f32
+constexpr int kCombineCols = 1024;
+__global__ void __launch_bounds__(256) combine_kernel(float* out, const float* y, const int32_t* ids, const float* w,
+                                                      int64_t k, int64_t H) {
+  __shared__ int order[kMaxPerToken];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < k) {  // rank of slot i by expert id (ties keep slot order)
+    const int i = threadIdx.x;
+    const int32_t* id = ids + t * k;
+    int rank = 0;
+    for (int j = 0; j < k; ++j) rank += id[j] < id[i] || (id[j] == id[i] && j < i);
+    order[rank] = i;
+  }
+  __syncthreads();
+  const int64_t c_end = min(H, static_cast<int64_t>(blockIdx.y + 1) * kCombineCols);
+  for (int64_t c = blockIdx.y * kCombineCols + 4 * static_cast<int64_t>(threadIdx.x); c < c_end; c += 4 * blockDim.x) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < k; ++i) {
+      const int j = order[i];
+      const float wj = w[t * k + j];
+      const float4 v = *reinterpret_cast<const float4*>(y + (t * k + j) * H + c);
+      o.x += wj * v.x;
+      o.y += wj * v.y;
+      o.z += wj * v.z;
+      o.w += wj * v.w;
+    }
+    *reinterpret_cast<float4*>(out + t * H + c) = o;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The tile regime for an average of `per_expert` rows per weight matrix: up to 8, the small-N kernel
+// (memory-bound, every distinct expert streamed once); more, a large-N kernel that takes the shapes
+// (`takes`), the warpgroup-MMA one first.
+template <class Takes>
+GroupTile pick_tile(double per_expert, const Takes& takes) {
+  if (per_expert <= 8.0) return GroupTile::kSmallN;
+  for (GroupTile t : {GroupTile::kLargeNWgmma, GroupTile::kLargeN})
+    if (takes(t)) return t;
+  return GroupTile::kSmallN;
+}
+
+bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) {
+  return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
+}
+
+// The plan's work pairs for a GEMM.
+void set_pairs(GroupGemmArgs& g, const PlanArgs& pa, int64_t max_pairs) {
+  g.pair_e = pa.pair_e;
+  g.pair_start = pa.pair_start;
+  g.pair_rows = pa.pair_rows;
+  g.num_pairs = pa.num_pairs;
+  g.max_pairs = max_pairs;
+}
+
+GroupGemmArgs gemm_args(const Linear& w, const __half* xq) {
+  GroupGemmArgs g;
+  g.w = static_cast<const uint8_t*>(w.weight.data);
+  g.ws = static_cast<const uint8_t*>(w.weight_scale.data);
+  g.w_global = static_cast<const float*>(w.global_scale.data);
+  g.in_scale = static_cast<const float*>(w.input_scale.data);
+  g.P = static_cast<int>(w.partitions);
+  g.modelopt = w.format == WeightFormat::kNvfp4ModelOpt;
+  g.M = w.out_features;
+  g.K = w.in_features;
+  g.xq = xq;
+  return g;
+}
+
+PrepareArgs prepare_args(const Linear& w, const float* x, __half* xq) {
+  PrepareArgs p{};
+  p.x = x;
+  p.K = w.in_features;
+  p.k = 1;
+  p.spb = 1;
+  p.P = static_cast<int>(w.partitions);
+  p.in_scale = static_cast<const float*>(w.input_scale.data);
+  p.modelopt = w.format == WeightFormat::kNvfp4ModelOpt;
+  p.xq = xq;
+  return p;
+}
+
+// moe_grouped with each launch repeated 1 + ((repeat >> stage) & 1) times (stages: 0 plan, 1 prepare,
+// 2 gate_up, 3 down, 4 combine; every stage is idempotent) and the tile regime forced when
+// force_tile >= 0: moe_grouped itself, and the kernel benchmark's per-stage timing by differences.
+void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, float* weights, const float* logits,
+                      int64_t T, int64_t k, const Linear& gate_up, const Linear& down, int repeat, int force_tile) {
+  if (T == 0) return;
+  const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
+  const int64_t slots = T * k;
+  const GroupTile tile =
+      force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E),
+                                  [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); });
+  const int64_t tn = group_tile_n(tile);
+  const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
+  const cudaStream_t s = b.stream();
+  auto times = [&](int stage) { return 1 + ((repeat >> stage) & 1); };
+
+  const int64_t chunks = (slots + kPlanThreads - 1) / kPlanThreads;
+  CudaBackend::Scratch meta(&b, static_cast<size_t>(2 * slots + chunks * E + E + 3 * max_pairs + 1) * 4);
+  PlanArgs pa{};
+  pa.ids = ids;
+  pa.weights = weights;
+  pa.T = T;
+  pa.k = k;
+  pa.E = E;
+  pa.tile_n = static_cast<int>(tn);
+  pa.rank = meta.as<int32_t>();
+  int32_t* slot_of = pa.rank + slots;
+  pa.chunk_base = slot_of + slots;
+  pa.offsets = pa.chunk_base + chunks * E;
+  pa.pair_e = pa.offsets + E;
+  pa.pair_start = pa.pair_e + max_pairs;
+  pa.pair_rows = pa.pair_start + max_pairs;
+  pa.num_pairs = pa.pair_rows + max_pairs;
+  if (logits && (T > kFusedRouteMaxT || chunks > 1)) {
+    launch_route_topk(s, weights, ids, logits, T, E, k);
+  } else {
+    pa.logits = logits;
+  }
+  const int64_t plan_smem = (32 * E + 32) * 4;
+  static int64_t plan_allowed = 0;
+  allow_smem(moe_plan_rank_kernel, plan_smem, plan_allowed);
+  for (int i = 0; i < times(0); ++i) {
+    moe_plan_rank_kernel<<<static_cast<unsigned>(chunks), kPlanThreads, static_cast<size_t>(plan_smem), s>>>(pa);
+    CUDA_CHECK_LAUNCH();
+    if (chunks > 1) {
+      moe_plan_offsets_kernel<<<1, kPlanThreads, 0, s>>>(pa, chunks);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
+
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(slots * P * H) * 2);
+  PrepareArgs pr = prepare_args(gate_up, x, xq.as<__half>());
+  pr.k = k;
+  pr.ids = ids;
+  pr.rank = pa.rank;
+  pr.chunk_base = pa.chunk_base;
+  pr.offsets = pa.offsets;
+  pr.slot_of = slot_of;
+  pr.E = E;
+  pr.spb = slots <= 4096 ? 1 : k;
+  for (int i = 0; i < times(1); ++i) {
+    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), kPrepThreads, 0, s>>>(pr);
+    CUDA_CHECK_LAUNCH();
+  }
+
+  CudaBackend::Scratch act(&b, static_cast<size_t>(slots * I) * 2);
+  GroupGemmArgs gu = gemm_args(gate_up, xq.as<__half>());
+  set_pairs(gu, pa, max_pairs);
+  gu.gate_up = true;
+  gu.act = act.as<__half>();
+  gu.act_in_scale = static_cast<const float*>(down.input_scale.data);
+  gu.act_modelopt = down.format == WeightFormat::kNvfp4ModelOpt;
+  for (int i = 0; i < times(2); ++i) launch_group_gemm(b, gu, tile);
+
+  CudaBackend::Scratch y(&b, static_cast<size_t>(slots * H) * 4);
+  GroupGemmArgs dn = gemm_args(down, act.as<__half>());
+  set_pairs(dn, pa, max_pairs);
+  dn.out_row = slot_of;
+  dn.out = y.as<float>();
+  dn.ldo = H;
+  for (int i = 0; i < times(3); ++i) launch_group_gemm(b, dn, tile);
+
+  for (int i = 0; i < times(4); ++i) {
+    combine_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>((H + kCombineCols - 1) / kCombineCols)), 256,
+                     0, s>>>(out, y.as<const float>(), ids, weights, k, H);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int64_t min_rows,
+                         int force_tile) {
+  if (T < std::max<int64_t>(1, min_rows) || !aligned16(x) || w.in_features > kMaxPreparedK) return false;
+  // Large-N tiles only with at least one work item per 4 SMs (no split-K: a narrow layer at a few
+  // dozen tokens leaves most SMs idle; measured: out_proj 3072 rows at T = 64 has 12 items, 156 us
+  // against the small-N kernel's 55; at T = 512, 48 items, 202 against 331; in_proj_qkv at T = 64,
+  // 48 items, 59 against 67).
+  const auto takes = [&](GroupTile t) {
+    const int64_t items = (w.out_features / group_tile_m(t)) * ((T + group_tile_n(t) - 1) / group_tile_n(t));
+    return group_tile_fits(t) && group_gemm_takes(w, t, false) && 4 * items >= static_cast<int64_t>(b.sm_count());
+  };
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), takes);
+  if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
+  const int64_t P = w.partitions, K = w.in_features;
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);
+  const PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
+  prepare_rows_kernel<<<static_cast<unsigned>(T), kPrepThreads, 0, b.stream()>>>(pr);
+  CUDA_CHECK_LAUNCH();
+  GroupGemmArgs g = gemm_args(w, xq.as<__half>());
+  g.dense_rows = T;
+  g.out = out;
+  g.ldo = w.out_features;
+  launch_group_gemm(b, g, tile);
+  return true;
+}
+
+}  // namespace
+
+bool moe_grouped_takes(const Linear& gate_up, const Linear& down, int64_t k) {
+  const int64_t E = gate_up.weight.dim(0);
+  if (k < 1 || k > kMaxPerToken || E < 1 || E > kMaxExperts || down.weight.dim(0) != E) return false;
+  if (gate_up.format != down.format || !(gate_up.partitions == 1 || gate_up.partitions == 2)) return false;
+  if (down.partitions != 1 || gate_up.out_features != 2 * down.in_features) return false;
+  if (down.out_features != gate_up.in_features || gate_up.in_features > kMaxPreparedK) return false;
+  return moe_shapes_take(gate_up, down, GroupTile::kSmallN);
+}
+
+void moe_grouped(CudaBackend& b, float* out, const float* x, int32_t* ids, float* weights, const float* router_logits,
+                 int64_t T, int64_t k, const Linear& gate_up, const Linear& down) {
+  CHECK_MSG(aligned16(x), "moe_grouped: x must be 16-byte aligned");
+  moe_grouped_impl(b, out, x, ids, weights, router_logits, T, k, gate_up, down, 0, -1);
+}
+
+bool grouped_nvfp4_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
+  return grouped_linear_impl(b, out, x, T, w, kGroupedLinearMinRows, -1);
+}
+
+// For the kernel benchmark only (tests/gpu/moe_grouped_bench.cpp declares them: it is built without
+// nvcc). The grouped MoE with stage repeats and a forced tile (see moe_grouped_impl; force_tile -1:
+// moe_grouped's choice), and the dense path at any T; false when `b` is not the CUDA backend or the
+// layout is not taken.
+bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                       const Linear& gate_up, const Linear& down, int repeat, int force_tile) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c || !moe_grouped_takes(gate_up, down, ids.dim(1))) return false;
+  if (force_tile >= 0 && !moe_shapes_take(gate_up, down, static_cast<GroupTile>(force_tile))) return false;
+  moe_grouped_impl(*c, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr,
+                   x.dim(0), ids.dim(1), gate_up, down, repeat, force_tile);
+  return true;
+}
+bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  const int64_t T = w.in_features == 0 ? 0 : x.numel() / w.in_features;
+  return c && grouped_linear_impl(*c, out.ptr<float>(), x.ptr<const float>(), T, w, 1, force_tile);
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,162 @@
+// Device pieces shared by the grouped NVFP4 W4A4 kernels (nvfp4_group_gemm.cu: large N through shared
+// memory; nvfp4_group_gemv.cu: small N straight into registers): the E2M1 decode into exact fp16
+// mma operands, the mma, the global factors and the two epilogues.
+//
+// The weight decode: a 32-bit word holds 8 E2M1 nibbles n0..n7 (n_i = k + i). Shifting it so that
+// nibbles j and j+4 sit at bits 12-15 and 28-31 and moving each nibble's 3 magnitude bits down by 3
+// gives two fp16 values whose bits are s·2^15 | eem·2^9, i.e. e2m1·2^-14 exactly (the 0.5 code lands
+// on the fp16 subnormal 2^-15, zero on zero). One HMUL2 by the row's E4M3 block scale (exact in fp16)
+// then gives e2m1·sf·2^-14 exactly: every such product is a multiple of 2^-24 with at most 6
+// significant bits, inside fp16's range. So a word decodes into the pairs (n0,n4), (n1,n5), (n2,n6),
+// (n3,n7): one m16n8k16 mma takes pairs (n0,n4) and (n1,n5) of a word (its k slots 2t,2t+1 and
+// 2t+8,2t+9), the next (n2,n6) and (n3,n7), against activation values stored in the order
+// 0,4,1,5,2,6,3,7 within each 8-group (the prepared layout), so A and B agree on the physical k of
+// every slot. Which words a thread holds is each kernel's choice, as long as its activation loads
+// follow.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nvfp4_group_gemm.h"
+#include "backend/cuda/quant_math.cuh"
+
+namespace sparkserve {
+
+// A work pair: expert, first activation row, rows (at most tile_n). From the device lists, or for
+// dense layers (pair_e null) the static tiling of rows [0, dense_rows) of expert 0.
+struct WorkPair {
+  int64_t e, start;
+  int rows;
+};
+__device__ __forceinline__ int64_t num_work_pairs(const GroupGemmArgs& a, int tile_n) {
+  return a.pair_e ? static_cast<int64_t>(*a.num_pairs) : (a.dense_rows + tile_n - 1) / tile_n;
+}
+__device__ __forceinline__ WorkPair work_pair(const GroupGemmArgs& a, int64_t pair, int tile_n) {
+  if (a.pair_e) return {a.pair_e[pair], a.pair_start[pair], a.pair_rows[pair]};
+  const int64_t start = pair * tile_n;
+  return {0, start, static_cast<int>(min(static_cast<int64_t>(tile_n), a.dense_rows - start))};
+}
+
+// Asynchronous global -> shared copies (cp.async): 16 bytes bypassing L1, 4 bytes through it.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Nibbles j and j+4 of w as fp16 e2m1·2^-14 (low half: nibble j).
+template <int J>
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t w) {
+  const uint32_t s = w << (12 - 4 * J);
+  return (s & 0x80008000u) | ((s >> 3) & 0x0E000E00u);
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, __half2 b) {
+  __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// The A fragment of one mma from one weight word of rows g (w0) and g+8 (w1) with their block scales:
+// pairs 2h and 2h+1 (h = 0: nibbles (0,4),(1,5); h = 1: (2,6),(3,7)).
+template <int H>
+__device__ __forceinline__ void decode_a(uint32_t w0, uint32_t w1, __half2 s0, __half2 s1, uint32_t (&a)[4]) {
+  a[0] = hmul2(nibble_pair<2 * H>(w0), s0);
+  a[1] = hmul2(nibble_pair<2 * H>(w1), s1);
+  a[2] = hmul2(nibble_pair<2 * H + 1>(w0), s0);
+  a[3] = hmul2(nibble_pair<2 * H + 1>(w1), s1);
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two E4M3 bytes (lo, hi) -> (fp16(lo), fp16(hi)), exact.
+__device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t lo, uint32_t hi) {
+  const __half l(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(lo), __NV_E4M3));
+  const __half h(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(hi), __NV_E4M3));
+  return __halves2half2(l, h);
+}
+
+// The epilogue's factor: 2^14 (the weight decode's) times the weight's and the activation's global
+// factors (compressed-tensors divides by its global scales, ModelOpt multiplies).
+__device__ __forceinline__ float global_factor(float w_global, float in_scale, bool modelopt) {
+  return modelopt ? 16384.0f * w_global * in_scale : 16384.0f / (w_global * in_scale);
+}
+
+// Slot of value i (0..7) of an 8-group in the prepared layout (0,4,1,5,2,6,3,7).
+__device__ __forceinline__ int prepared_slot(int i) { return 2 * (i % 4) + i / 4; }
+
+// The activation partition a GEMM reads for weight partition p of expert e: a partition whose input
+// scale equals partition 0's quantizes x identically, so the prepare step wrote only partition 0's
+// copy. (gate_proj and up_proj read the same x, so calibrated checkpoints usually give them one scale.)
+__device__ __forceinline__ int read_partition(const float* in_scale, int64_t e, int P, int p) {
+  return p > 0 && in_scale[e * P + p] == in_scale[e * P] ? 0 : p;
+}
+
+// gate_up epilogue of one warp's m16 gate tile and the matching up tile (accumulators of kNT n8
+// column tiles from column n0; columns >= rows are padding): the down input silu(gate·fg)·(up·fu)
+// quantized with the down expert's input scale (quantize direction gs) into act[start + column,
+// i_base ..] as fp16 e2m1·sf in the prepared layout. Its 16-blocks run along i: the tile's rows g and
+// g+8 of one column, held by the 8 lanes of one t.
+template <int kNT>
+__device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const float (&up)[kNT][4], float fg,
+                                              float fu, float gs, __half* act, int64_t I, int64_t start,
+                                              int64_t i_base, int n0, int rows, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    float v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = silu_f(gate[nt][q] * fg) * (up[nt][q] * fu);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float amax = fmaxf(fabsf(v[c]), fabsf(v[c + 2]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+      float sf, out_scale;
+      nvfp4_block_scales(amax, gs, sf, out_scale);
+      const int col = n0 + nt * 8 + 2 * t + c;
+      if (col >= rows) continue;
+      __half* arow = act + (start + col) * I + i_base + prepared_slot(g);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const uint32_t code = f32_to_e2m1(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
+        arow[8 * rr] = __float2half_rn(e2m1_value(code) * sf);
+      }
+    }
+  }
+}
+
+// Plain epilogue of one m16 tile whose first row is r0: out[out_row(start + column), r0 + ...] = acc·f
+// (out_row null: the row start + column itself).
+template <int kNT>
+__device__ __forceinline__ void store_plain(const float (&acc)[kNT][4], float f, float* out, int64_t ldo,
+                                            const int32_t* out_row, int64_t start, int64_t r0, int n0, int rows,
+                                            int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int col = n0 + nt * 8 + 2 * t + (q & 1);
+      if (col >= rows) continue;
+      const int64_t orow = out_row ? out_row[start + col] : start + col;
+      out[orow * ldo + r0 + g + (q >= 2 ? 8 : 0)] = acc[nt][q] * f;
+    }
+}
+
+}  // namespace sparkserve

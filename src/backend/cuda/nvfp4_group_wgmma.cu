@@ -1,0 +1,266 @@
+// Grouped NVFP4 W4A4 GEMM, large-N regime on Hopper's warpgroup MMA (sm_90a only; the other targets
+// take nvfp4_group_gemm.cu's mma.sync kernel): wgmma.mma_async m64nNk16 (N = 128, or 64 for pairs of
+// at most 64 rows) with the weights as the A operand in registers, decoded from the packed E2M1 bytes
+// of a shared-memory stage (nvfp4_group_common.cuh: e2m1·sf·2^-14, exact in fp16), and the prepared
+// activations as the B operand read by the tensor cores from shared memory (K-major, 128-byte swizzle,
+// filled by cp.async).
+//
+// k order: B is read in the prepared layout's order, so logical k = 16s + kk of a 64-k stage holds
+// value 8m + (j % 2) * 4 + j / 2 of 8-group m = 2s + kk / 8 (j = kk % 8). The A fragment's logical k
+// 2t, 2t+1 | 2t+8, 2t+9 (thread t of a quad, rows g and g+8) are then the values 16s + t, +4 |
+// 16s + 8 + t, +4: nibbles t and t+4 of the row's two words of block s, one nibble pair each.
+//
+// CTA: 2 warpgroups, 256 weight rows (gate_up: 128 gate rows and the same up rows; warpgroup w takes
+// gate rows 64w.. and their up rows, or plain rows 128w..) x 128 activation rows, 4 stages of 64 k.
+#include <algorithm>
+
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/nvfp4_group_common.cuh"
+#include "backend/cuda/nvfp4_group_gemm.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kThreads = 256, BM = 256, BN = 128, kStages = 4;  // and 64 k per stage
+constexpr int kBBytes = BN * 128;  // one activation operand of a stage: 128 rows of 64 fp16
+template <bool kGateUp>
+struct Stage {
+  static constexpr int kParts = kGateUp ? 2 : 1;
+  static constexpr int kA = kParts * kBBytes;  // offsets within a stage: B operands first (1 KB-aligned)
+  static constexpr int kS = kA + BM * 32;
+  static constexpr int kBytes = kS + BM * 4;
+  static constexpr int kSmem = kStages * kBytes + 1024;  // + alignment of the base to 1 KB
+  static_assert(kBytes % 1024 == 0, "stages keep the 128-byte swizzle's 1 KB alignment");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SPARKSERVE_WGMMA 1
+#endif
+
+#ifdef SPARKSERVE_WGMMA
+// Shared-memory matrix descriptor of a K-major operand with the 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart; start at a 32-byte k16 slice of the rows.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// Nibbles t and t+4 of w as fp16 e2m1·2^-14 (nibble_pair with a run-time t).
+__device__ __forceinline__ uint32_t nibble_pair_rt(uint32_t w, int t) {
+  const uint32_t s = w << (12 - 4 * t);
+  return (s & 0x80008000u) | ((s >> 3) & 0x0E000E00u);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+template <int kN>
+__device__ __forceinline__ void wgmma_step(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (kN == 128)
+    wgmma_m64n128k16(d, a, desc);
+  else
+    wgmma_m64n64k16(d, a, desc);
+}
+
+// The A fragment of k16 step s from shared-memory row r (and r + 8) of a stage.
+__device__ __forceinline__ void decode_step(const uint8_t* sa, const uint8_t* ss, int r, int s, int t, uint32_t (&a)[4]) {
+  const uint2 w0 = *reinterpret_cast<const uint2*>(sa + r * 32 + 8 * s);
+  const uint2 w1 = *reinterpret_cast<const uint2*>(sa + (r + 8) * 32 + 8 * s);
+  const __half2 h = e4m3x2_to_half2(ss[r * 4 + s], ss[(r + 8) * 4 + s]);
+  const __half2 s0 = __low2half2(h), s1 = __high2half2(h);
+  a[0] = hmul2(nibble_pair_rt(w0.x, t), s0);
+  a[1] = hmul2(nibble_pair_rt(w1.x, t), s1);
+  a[2] = hmul2(nibble_pair_rt(w0.y, t), s0);
+  a[3] = hmul2(nibble_pair_rt(w1.y, t), s1);
+}
+#endif  // SPARKSERVE_WGMMA
+
+template <bool kGateUp, int kN>
+__device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, int64_t e, int64_t start, int rows,
+                                         int64_t m0) {
+#ifdef SPARKSERVE_WGMMA
+  using St = Stage<kGateUp>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wg = warp / 4, wq = warp % 4;
+  const int64_t K = a.K, M = a.M, KT = K / 64, rb = K / 2, sb = K / 16;
+  const int64_t Mp = M / a.P;
+  const int part0 = kGateUp ? 0 : static_cast<int>(m0 / Mp);
+  const int part1 = kGateUp ? a.P - 1 : part0;
+  const int read0 = read_partition(a.in_scale, e, a.P, part0), read1 = read_partition(a.in_scale, e, a.P, part1);
+  const bool two_b = read0 != read1;
+  // Copy sources: weight rows tid/2 + 128m (gate_up: m = 1 is the up half), chunk tid % 2; scale row
+  // tid; activation rows tid/8 + 32m, chunk tid % 8.
+  auto weight_row = [&](int r) -> int64_t {
+    if (!kGateUp) return m0 + r;
+    return r < BM / 2 ? m0 + r : M / 2 + m0 + (r - BM / 2);
+  };
+  const uint8_t* a_src0 = a.w + (e * M + weight_row(tid / 2)) * rb + (tid % 2) * 16;
+  const uint8_t* a_src1 = a.w + (e * M + weight_row(tid / 2 + 128)) * rb + (tid % 2) * 16;
+  const uint8_t* s_src = a.ws + (e * M + weight_row(tid)) * sb;
+  const int b_j = tid / 8, b_c = tid % 8;
+  const __half* b_src = a.xq + (start + b_j) * a.P * K + b_c * 8;
+  const int64_t b_rows32 = 32 * a.P * K;
+  auto load_stage = [&](int stage, int64_t kt) {
+    uint8_t* st = smem + stage * St::kBytes;
+    cp_async16(st + St::kA + (tid / 2) * 32 + (tid % 2) * 16, a_src0 + kt * 32);
+    cp_async16(st + St::kA + (tid / 2 + 128) * 32 + (tid % 2) * 16, a_src1 + kt * 32);
+    cp_async4(st + St::kS + tid * 4, s_src + kt * 4);
+#pragma unroll
+    for (int m = 0; m < BN / 32; ++m) {
+      const int j = b_j + 32 * m;
+      if (j >= rows) break;
+      const int dst = j * 128 + ((b_c ^ (j & 7)) << 4);  // 128-byte swizzle
+      const __half* src = b_src + m * b_rows32 + kt * 64;
+      cp_async16(st + dst, src + read0 * K);
+      if (kGateUp && two_b) cp_async16(st + kBBytes + dst, src + read1 * K);
+    }
+  };
+  float acc_x[kN / 2], acc_y[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc_x[i] = acc_y[i] = 0.0f;
+  // This warp's rows: tile x (gate / first plain half) and tile y (up / second half).
+  const int row_x = (kGateUp ? wg * 64 : wg * 128) + wq * 16 + g;
+  const int row_y = (kGateUp ? BM / 2 + wg * 64 : wg * 128 + 64) + wq * 16 + g;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();  // this thread's copies are visible to the tensor cores' reads
+    __syncthreads();
+    const int64_t nk = kt + kStages - 1;
+    if (nk < KT) load_stage(static_cast<int>(nk % kStages), nk);
+    cp_async_commit();
+    const uint8_t* st = smem + (kt % kStages) * St::kBytes;
+    const uint8_t* sa = st + St::kA;
+    const uint8_t* ss = st + St::kS;
+    const uint8_t* bx = st;
+    const uint8_t* by = kGateUp && two_b ? st + kBBytes : st;
+    uint32_t ax[2][4], ay[2][4];
+    decode_step(sa, ss, row_x, 0, t, ax[0]);
+    decode_step(sa, ss, row_y, 0, t, ay[0]);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      wgmma_fence();
+      wgmma_step<kN>(acc_x, ax[s % 2], smem_desc(bx + 32 * s));
+      wgmma_step<kN>(acc_y, ay[s % 2], smem_desc(by + 32 * s));
+      wgmma_commit();
+      if (s < 3) {  // the next step's fragments while these run
+        decode_step(sa, ss, row_x, s + 1, t, ax[(s + 1) % 2]);
+        decode_step(sa, ss, row_y, s + 1, t, ay[(s + 1) % 2]);
+      }
+      wgmma_wait0();
+    }
+  }
+  const int64_t r_x = m0 + (kGateUp ? wg * 64 : wg * 128) + wq * 16;
+  auto& fx = *reinterpret_cast<float(*)[kN / 8][4]>(acc_x);
+  auto& fy = *reinterpret_cast<float(*)[kN / 8][4]>(acc_y);
+  if constexpr (kGateUp) {
+    const float d_in = a.act_in_scale[e];
+    const float fg = global_factor(a.w_global[e * a.P + part0], a.in_scale[e * a.P + part0], a.modelopt);
+    const float fu = global_factor(a.w_global[e * a.P + part1], a.in_scale[e * a.P + part1], a.modelopt);
+    store_gate_up<kN / 8>(fx, fy, fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, r_x, 0, rows, g, t);
+  } else {
+    const float f = global_factor(a.w_global[e * a.P + part0], a.in_scale[e * a.P + part0], a.modelopt);
+    store_plain<kN / 8>(fx, f, a.out, a.ldo, a.out_row, start, r_x, 0, rows, g, t);
+    store_plain<kN / 8>(fy, f, a.out, a.ldo, a.out_row, start, r_x + 64, 0, rows, g, t);
+  }
+  __syncthreads();  // every warp is done with the stages before the next item's loads
+#endif
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) group_wgmma_kernel(const GroupGemmArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int64_t M = a.M;
+  const int64_t m_tiles = kGateUp ? (M / 2) / (BM / 2) : M / BM;
+  const int64_t num_pairs = num_work_pairs(a, BN);
+  for (int64_t work = blockIdx.x; work < num_pairs * m_tiles; work += gridDim.x) {
+    const int64_t pair = work / m_tiles, mtile = work % m_tiles;
+    const WorkPair wp = work_pair(a, pair, BN);
+    const int64_t m0 = kGateUp ? mtile * (BM / 2) : mtile * BM;
+    if (wp.rows > 64)
+      run_item<kGateUp, 128>(a, smem, wp.e, wp.start, wp.rows, m0);
+    else
+      run_item<kGateUp, 64>(a, smem, wp.e, wp.start, wp.rows, m0);
+  }
+}
+
+template <bool kGateUp>
+void launch(CudaBackend& b, const GroupGemmArgs& a) {
+  auto kern = group_wgmma_kernel<kGateUp>;
+  static int64_t allowed = 0;
+  allow_smem(kern, Stage<kGateUp>::kSmem, allowed);
+  const int64_t m_tiles = kGateUp ? (a.M / 2) / (BM / 2) : a.M / BM;
+  const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + BN - 1) / BN;
+  const int64_t grid = std::min<int64_t>(pairs * m_tiles, b.sm_count());
+  if (grid <= 0) return;
+  kern<<<static_cast<unsigned>(grid), kThreads, Stage<kGateUp>::kSmem, b.stream()>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool group_wgmma_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS), and the kernel
+    // needs 165 KB of shared memory.
+    cudaFuncAttributes attr{};
+    const bool built = cudaFuncGetAttributes(&attr, group_wgmma_kernel<true>) == cudaSuccess && attr.binaryVersion == 90;
+    return major == 9 && minor == 0 && built && Stage<true>::kSmem <= smem_budget();
+  }();
+  return ok;
+}
+
+void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a) {
+  if (a.gate_up)
+    launch<true>(b, a);
+  else
+    launch<false>(b, a);
+}
+
+}  // namespace sparkserve
