@@ -255,10 +255,12 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
         }
       }
     }
-    // gamma = cumsum g, summed left to right as the CPU reference does.
+    // gamma = cumsum g, summed left to right as the CPU reference does (adding zeros past pt keeps
+    // the sum bitwise; the unrolled loads pipeline).
     if (pt < kChunk) {
       float s = 0.0f;
-      for (int u = 0; u <= pt; ++u) s += raw[u];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) s += u <= pt ? raw[u] : 0.0f;
       gam[pt] = s;
     }
     bar_sync(kBarPrep, kPrepThreads);
@@ -270,7 +272,8 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
       sc[kScQk + pt] = raw[2 * kChunk + pt];
       if (pt == 0) sc[kScEgC] = expf(gl);
     }
-    // L_ij = beta_i KK_ij e^(gamma_i - gamma_j) and P_ij = QK_ij e^(gamma_i - gamma_j) for j < i.
+    // L_ij = beta_i KK_ij e^(gamma_i - gamma_j) and P_ij = QK_ij e^(gamma_i - gamma_j) for j < i
+    // (__expf: relative error ~1e-5 at |gamma_i - gamma_j| ~ 100, far below the fp16 operands').
 #pragma unroll
     for (int cb = 0; cb < 4; ++cb) {
 #pragma unroll
@@ -281,8 +284,8 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
           if (cb <= kb) {
             const int i = 16 * kb + g + 8 * hf;
             const float bi = raw[kChunk + i], gi = gam[i];
-            const float v0 = j < i ? bi * acc_k[cb][nt][2 * hf] * expf(gi - gam[j]) : 0.0f;
-            const float v1 = j + 1 < i ? bi * acc_k[cb][nt][2 * hf + 1] * expf(gi - gam[j + 1]) : 0.0f;
+            const float v0 = j < i ? bi * acc_k[cb][nt][2 * hf] * __expf(gi - gam[j]) : 0.0f;
+            const float v1 = j + 1 < i ? bi * acc_k[cb][nt][2 * hf + 1] * __expf(gi - gam[j + 1]) : 0.0f;
             if (cb == kb) {
               Ld[(i - 16 * kb) * 16 + j - 16 * cb] = v0;
               Ld[(i - 16 * kb) * 16 + j + 1 - 16 * cb] = v1;
@@ -293,8 +296,8 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
           if (cb <= qb) {
             const int i = 16 * qb + g + 8 * hf;
             const float gi = gam[i];
-            const float v0 = j < i ? acc_q[cb][nt][2 * hf] * expf(gi - gam[j]) : 0.0f;
-            const float v1 = j + 1 < i ? acc_q[cb][nt][2 * hf + 1] * expf(gi - gam[j + 1]) : 0.0f;
+            const float v0 = j < i ? acc_q[cb][nt][2 * hf] * __expf(gi - gam[j]) : 0.0f;
+            const float v1 = j + 1 < i ? acc_q[cb][nt][2 * hf + 1] * __expf(gi - gam[j + 1]) : 0.0f;
             *reinterpret_cast<uint32_t*>(P + swz64(i, j)) = pack_half2(v0, v1);
           }
         }
@@ -587,6 +590,23 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
   for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0));
   if (batch.seqs.empty()) return;
   const int64_t R = batch.total_rows, spans = static_cast<int64_t>(batch.seqs.size());
+  // The widest slice (least prep work repeated per head) that still gives ~every SM a block (one
+  // block fits an SM: 128 blocks on 132 SMs beat 256 in two waves).
+  int warps = 1;
+  for (int w : {4, 2}) {
+    if (dv % (16 * w) == 0 && 8 * spans * Hv * (dv / (16 * w)) >= 7 * sm_count_) {
+      warps = w;
+      break;
+    }
+  }
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  if (optin < smem_bytes(warps)) {
+    // sm_120 / sm_121 (99 KB per block) cannot hold the kernel's three K/Q stages: the token-by-token
+    // kernel there.
+    gdn_recurrent(out, qkv, g, beta, state_pool, batch, d);
+    return;
+  }
   DeviceLayout L = device_layout(batch);
   Scratch qn(this, static_cast<size_t>(R * Hk * kDk) * 2), kn(this, static_cast<size_t>(R * Hk * kDk) * 2),
       qk(this, static_cast<size_t>(R * Hk) * 4);
@@ -595,19 +615,11 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
       1.0f / sqrtf(static_cast<float>(dk)));
   CUDA_CHECK_LAUNCH();
 
-  ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn.as<const __half>(), kn.as<const __half>(),
-              qk.as<const float>(), g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(), L,
-              static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), 0, C, 2 * Hk * dk};
-  // The widest slice (least prep work repeated per head) that still gives every SM a block.
-  int warps = 1;
-  for (int w : {4, 2}) {
-    if (dv % (16 * w) == 0 && spans * Hv * (dv / (16 * w)) >= sm_count_) {
-      warps = w;
-      break;
-    }
-  }
-  a.slices = static_cast<int>(dv / (16 * warps));
-  const int64_t blocks = spans * Hv * a.slices;
+  const int slices = static_cast<int>(dv / (16 * warps));
+  const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn.as<const __half>(), kn.as<const __half>(),
+                    qk.as<const float>(), g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
+                    L, static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), slices, C, 2 * Hk * dk};
+  const int64_t blocks = spans * Hv * slices;
   if (warps == 4) launch_chunk<4>(a, blocks, stream_);
   else if (warps == 2) launch_chunk<2>(a, blocks, stream_);
   else launch_chunk<1>(a, blocks, stream_);
