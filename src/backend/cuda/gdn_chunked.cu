@@ -7,15 +7,16 @@
 //   O   = e^gamma X_Q + (QK^T (.) Gamma) V'        (Gamma_ij = e^(gamma_i - gamma_j), j <= i)
 //   S   = e^gamma_C S + K^T (e^(gamma_C - gamma) V')
 //
-// Work split: one thread block per (span, value head, slice of Bv = 16 * kStateWarps state columns),
-// walking the span's chunks in order.
+// Work split: one thread block per (span, value head, slice of 16 * kGroups state columns), walking
+// the span's chunks in order.
 //  - 4 prep warps run one chunk ahead (double-buffered shared memory): cp.async the chunk's normalised
 //    fp16 q, k (written by gdn_qk_norm_kernel, shared by the value heads of a key head), g, beta;
 //    gamma; KK^T and QK^T on tensor cores; -L and P = QK^T (.) Gamma (strictly lower) in fp16; the four
 //    16 x 16 diagonal blocks of T by forward substitution in fp32.
-//  - kStateWarps state warps each own 16 state columns: S^T [16, dk] stays in mma accumulators (f32)
-//    for the whole span and is never stored to shared memory. V' is found by blocked substitution
-//    over the chunk's four 16-row blocks (Y_i = R_i - sum_j L_ij V'_j; V'_i = Y_i + (T_ii - I) Y_i).
+//  - 2 * kGroups state warps, a pair per 16 state columns, one warp per dk half: S^T [16, 64] stays in
+//    mma accumulators (f32) for the whole span and is never stored to shared memory. The pair adds
+//    its halves of X through shared memory; V' is found by blocked substitution over the chunk's four
+//    16-row blocks (Y_i = R_i - sum_j L_ij V'_j; V'_i = Y_i + (T_ii - I) Y_i).
 // Precision: every product has fp16 operands (10-bit mantissa, tf32's) and fp32 accumulation. The
 // terms that dominate outputs are kept out of the fp16 products: the identity of T (V'_i = Y_i + ...)
 // and the diagonal of QK^T (q_i.k_i from fp32 normalised vectors) are added in fp32. Operands without
@@ -36,11 +37,13 @@ constexpr int kDk = 128;                 // key head dim the kernel is built for
 constexpr int kPrepWarps = 4;
 constexpr int kPrepThreads = 32 * kPrepWarps;
 constexpr int kKqStages = 3;             // prep reads chunk c+1, state warps chunk c, cp.async fills c+2
-constexpr int kVPitch = 20;              // floats per staged V row (16 columns + 4: conflict-free reads)
+constexpr int kVPitch = 16;              // floats per staged V row (a group's 16 columns)
 constexpr int kScaleExp = 5;             // scaled rows have max |x| in [2^5, 2^6): V' = T R grows < 2^10
+constexpr int kXFloats = 48;             // per lane, a warp's partial X: X_K (32) + the other half's X_Q (16)
 
-// Named barriers (0 is __syncthreads): prep-internal, then FULL[2] (prep -> state) and EMPTY[2].
-constexpr int kBarPrep = 1, kBarFull = 2, kBarEmpty = 4;
+// Named barriers (0 is __syncthreads): prep-internal, FULL[2] (prep -> state), EMPTY[2], and one per
+// pair of state warps (the two dk halves of a column group).
+constexpr int kBarPrep = 1, kBarFull = 2, kBarEmpty = 4, kBarPair = 6;
 
 // ---- shared memory layout (bytes) ---------------------------------------------------------------
 constexpr int kKqBytes = 2 * kChunk * kDk * 2;          // one stage: K^ then Q^, fp16 [64][128] each
@@ -53,7 +56,9 @@ constexpr int kScEg = 0, kScEd = kChunk, kScBeta = 2 * kChunk, kScQk = 3 * kChun
 constexpr int kKqOff = 0, kRawOff = kKqOff + kKqStages * kKqBytes, kBufOff = kRawOff + kKqStages * kRawBytes,
               kLdOff = kBufOff + 2 * kBufBytes,          // prep scratch: L's diagonal blocks f32 [4][16][16]
     kGamOff = kLdOff + 4 * 256 * 4, kVOff = kGamOff + kChunk * 4;
-constexpr int smem_bytes(int state_warps) { return kVOff + state_warps * 2 * kChunk * kVPitch * 4; }
+// Per column group: V [2 stages][64][16] f32, then the pair's partial X [2 halves][kXFloats][32] f32.
+constexpr int kVBytes = 2 * kChunk * kVPitch * 4, kXBytes = 2 * kXFloats * 32 * 4;
+constexpr int smem_bytes(int groups) { return kVOff + groups * (kVBytes + kXBytes); }
 
 // ---- PTX helpers --------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -181,25 +186,34 @@ struct ChunkArgs {
 };
 
 // ---- prep warps ---------------------------------------------------------------------------------
-__device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, int64_t row0, int n, int h, int kh) {
+// Per chunk each warp w computes five 16 x 16 blocks of KK^T / QK^T: KK^T row block w, column
+// blocks 0..w (the last one is L's diagonal block, for T_ww), and QK^T row block 3 - w, column
+// blocks 0..3-w. Job j <= w is KK^T (w, j), job j > w is QK^T (3 - w, j - w - 1): no branches.
+__device__ void prep_warps(const ChunkArgs& p, char* smem, int sync_count, int64_t row0, int n, int h, int kh) {
   const int pt = threadIdx.x, pw = pt / 32, lane = pt % 32, g = lane / 4, t = lane % 4;
-  const int sync_count = kPrepThreads + state_threads;
   const int nchunks = (n + kChunk - 1) / kChunk;
   float* gam = reinterpret_cast<float*>(smem + kGamOff);
   float* Ld = reinterpret_cast<float*>(smem + kLdOff) + pw * 256;
+  // This thread's 16 copies of 16 bytes per chunk: rows (pt >> 4) + 8 i of K^ (i < 8) and Q^ (i >= 8),
+  // 16-byte column pt & 15. Source row stride Hk * 128 halves.
+  const int crow = pt >> 4, cch = pt & 15;
+  const int64_t rstride = static_cast<int64_t>(p.Hk) * kDk;
+  const __half* ksrc = p.kn + (row0 * p.Hk + kh) * kDk + cch * 8;
+  const __half* qsrc = p.qn + (row0 * p.Hk + kh) * kDk + cch * 8;
+  const int tok = pt % kChunk;  // the token whose scalars this thread copies
 
   auto issue_loads = [&](int c) {
     const int t0 = c * kChunk;
     __half* kq = reinterpret_cast<__half*>(smem + kKqOff + (c % kKqStages) * kKqBytes);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {  // 64 rows x 16 chunks of 16 bytes, K^ then Q^
-      const int idx = pt + kPrepThreads * i, which = idx >> 10, row = (idx >> 4) & 63, ch = idx & 15;
+    for (int i = 0; i < 8; ++i) {
+      const int row = crow + 8 * i;
       const bool valid = t0 + row < n;
-      const __half* src = (which ? p.qn : p.kn) + ((row0 + (valid ? t0 + row : 0)) * p.Hk + kh) * kDk + ch * 8;
-      cp_async16(kq + which * kChunk * kDk + swz128(row, ch), src, valid);
+      const int64_t off = (valid ? t0 + row : 0) * rstride;
+      cp_async16(kq + swz128(row, cch), ksrc + off, valid);
+      cp_async16(kq + kChunk * kDk + swz128(row, cch), qsrc + off, valid);
     }
     float* raw = reinterpret_cast<float*>(smem + kRawOff + (c % kKqStages) * kRawBytes);
-    const int tok = pt % kChunk;
     const bool valid = t0 + tok < n;
     const int64_t r = row0 + (valid ? t0 + tok : 0);
     if (pt < kChunk) {
@@ -209,6 +223,12 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
       cp_async4(raw + 2 * kChunk + tok, p.qk + r * p.Hk + kh, valid);
     }
   };
+
+  const int kb = pw, qb = 3 - pw;
+  // ldmatrix lanes: A fragments (rows 0-7 | 8-15) x (columns 0-7 | 8-15); B fragments of two
+  // 8-column tiles (tile 0: k 0-7 | 8-15, then tile 1).
+  const uint32_t aoff = lane_off((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4, 2 * kDk);
+  const uint32_t boff = lane_off((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1, 2 * kDk);
 
   if (nchunks > 0) issue_loads(0);
   cp_async_commit();
@@ -227,32 +247,21 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
     const uint32_t K = smem_addr(smem + kKqOff + (c % kKqStages) * kKqBytes), Q = K + kChunk * kDk * 2;
     const float* raw = reinterpret_cast<const float*>(smem + kRawOff + (c % kKqStages) * kRawBytes);
 
-    // KK^T rows of block pw (column blocks 0..pw, the diagonal one for T) and QK^T rows of block
-    // 3 - pw (column blocks 0..3-pw): 5 column blocks per warp.
-    const int kb = pw, qb = 3 - pw;
-    float acc_k[4][2][4] = {}, acc_q[4][2][4] = {};
-    // A fragments: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) in that order; B fragments
-    // of two 8-column tiles: (tile 0: k 0-7 | 8-15), then tile 1.
-    const uint32_t aoff = lane_off((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4, 2 * kDk);
-    const uint32_t boff = lane_off((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1, 2 * kDk);
+    float acc[5][2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kDk / 16; ++kk) {
       uint32_t ak[4], aq[4];
       ldsm_x4(ak, K + kb * 16 * 2 * kDk + (aoff ^ (kk << 5)));
       ldsm_x4(aq, Q + qb * 16 * 2 * kDk + (aoff ^ (kk << 5)));
 #pragma unroll
-      for (int cb = 0; cb < 4; ++cb) {
-        if (cb > kb && cb > qb) continue;
+      for (int j = 0; j < 5; ++j) {
+        const bool isk = j <= kb;
+        const int cb = isk ? j : j - kb - 1;
+        const uint32_t a[4] = {isk ? ak[0] : aq[0], isk ? ak[1] : aq[1], isk ? ak[2] : aq[2], isk ? ak[3] : aq[3]};
         uint32_t bf[4];
         ldsm_x4(bf, K + cb * 16 * 2 * kDk + (boff ^ (kk << 5)));
-        if (cb <= kb) {
-          mma(acc_k[cb][0], ak, bf[0], bf[1]);
-          mma(acc_k[cb][1], ak, bf[2], bf[3]);
-        }
-        if (cb <= qb) {
-          mma(acc_q[cb][0], aq, bf[0], bf[1]);
-          mma(acc_q[cb][1], aq, bf[2], bf[3]);
-        }
+        mma(acc[j][0], a, bf[0], bf[1]);
+        mma(acc[j][1], a, bf[2], bf[3]);
       }
     }
     // gamma = cumsum g, summed left to right as the CPU reference does (adding zeros past pt keeps
@@ -273,32 +282,31 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
       if (pt == 0) sc[kScEgC] = expf(gl);
     }
     // L_ij = beta_i KK_ij e^(gamma_i - gamma_j) and P_ij = QK_ij e^(gamma_i - gamma_j) for j < i
-    // (__expf: relative error ~1e-5 at |gamma_i - gamma_j| ~ 100, far below the fp16 operands').
+    // (__expf: relative error ~1e-5 at |gamma_i - gamma_j| ~ 100, far below the fp16 operands';
+    // the argument is clamped to <= 0 so masked entries cannot overflow).
 #pragma unroll
-    for (int cb = 0; cb < 4; ++cb) {
+    for (int j = 0; j < 5; ++j) {
+      const bool isk = j <= kb;
+      const int cb = isk ? j : j - kb - 1, rb = isk ? kb : qb;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * rb + g + 8 * hf;
+        const float gi = gam[i], fi = isk ? raw[kChunk + i] : 1.0f;
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int j = 16 * cb + 8 * nt + 2 * t;
-          if (cb <= kb) {
-            const int i = 16 * kb + g + 8 * hf;
-            const float bi = raw[kChunk + i], gi = gam[i];
-            const float v0 = j < i ? bi * acc_k[cb][nt][2 * hf] * __expf(gi - gam[j]) : 0.0f;
-            const float v1 = j + 1 < i ? bi * acc_k[cb][nt][2 * hf + 1] * __expf(gi - gam[j + 1]) : 0.0f;
-            if (cb == kb) {
-              Ld[(i - 16 * kb) * 16 + j - 16 * cb] = v0;
-              Ld[(i - 16 * kb) * 16 + j + 1 - 16 * cb] = v1;
-            } else {
-              *reinterpret_cast<uint32_t*>(Ln + swz64(i, j)) = pack_half2(-v0, -v1);
-            }
+        for (int nt = 0; nt < 2; ++nt) {
+          const int c0 = 16 * cb + 8 * nt + 2 * t;
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = fi * acc[j][nt][2 * hf + e] * __expf(fminf(gi - gam[c0 + e], 0.0f));
+            v[e] = c0 + e < i ? x : 0.0f;
           }
-          if (cb <= qb) {
-            const int i = 16 * qb + g + 8 * hf;
-            const float gi = gam[i];
-            const float v0 = j < i ? acc_q[cb][nt][2 * hf] * __expf(gi - gam[j]) : 0.0f;
-            const float v1 = j + 1 < i ? acc_q[cb][nt][2 * hf + 1] * __expf(gi - gam[j + 1]) : 0.0f;
-            *reinterpret_cast<uint32_t*>(P + swz64(i, j)) = pack_half2(v0, v1);
+          if (isk && cb == kb) {
+            *reinterpret_cast<float2*>(Ld + (i - 16 * kb) * 16 + c0 - 16 * cb) = make_float2(v[0], v[1]);
+          } else {
+            __half* dst = isk ? Ln : P;
+            const float sgn = isk ? -1.0f : 1.0f;
+            *reinterpret_cast<uint32_t*>(dst + swz64(i, c0)) = pack_half2(sgn * v[0], sgn * v[1]);
           }
         }
       }
@@ -322,45 +330,30 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int state_threads, in
   }
 }
 
-// XK^T += S^T K^T and XQ^T += S^T Q^T over dk for the chunk's 64 tokens: S^T [16 x 128] accumulator
-// tiles scaled by lo/hi per row into fp16; K, Q the chunk's fp16 [64][128] swizzled rows.
-__device__ __forceinline__ void state_times_kq(float (&XK)[8][4], float (&XQ)[8][4], const float (&S)[16][4],
-                                               uint32_t K, uint32_t Q, float lo, float hi, uint32_t loff) {
-#pragma unroll
-  for (int kk = 0; kk < kDk / 16; ++kk) {
-    uint32_t a[4];
-    acc_to_a(a, S[2 * kk], S[2 * kk + 1], lo, hi);
-    const uint32_t off = loff ^ (kk << 5);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t bk[4], bq[4];
-      ldsm_x4(bk, K + np * 16 * 2 * kDk + off);
-      ldsm_x4(bq, Q + np * 16 * 2 * kDk + off);
-      mma(XK[2 * np], a, bk[0], bk[1]);
-      mma(XK[2 * np + 1], a, bk[2], bk[3]);
-      mma(XQ[2 * np], a, bq[0], bq[1]);
-      mma(XQ[2 * np + 1], a, bq[2], bq[3]);
-    }
-  }
-}
-
 // ---- state warps --------------------------------------------------------------------------------
-template <int kStateWarps>
-__device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, int h, int slot, int slice) {
-  constexpr int kBv = 16 * kStateWarps;
+// A pair of warps owns 16 state columns: warp half hk holds S^T rows' dk half [64 hk, 64 hk + 64)
+// as 8 accumulator tiles (tile j = dk 64 hk + 8j..+7; regs (row g, 2t), (g, 2t+1), (g+8, 2t),
+// (g+8, 2t+1)), scaled by rho (a power of two per row, the same in both warps). Each warp computes
+// its dk half of X = S^T [K; Q]^T; the halves are added through shared memory (in the same order
+// in both warps, so both hold the same X_K and compute the same R, scales and V'); the pair then
+// splits the output's tokens and the state update's dk rows.
+template <int kGroups>
+__device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64_t row0, int n, int h, int slot,
+                           int slice) {
   const int sw = threadIdx.x / 32 - kPrepWarps, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int sync_count = kPrepThreads + 32 * kStateWarps;
+  const int grp = sw >> 1, hk = sw & 1, k0 = 64 * hk;
   const int nchunks = (n + kChunk - 1) / kChunk;
-  const int d0 = slice * kBv + 16 * sw;  // this warp's first state column (dv index)
-  float* Sg = p.state + (static_cast<int64_t>(slot) * p.Hv + h) * kDk * p.dv + d0;  // S[k][d] at Sg[k dv + d]
-  float* Vs = reinterpret_cast<float*>(smem + kVOff) + sw * 2 * kChunk * kVPitch;
+  const int d0 = (slice * kGroups + grp) * 16;  // the pair's first state column (dv index)
+  float* Sg = p.state + ((static_cast<int64_t>(slot) * p.Hv + h) * kDk + k0) * p.dv + d0;  // S[k0 + k][d0 + d]
+  char* gbase = smem + kVOff + grp * (kVBytes + kXBytes);
+  float* Vs = reinterpret_cast<float*>(gbase);
+  float* Xmine = reinterpret_cast<float*>(gbase + kVBytes) + hk * kXFloats * 32 + lane;
+  const float* Xother = reinterpret_cast<const float*>(gbase + kVBytes) + (1 - hk) * kXFloats * 32 + lane;
   const float* vsrc = p.qkv + p.v_off + static_cast<int64_t>(h) * p.dv + d0;
 
-  // S^T [16 x 128] as 16 accumulator tiles: tile j = dk 8j..8j+7; regs (row g, 2t), (g, 2t+1),
-  // (g+8, 2t), (g+8, 2t+1). The registers hold rho * S (rho: a power of two per row).
-  float S[16][4];
+  float S[8][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < 8; ++j) {
     const int k = 8 * j + 2 * t;
     S[j][0] = Sg[static_cast<int64_t>(k) * p.dv + g];
     S[j][1] = Sg[static_cast<int64_t>(k + 1) * p.dv + g];
@@ -369,14 +362,15 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
   }
   float rho_lo = 1.0f, rho_hi = 1.0f, irho_lo = 1.0f, irho_hi = 1.0f;
 
-  auto issue_v = [&](int c) {  // V [64 tokens x 16 columns] of chunk c into stage c % 2
+  // V [64 tokens x 16 columns] of chunk c into stage c % 2; this warp copies tokens 32 hk..32 hk+31.
+  auto issue_v = [&](int c) {
     float* dst = Vs + (c & 1) * kChunk * kVPitch;
     const int t0 = c * kChunk;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int idx = lane + 32 * i, tok = idx >> 2, q4 = idx & 3;
-      const bool valid = t0 + tok < n;
-      cp_async16(dst + tok * kVPitch + 4 * q4, vsrc + (row0 + (valid ? t0 + tok : 0)) * p.conv_dim + 4 * q4, valid);
+    for (int i = 0; i < 4; ++i) {
+      const int idx = lane + 32 * i, tk = 32 * hk + (idx >> 2), q4 = idx & 3;
+      const bool valid = t0 + tk < n;
+      cp_async16(dst + tk * kVPitch + 4 * q4, vsrc + (row0 + (valid ? t0 + tk : 0)) * p.conv_dim + 4 * q4, valid);
     }
   };
 
@@ -396,27 +390,65 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
     const uint32_t Ln = smem_addr(buf + kLOff), P = smem_addr(buf + kPOff), Td = smem_addr(buf + kTdOff);
     const float* sc = reinterpret_cast<const float*>(buf + kScOff);
     const uint32_t K = smem_addr(smem + kKqOff + (c % kKqStages) * kKqBytes), Q = K + kChunk * kDk * 2;
-    __syncwarp();  // every lane is done reading the V stage the next copy overwrites
-    if (c + 1 < nchunks) issue_v(c + 1);
+    if (c + 1 < nchunks) issue_v(c + 1);  // stage (c+1) % 2 was last read in chunk c - 1
     cp_async_commit();
     bar_sync(kBarFull + b, sync_count);
 
-    // X^T = S^T [K; Q]^T, S^T scaled by tau per row into fp16.
-    float ilo, ihi;
-    float mlo = 0.0f, mhi = 0.0f;
+    // This warp's dk half of X^T = S^T [K; Q]^T, S^T scaled by tau per row into fp16.
+    float ilo, ihi, mlo = 0.0f, mhi = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 8; ++j) {
       mlo = fmaxf(mlo, fmaxf(fabsf(S[j][0]), fabsf(S[j][1])));
       mhi = fmaxf(mhi, fmaxf(fabsf(S[j][2]), fabsf(S[j][3])));
     }
     const float tau_lo = pow2_scale(quad_max(mlo), &ilo), tau_hi = pow2_scale(quad_max(mhi), &ihi);
     const float xs_lo = ilo * irho_lo, xs_hi = ihi * irho_hi;  // X^T = mma result * xs
     float XK[8][4] = {}, XQ[8][4] = {};
-    state_times_kq(XK, XQ, S, K, Q, tau_lo, tau_hi, boff128);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      acc_to_a(a, S[2 * kk], S[2 * kk + 1], tau_lo, tau_hi);
+      const uint32_t off = boff128 ^ ((4 * hk + kk) << 5);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4], bq[4];
+        ldsm_x4(bk, K + np * 16 * 2 * kDk + off);
+        ldsm_x4(bq, Q + np * 16 * 2 * kDk + off);
+        mma(XK[2 * np], a, bk[0], bk[1]);
+        mma(XK[2 * np + 1], a, bk[2], bk[3]);
+        mma(XQ[2 * np], a, bq[0], bq[1]);
+        mma(XQ[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+    // Publish this half's X_K and the other warp's tokens of X_Q; add the other half's.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        XK[nt][r] *= r < 2 ? xs_lo : xs_hi;
+        XQ[nt][r] *= r < 2 ? xs_lo : xs_hi;
+        Xmine[(4 * nt + r) * 32] = XK[nt][r];
+      }
+    }
+    // (Register arrays take compile-time indices only: loop over all tiles, keep the other half's.)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      if ((nt >> 2) != hk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) Xmine[(32 + 4 * (nt & 3) + r) * 32] = XQ[nt][r];
+    cp_async_wait_one();  // this warp's half of V for chunk c (chunk c + 1's may still be in flight)
+    bar_sync(kBarPair + grp, 64);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) XK[nt][r] += Xother[(4 * nt + r) * 32];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      if ((nt >> 2) == hk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) XQ[nt][r] += Xother[(32 + 4 * (nt & 3) + r) * 32];
 
     // R^T = beta (V^T - e^gamma X_K^T), in XK.
-    cp_async_wait_one();
-    __syncwarp();
     const float* Vc = Vs + b * kChunk * kVPitch;
     mlo = 0.0f;
     mhi = 0.0f;
@@ -424,10 +456,10 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int tok = 8 * nt + 2 * t + e;
-        const float bt = sc[kScBeta + tok], eg = sc[kScEg + tok];
-        XK[nt][e] = bt * (Vc[tok * kVPitch + g] - eg * (XK[nt][e] * xs_lo));
-        XK[nt][2 + e] = bt * (Vc[tok * kVPitch + g + 8] - eg * (XK[nt][2 + e] * xs_hi));
+        const int tk = 8 * nt + 2 * t + e;
+        const float bt = sc[kScBeta + tk], eg = sc[kScEg + tk];
+        XK[nt][e] = bt * (Vc[tk * kVPitch + g] - eg * XK[nt][e]);
+        XK[nt][2 + e] = bt * (Vc[tk * kVPitch + g + 8] - eg * XK[nt][2 + e]);
         mlo = fmaxf(mlo, fabsf(XK[nt][e]));
         mhi = fmaxf(mhi, fabsf(XK[nt][2 + e]));
       }
@@ -459,40 +491,44 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
       mma(XK[2 * i + 1], y, bt[2], bt[3]);
     }
 
-    // O^T = e^gamma X_Q^T + diag(q.k) V'^T + V'^T P^T (sigma domain, in XQ), then stored.
+    // O^T = e^gamma X_Q^T + diag(q.k) V'^T + V'^T P^T for this warp's tokens 32 hk..32 hk+31
+    // (sigma domain, in XQ), then stored.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if ((nt >> 2) != hk) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tk = 8 * nt + 2 * t + e;
+        const float eg = sc[kScEg + tk], qk = sc[kScQk + tk];
+        XQ[nt][e] = sig_lo * (eg * XQ[nt][e]) + qk * XK[nt][e];
+        XQ[nt][2 + e] = sig_hi * (eg * XQ[nt][2 + e]) + qk * XK[nt][2 + e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t va[4];
+      acc_to_a(va, XK[2 * j], XK[2 * j + 1], 1.0f, 1.0f);
+#pragma unroll
+      for (int m = j; m < 4; ++m) {
+        if ((m >> 1) != hk) continue;
+        uint32_t bp[4];
+        ldsm_x4(bp, P + m * 16 * 2 * kChunk + (boff64 ^ (j << 5)));
+        mma(XQ[2 * m], va, bp[0], bp[1]);
+        mma(XQ[2 * m + 1], va, bp[2], bp[3]);
+      }
+    }
     {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = 8 * nt + 2 * t + e;
-          const float eg = sc[kScEg + tok], qk = sc[kScQk + tok];
-          XQ[nt][e] = sig_lo * (eg * (XQ[nt][e] * xs_lo)) + qk * XK[nt][e];
-          XQ[nt][2 + e] = sig_hi * (eg * (XQ[nt][2 + e] * xs_hi)) + qk * XK[nt][2 + e];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t va[4];
-        acc_to_a(va, XK[2 * j], XK[2 * j + 1], 1.0f, 1.0f);
-#pragma unroll
-        for (int m = j; m < 4; ++m) {
-          uint32_t bp[4];
-          ldsm_x4(bp, P + m * 16 * 2 * kChunk + (boff64 ^ (j << 5)));
-          mma(XQ[2 * m], va, bp[0], bp[1]);
-          mma(XQ[2 * m + 1], va, bp[2], bp[3]);
-        }
-      }
       float* obase = p.out + ((row0 + t0) * p.Hv + h) * p.dv + d0 + g;
       const int64_t ostride = static_cast<int64_t>(p.Hv) * p.dv;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
+        if ((nt >> 2) != hk) continue;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int tok = 8 * nt + 2 * t + e;
-          if (t0 + tok < n) {
-            obase[tok * ostride] = XQ[nt][e] * isig_lo;
-            obase[tok * ostride + 8] = XQ[nt][2 + e] * isig_hi;
+          const int tk = 8 * nt + 2 * t + e;
+          if (t0 + tk < n) {
+            obase[tk * ostride] = XQ[nt][e] * isig_lo;
+            obase[tk * ostride + 8] = XQ[nt][2 + e] * isig_hi;
           }
         }
       }
@@ -503,7 +539,7 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
       const float egc = sc[kScEgC];
       const float f_lo = sig_lo * irho_lo * egc, f_hi = sig_hi * irho_hi * egc;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 8; ++j) {
         S[j][0] *= f_lo;
         S[j][1] *= f_lo;
         S[j][2] *= f_hi;
@@ -515,7 +551,7 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
       irho_hi = isig_hi;
     }
 
-    // S^T += (V' e^(gamma_C - gamma))^T K (sigma domain, accumulated in place).
+    // This half's S^T += (V' e^(gamma_C - gamma))^T K (sigma domain, accumulated in place).
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float e0 = sc[kScEd + 16 * j + 2 * t], e1 = sc[kScEd + 16 * j + 2 * t + 1];
@@ -526,19 +562,21 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
       a[2] = pack_half2(XK[2 * j + 1][0] * e2, XK[2 * j + 1][1] * e3);
       a[3] = pack_half2(XK[2 * j + 1][2] * e2, XK[2 * j + 1][3] * e3);
 #pragma unroll
-      for (int q = 0; q < kDk / 16; ++q) {
+      for (int q = 0; q < 4; ++q) {
         uint32_t bk[4];
-        ldsm_x4_trans(bk, K + j * 16 * 2 * kDk + (toff128 ^ (q << 5)));
+        ldsm_x4_trans(bk, K + j * 16 * 2 * kDk + (toff128 ^ ((4 * hk + q) << 5)));
         mma(S[2 * q], a, bk[0], bk[1]);
         mma(S[2 * q + 1], a, bk[2], bk[3]);
       }
     }
-    __syncwarp();
+    // Both warps of the pair are done with this chunk's partials and V stage before either writes
+    // the next ones.
+    bar_sync(kBarPair + grp, 64);
     if (c + 2 < nchunks) bar_arrive(kBarEmpty + b, sync_count);  // buffer b and this K/Q stage are free
   }
 
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < 8; ++j) {
     const int k = 8 * j + 2 * t;
     Sg[static_cast<int64_t>(k) * p.dv + g] = S[j][0] * irho_lo;
     Sg[static_cast<int64_t>(k + 1) * p.dv + g] = S[j][1] * irho_lo;
@@ -547,29 +585,30 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int64_t row0, int n, 
   }
 }
 
-template <int kStateWarps>
-__global__ void __launch_bounds__(32 * (kPrepWarps + kStateWarps), 1) gdn_chunk_kernel(const ChunkArgs p) {
+template <int kGroups>
+__global__ void __launch_bounds__(32 * (kPrepWarps + 2 * kGroups), 1) gdn_chunk_kernel(const ChunkArgs p) {
   extern __shared__ __align__(128) char smem[];
   const int slice = static_cast<int>(blockIdx.x % p.slices);
   const int head = static_cast<int>(blockIdx.x / p.slices);  // span * Hv + value head
   const int s = head / p.Hv, h = head % p.Hv, kh = h / (p.Hv / p.Hk);
   const int64_t row0 = p.L.row_begin(s);
   const int n = p.L.num_tokens(s);
+  const int sync_count = kPrepThreads + 64 * kGroups;
   if (threadIdx.x < kPrepThreads)
-    prep_warps(p, smem, 32 * kStateWarps, row0, n, h, kh);
+    prep_warps(p, smem, sync_count, row0, n, h, kh);
   else
-    state_warp<kStateWarps>(p, smem, row0, n, h, p.L.gdn_slot(s), slice);
+    state_warp<kGroups>(p, smem, sync_count, row0, n, h, p.L.gdn_slot(s), slice);
 }
 
-template <int kStateWarps>
+template <int kGroups>
 void launch_chunk(const ChunkArgs& a, int64_t blocks, cudaStream_t stream) {
-  const int bytes = smem_bytes(kStateWarps);
+  const int bytes = smem_bytes(kGroups);
   static const bool attr_set = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<kStateWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)attr_set;
-  gdn_chunk_kernel<kStateWarps><<<static_cast<unsigned>(blocks), 32 * (kPrepWarps + kStateWarps), bytes, stream>>>(a);
+  gdn_chunk_kernel<kGroups><<<static_cast<unsigned>(blocks), 32 * (kPrepWarps + 2 * kGroups), bytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -591,17 +630,18 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
   if (batch.seqs.empty()) return;
   const int64_t R = batch.total_rows, spans = static_cast<int64_t>(batch.seqs.size());
   // The widest slice (least prep work repeated per head) that still gives ~every SM a block (one
-  // block fits an SM: 128 blocks on 132 SMs beat 256 in two waves).
-  int warps = 1;
+  // block fits an SM: 128 blocks on 132 SMs beat 256 in two waves). A slice is `groups` groups of 16
+  // state columns, two warps per group.
+  int groups = 1;
   for (int w : {4, 2}) {
     if (dv % (16 * w) == 0 && 8 * spans * Hv * (dv / (16 * w)) >= 7 * sm_count_) {
-      warps = w;
+      groups = w;
       break;
     }
   }
   int optin = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
-  if (optin < smem_bytes(warps)) {
+  if (optin < smem_bytes(groups)) {
     // sm_120 / sm_121 (99 KB per block) cannot hold the kernel's three K/Q stages: the token-by-token
     // kernel there.
     gdn_recurrent(out, qkv, g, beta, state_pool, batch, d);
@@ -615,13 +655,13 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
       1.0f / sqrtf(static_cast<float>(dk)));
   CUDA_CHECK_LAUNCH();
 
-  const int slices = static_cast<int>(dv / (16 * warps));
+  const int slices = static_cast<int>(dv / (16 * groups));
   const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn.as<const __half>(), kn.as<const __half>(),
                     qk.as<const float>(), g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
                     L, static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), slices, C, 2 * Hk * dk};
   const int64_t blocks = spans * Hv * slices;
-  if (warps == 4) launch_chunk<4>(a, blocks, stream_);
-  else if (warps == 2) launch_chunk<2>(a, blocks, stream_);
+  if (groups == 4) launch_chunk<4>(a, blocks, stream_);
+  else if (groups == 2) launch_chunk<2>(a, blocks, stream_);
   else launch_chunk<1>(a, blocks, stream_);
 }
 
