@@ -205,13 +205,16 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int sync_count, int64
   auto issue_loads = [&](int c) {
     const int t0 = c * kChunk;
     __half* kq = reinterpret_cast<__half*>(smem + kKqOff + (c % kKqStages) * kKqBytes);
+    const __half* kc = ksrc + t0 * rstride;  // the chunk's first row (32-bit offsets below)
+    const __half* qc = qsrc + t0 * rstride;
+    const int rs = static_cast<int>(rstride);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int row = crow + 8 * i;
       const bool valid = t0 + row < n;
-      const int64_t off = (valid ? t0 + row : 0) * rstride;
-      cp_async16(kq + swz128(row, cch), ksrc + off, valid);
-      cp_async16(kq + kChunk * kDk + swz128(row, cch), qsrc + off, valid);
+      const int off = valid ? row * rs : 0;
+      cp_async16(kq + swz128(row, cch), (valid ? kc : ksrc) + off, valid);
+      cp_async16(kq + kChunk * kDk + swz128(row, cch), (valid ? qc : qsrc) + off, valid);
     }
     float* raw = reinterpret_cast<float*>(smem + kRawOff + (c % kKqStages) * kRawBytes);
     const bool valid = t0 + tok < n;
@@ -312,15 +315,26 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int sync_count, int64
       }
     }
     __syncwarp();
-    // T_ww = (I + L_ww)^-1 by forward substitution: lane c < 16 owns column c.
+    // T_ww = (I + L_ww)^-1 by forward substitution: lane c < 16 owns column c. Row i's sum runs in
+    // four partial sums (a chain of i/4 instead of i dependent FMAs); L's rows are broadcast float4s.
     if (lane < 16) {
       float tc[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        float a = i == lane ? 1.0f : 0.0f;
+        float l[16];
 #pragma unroll
-        for (int m = 0; m < i; ++m) a -= Ld[i * 16 + m] * tc[m];
-        tc[i] = a;
+        for (int q = 0; q < 4; ++q) {
+          if (4 * q >= i) break;
+          const float4 v = *reinterpret_cast<const float4*>(Ld + i * 16 + 4 * q);
+          l[4 * q] = v.x;
+          l[4 * q + 1] = v.y;
+          l[4 * q + 2] = v.z;
+          l[4 * q + 3] = v.w;
+        }
+        float a[4] = {i == lane ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int m = 0; m < i; ++m) a[m & 3] -= l[m] * tc[m];
+        tc[i] = (a[0] + a[1]) + (a[2] + a[3]);
       }
 #pragma unroll
       for (int i = 0; i < 16; ++i)
@@ -519,7 +533,7 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
     }
     {
       float* obase = p.out + ((row0 + t0) * p.Hv + h) * p.dv + d0 + g;
-      const int64_t ostride = static_cast<int64_t>(p.Hv) * p.dv;
+      const int ostride = p.Hv * p.dv;  // 32-bit offsets within the chunk
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         if ((nt >> 2) != hk) continue;
