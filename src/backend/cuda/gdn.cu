@@ -1,6 +1,5 @@
-// Gated DeltaNet: causal conv with state, gating, and the delta rule. The delta rule runs token by
-// token in both forms: gdn_chunked computes the same recurrence as gdn_recurrent (this first CUDA
-// pass has no chunked/tensor-core prefill yet; it equals the HF chunked form up to fp32 rounding).
+// Gated DeltaNet: causal conv with state, gating, and the delta rule token by token (decode, and the
+// fused decode step). The chunked prefill form is gdn_chunked.cu.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -473,11 +472,6 @@ void CudaBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tens
       out.ptr<float>(), qkv.ptr<const float>(), g.ptr<const float>(), beta.ptr<const float>(),
       state_pool.ptr<float>(), L, Hv, d.num_k_heads, dk, dv, d.conv_dim(), 1.0f / sqrtf(static_cast<float>(dk)));
   CUDA_CHECK_LAUNCH();
-}
-
-void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
-                              const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
-  gdn_recurrent(out, qkv, g, beta, state_pool, batch, d);
 }
 
 }  // namespace sparkserve
