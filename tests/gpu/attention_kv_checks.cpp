@@ -25,6 +25,7 @@
 #include "bench_common.h"
 #include "gpu_harness.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 
 namespace sparkserve {
 namespace {
@@ -322,7 +323,7 @@ void check_model(Harness& h, const std::string& fname, DType dt) {
   std::vector<std::vector<int32_t>> prompts;
   for (auto& p : ref["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
   const int32_t n = static_cast<int32_t>(prompts.size());
-  ModelState sg(*h.gpu, (*mg)->config(), kv_limits(n, dt)), sc(*h.cpu, (*mc)->config(), kv_limits(n, dt));
+  DirectState sg(*h.gpu, (*mg)->config(), kv_limits(n, dt)), sc(*h.cpu, (*mc)->config(), kv_limits(n, dt));
   std::vector<SequenceState> qg, qc;
   for (int32_t i = 0; i < n; ++i) {
     qg.push_back(*sg.open_sequence());
@@ -330,11 +331,11 @@ void check_model(Harness& h, const std::string& fname, DType dt) {
   }
   std::vector<SequenceInput> bg(static_cast<size_t>(n)), bc(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
-    bg[static_cast<size_t>(i)] = {&qg[static_cast<size_t>(i)], prompts[static_cast<size_t>(i)], true};
-    bc[static_cast<size_t>(i)] = {&qc[static_cast<size_t>(i)], prompts[static_cast<size_t>(i)], true};
+    bg[static_cast<size_t>(i)] = {&qg[static_cast<size_t>(i)], prompts[static_cast<size_t>(i)], true, nullptr};
+    bc[static_cast<size_t>(i)] = {&qc[static_cast<size_t>(i)], prompts[static_cast<size_t>(i)], true, nullptr};
   }
-  auto lg = (*mg)->forward(bg, sg);
-  auto lc = (*mc)->forward(bc, sc);
+  auto lg = sg.forward(**mg, bg);
+  auto lc = sc.forward(**mc, bc);
   if (!lg.ok() || !lc.ok()) {
     record("attn_model", tag + " prefill", INFINITY, 0);
     return;
@@ -343,7 +344,7 @@ void check_model(Harness& h, const std::string& fname, DType dt) {
   {
     int64_t differ = 0, total = 0;
     for (int l = 0; l < count_layers((*mg)->config(), LayerType::kFullAttention); ++l) {
-      const auto a = bytes_of(h.gpu, sg.kv().pool(l).k), b = bytes_of(h.cpu, sc.kv().pool(l).k);
+      const auto a = bytes_of(h.gpu, sg.state().kv().pool(l).k), b = bytes_of(h.cpu, sc.state().kv().pool(l).k);
       const size_t elem = dtype_size(dt);
       for (const auto& st : qc)
         for (int64_t p = 0; p < st.num_tokens; ++p) {
@@ -376,8 +377,8 @@ void check_model(Harness& h, const std::string& fname, DType dt) {
       bg[static_cast<size_t>(i)].tokens = bc[static_cast<size_t>(i)].tokens = {id};
       bg[static_cast<size_t>(i)].all_logits = bc[static_cast<size_t>(i)].all_logits = false;
     }
-    lg = (*mg)->forward(bg, sg);
-    lc = (*mc)->forward(bc, sc);
+    lg = sg.forward(**mg, bg);
+    lc = sc.forward(**mc, bc);
     if (!lg.ok() || !lc.ok()) {
       worst = INFINITY;
       break;
