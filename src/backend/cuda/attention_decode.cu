@@ -318,13 +318,7 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 }  // namespace
 
 void launch_attention_decode(CudaBackend& be, const AttentionArgs& a, bool fp8) {
-  switch (a.kv.hd) {
-    case 32: return fp8 ? launch<32, true>(be, a) : launch<32, false>(be, a);
-    case 64: return fp8 ? launch<64, true>(be, a) : launch<64, false>(be, a);
-    case 128: return fp8 ? launch<128, true>(be, a) : launch<128, false>(be, a);
-    case 256: return fp8 ? launch<256, true>(be, a) : launch<256, false>(be, a);
-    default: CHECK_MSG(false, "CUDA attention_decode: head_dim must be 32, 64, 128 or 256");
-  }
+  with_head_dim(a.kv.hd, fp8, [&](auto hd, auto is_fp8) { launch<decltype(hd)::value, decltype(is_fp8)::value>(be, a); });
 }
 
 }  // namespace sparkserve
