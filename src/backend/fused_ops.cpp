@@ -28,20 +28,20 @@ void Backend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& 
 
 void Backend::attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                              const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
-                             const Tensor& positions, int64_t rotary_dim, double theta,
-                             const Tensor& k_pool, const Tensor& v_pool, const BatchLayout& batch) {
+                             const Tensor& positions, int64_t rotary_dim, double theta, const KvPool& pool,
+                             const BatchLayout& batch) {
   const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), kvh = k.dim(1);
   split_query_gate(q, gate, qg);
   rmsnorm(q.view({T * nh, hd}), q.view({T * nh, hd}), q_norm_w, eps);
   rmsnorm(k.view({T * kvh, hd}), k.view({T * kvh, hd}), k_norm_w, eps);
   rope(q, positions, rotary_dim, theta);
   rope(k, positions, rotary_dim, theta);
-  kv_cache_write(k_pool, v_pool, k, v, batch);
+  kv_cache_write(pool, k, v, batch);
 }
 
-void Backend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
-                              const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) {
-  attention(out, q, k_pool, v_pool, batch, dims);
+void Backend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const KvPool& pool,
+                              const BatchLayout& batch, const AttentionDims& dims) {
+  attention(out, q, pool, batch, dims);
   sigmoid_mul(out, gate);
 }
 

@@ -91,6 +91,22 @@ struct GdnDims {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
+// One attention layer's paged KV cache. k, v: [num_blocks, block_size, kvh, hd] of one dtype:
+//   kF32    the values as written;
+//   kBF16   each value rounded to nearest even bf16;
+//   kF8E4M3 each (position, kv head) row of hd values quantized with its own scale, computed when
+//           the row is written (no calibrated scales needed): s = max(amax / 448, 1 / (448 * 512)),
+//           code = e4m3(x / s) rounded to nearest even (core/fp8_quant.h, as the dynamic per-token
+//           activation scales), s kept in k_scale / v_scale [num_blocks, block_size, kvh] f32;
+//           the value read back is e4m3(code) * s.
+// Every backend stores the same rounded values (bit for bit), so the CPU backend is the reference
+// for each dtype.
+struct KvPool {
+  Tensor k, v;
+  Tensor k_scale, v_scale;  // kF8E4M3 only
+  DType dtype() const { return k.dtype; }
+};
+
 // Geometry of a paged KV pool for one attention layer: [num_blocks, block_size, kv_heads, head_dim].
 struct AttentionDims {
   int64_t num_heads = 0;
@@ -166,14 +182,14 @@ class Backend {
   // i + rotary_dim/2), angle = pos * theta^(-2i/rotary_dim). x: [T, heads, hd] f32,
   // positions: [T] i32 (device).
   virtual void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) = 0;
-  // Writes each span's new k/v rows into the paged pools at positions start_pos... .
-  // k, v: [T, kvh, hd] f32; k_pool, v_pool: [num_blocks, block_size, kvh, hd].
-  virtual void kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
-                              const Tensor& v, const BatchLayout& batch) = 0;
-  // Causal GQA attention of each span's queries over its cached positions [0, start_pos + i].
-  // q: [T, nh, hd] f32 -> out: [T, nh, hd] f32. Pools already hold the span's new keys/values.
-  virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
-                         const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) = 0;
+  // Writes each span's new k/v rows into the paged pools at positions start_pos..., rounded to the
+  // pool's dtype (KvPool). k, v: [T, kvh, hd] f32.
+  virtual void kv_cache_write(const KvPool& pool, const Tensor& k, const Tensor& v, const BatchLayout& batch) = 0;
+  // Causal GQA attention of each span's queries over its cached positions [0, start_pos + i], in
+  // fp32 over the values the pool holds. q: [T, nh, hd] f32 -> out: [T, nh, hd] f32. The pool
+  // already holds the span's new keys/values.
+  virtual void attention(const Tensor& out, const Tensor& q, const KvPool& pool, const BatchLayout& batch,
+                         const AttentionDims& dims) = 0;
 
   // ---- Gated DeltaNet (model-qwen35.md §2.4) --------------------------------------------------
   // Causal depthwise conv (kernel K, no bias) + SiLU over each span, continuing from and updating
@@ -221,17 +237,17 @@ class Backend {
                                const BatchLayout& batch, const GdnDims& dims);
   // Attention input preparation, any layout:
   //   split_query_gate(q, gate, qg) -> rmsnorm(q per head, q_norm_w) -> rmsnorm(k per head, k_norm_w)
-  //   -> rope(q) -> rope(k) -> kv_cache_write(k_pool, v_pool, k, v).
+  //   -> rope(q) -> rope(k) -> kv_cache_write(pool, k, v).
   // qg: [T, nh, 2*hd] f32, k, v: [T, kvh, hd] f32 (k is left normalised and rotated, as the
   // composition leaves it), q_norm_w, k_norm_w: [hd] f32, positions: [T] i32 (device)
-  // -> q, gate: [T, nh, hd] f32; pools [num_blocks, block_size, kvh, hd] get the span rows.
+  // -> q, gate: [T, nh, hd] f32; the pool gets the span rows in its dtype.
   virtual void attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                               const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
-                              const Tensor& positions, int64_t rotary_dim, double theta,
-                              const Tensor& k_pool, const Tensor& v_pool, const BatchLayout& batch);
-  // attention(out, q, pools) -> sigmoid_mul(out, gate). q, gate: [T, nh, hd] f32 -> out: [T, nh, hd] f32.
-  virtual void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
-                               const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims);
+                              const Tensor& positions, int64_t rotary_dim, double theta, const KvPool& pool,
+                              const BatchLayout& batch);
+  // attention(out, q, pool) -> sigmoid_mul(out, gate). q, gate: [T, nh, hd] f32 -> out: [T, nh, hd] f32.
+  virtual void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const KvPool& pool,
+                               const BatchLayout& batch, const AttentionDims& dims);
   // The end of an MoE block and the residual step after it:
   //   linear(logit, h, shared_gate) -> add_sigmoid_scaled(d, y, logit) -> add_rmsnorm(residual, h, d, norm_w).
   // d: [T, H] f32 the routed experts' sum (left holding the block output), y: [T, H] f32 the shared

@@ -13,7 +13,7 @@
 //                   at batch B the routed-expert part is the expected share of distinct experts B
 //                   tokens touch under uniform routing, 1 − (1 − k/E)^B.
 //   state floor   = the same plus the per-sequence state a step must touch: the KV cache read over
-//                   the context (f32 K and V of every attention layer) and the GDN recurrent and conv
+//                   the context (K and V of every attention layer, in --kv-cache-dtype) and the GDN recurrent and conv
 //                   state read and written once.
 // Token ids are random (fixed seed): speed does not depend on them. A case predicted to take longer
 // than --max-case-s (from the prefill rate already measured) or to need more device memory than is
@@ -31,6 +31,7 @@
 #include "backend/synth_fill.h"
 #include "cli/bench_url.h"
 #include "cli/command.h"
+#include "cli/kv_sizing.h"
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
 #include "loader/safetensors.h"
@@ -67,6 +68,9 @@ struct BenchOptions {
   bool weights_digest = false;
   // A/B measurements: each turns one decode mechanism off (all are on in serving).
   bool no_graphs = false, no_fused = false, sequential_branches = false;
+  std::string kv_cache_dtype = "auto";
+  double gpu_memory_utilization = 0.9;
+  std::string context_fill = "prefill";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -95,7 +99,7 @@ Expected<std::vector<int>> parse_list(const std::string& what, const std::string
 struct ByteModel {
   double token_bytes = 0;        // weights one token reads at batch 1
   double routed_bytes_all = 0;   // every routed expert of every layer
-  double kv_bytes_per_token = 0; // f32 K + V of every attention layer
+  double kv_bytes_per_token = 0; // K + V of every attention layer in the cache's dtype
   double gdn_bytes_per_seq = 0;  // f32 recurrent + conv state of every GDN layer
   int experts = 0, top_k = 0;
 
@@ -110,7 +114,7 @@ struct ByteModel {
   }
 };
 
-ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& c) {
+ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& c, DType kv_dtype) {
   ByteModel m;
   for (const auto& [name, info] : tensors) {
     if (name.find("visual") != std::string::npos || name.rfind("mtp.", 0) == 0) continue;
@@ -126,21 +130,10 @@ ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const Mod
   }
   m.experts = c.num_experts;
   m.top_k = c.num_experts_per_tok;
-  const GdnDims g = gdn_dims(c);
-  m.kv_bytes_per_token = 2.0 * count_layers(c, LayerType::kFullAttention) * c.num_key_value_heads * c.head_dim * 4;
-  m.gdn_bytes_per_seq = count_layers(c, LayerType::kLinearAttention) *
-                        (static_cast<double>(g.num_v_heads) * g.k_head_dim * g.v_head_dim +
-                         static_cast<double>(g.conv_dim()) * (g.conv_kernel - 1)) * 4;
+  m.kv_bytes_per_token = static_cast<double>(count_layers(c, LayerType::kFullAttention)) *
+                         kv_bytes_per_token(kv_dtype, c.num_key_value_heads, c.head_dim);
+  m.gdn_bytes_per_seq = gdn_state_bytes_per_sequence(c);
   return m;
-}
-
-// Device bytes a prefill of `tokens` rows needs for activations, generously (f32, the widest
-// intermediates of a layer held at once, times two for the allocator's slack).
-double activation_bytes(const ModelConfig& c, int64_t tokens) {
-  const double per_row = 10.0 * c.hidden_size + 3.0 * c.gdn_conv_dim() + 4.0 * c.num_attention_heads * c.head_dim +
-                         3.0 * std::max(1, c.num_experts_per_tok) * 2.0 * std::max(c.moe_intermediate_size, c.intermediate_size) +
-                         2.0 * c.shared_expert_intermediate_size;
-  return 2.0 * 4.0 * per_row * static_cast<double>(tokens) + 4.0 * c.vocab_size * 64;
 }
 
 bool all_finite(const Logits& l) {
@@ -192,6 +185,10 @@ int run_bench(const BenchOptions& o) {
     return fail("--layout, --layers and --vocab go with --synth");
   std::sort(lens->begin(), lens->end());
   std::sort(contexts->begin(), contexts->end());
+  auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
+  if (!kv_dtype) return fail(kv_dtype.message());
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
+    return fail("--gpu-memory-utilization must be in (0, 1]");
 
   // Everything that can be rejected without a backend is checked before one is created.
   std::optional<SynthPlan> plan;
@@ -220,7 +217,7 @@ int run_bench(const BenchOptions& o) {
       std::printf("weights digest: %s\n", weights_digest(sm->weights, be).c_str());
       return 0;
     }
-    bytes = byte_model(synth_tensor_infos(*plan), sm->config);
+    bytes = byte_model(synth_tensor_infos(*plan), sm->config, *kv_dtype);
     budget_token_bytes = sm->token_bytes;
     loaded_bytes = sm->loaded_bytes;
     model = std::make_unique<Qwen35Model>(be, std::move(sm->config), std::move(sm->weights));
@@ -240,7 +237,7 @@ int run_bench(const BenchOptions& o) {
     auto m = load_qwen35(o.model, be, nullptr, *load_opts);
     if (!m) return fail(m.message());
     model = std::move(*m);
-    bytes = byte_model(ckpt->tensors(), model->config());
+    bytes = byte_model(ckpt->tensors(), model->config(), *kv_dtype);
     for (const auto& [name, info] : ckpt->tensors()) loaded_bytes += info.nbytes;
   }
   be.synchronize();
@@ -329,9 +326,26 @@ int run_bench(const BenchOptions& o) {
     say("A/B: %s%s%s\n", o.no_graphs ? "CUDA graphs off " : "", o.no_fused ? "fused decode off " : "",
         o.sequential_branches ? "branches in order" : "");
 
-  const double free_at_start = static_cast<double>(device_memory(be).free_bytes);
-  // Memory a case needs beyond the weights; -1 free = not tracked (CPU).
-  auto fits = [&](double need) { return free_at_start < 0 || need < 0.9 * free_at_start; };
+  // Memory a case needs beyond the weights must fit in what --gpu-memory-utilization leaves (serve's
+  // rule, cli/kv_sizing.h); -1 = not tracked (CPU).
+  const DeviceMemory mem_at_start = device_memory(be);
+  const double room = mem_at_start.total_bytes < 0 ? -1.0
+                                                   : o.gpu_memory_utilization * static_cast<double>(mem_at_start.total_bytes) -
+                                                         static_cast<double>(mem_at_start.total_bytes - mem_at_start.free_bytes);
+  auto fits = [&](double need) { return room < 0 || need < room; };
+  j["kv_cache_dtype"] = kv_cache_dtype_name(*kv_dtype);
+  j["context_fill"] = o.context_fill;
+  if (room >= 0) {
+    // What `serve` would size with these settings: 64 sequences, steps of 2048 tokens.
+    auto kb = kv_budget_from_memory(be, c, o.gpu_memory_utilization, 64, 2048);
+    if (!kb) return fail(kb.message());
+    const double tokens = std::max(0.0, kb->kv) / bytes.kv_bytes_per_token;
+    j["kv_capacity_tokens_serve_64"] = tokens;
+    say("KV cache (%s, %.0f B/token): serve --gpu-memory-utilization %.2f --max-num-seqs 64 leaves %.1f GB = %.0f tokens "
+        "(%.1f sequences of 32768)\n",
+        kv_cache_dtype_name(*kv_dtype), bytes.kv_bytes_per_token, o.gpu_memory_utilization, kb->kv / 1e9, tokens,
+        tokens / 32768);
+  }
   // Prefill rate measured so far, for predicting how long a longer prefill takes (a lower bound:
   // attention grows faster than linearly).
   double rate_tokens = 0, rate_s = 0;
@@ -341,6 +355,7 @@ int run_bench(const BenchOptions& o) {
   };
   StateLimits lim;
   lim.block_size = 16;
+  lim.kv_dtype = *kv_dtype;
   auto blocks_for = [&](int64_t tokens) { return static_cast<int32_t>(tokens / lim.block_size + 2); };
 
   // Runs a prompt of `len` tokens through one sequence in chunks of --prefill-chunk.
@@ -405,11 +420,12 @@ int run_bench(const BenchOptions& o) {
   for (int C : *contexts) {
     for (int B : *batches) {
       const int64_t tokens = static_cast<int64_t>(C) + o.decode_steps + 3;
-      const double pred = B * predict_prefill_s(C) + (o.decode_steps + 3) * step_s_hint;
+      const bool fill_zeros = o.context_fill == "zeros";
+      const double pred = (fill_zeros ? 0.0 : B * predict_prefill_s(C)) + (o.decode_steps + 3) * step_s_hint;
       const double need = static_cast<double>(B) * blocks_for(tokens) * lim.block_size * bytes.kv_bytes_per_token +
                           B * bytes.gdn_bytes_per_seq + activation_bytes(c, std::max<int64_t>(B, std::min(C, o.prefill_chunk)));
       std::string skip;
-      if (C > 0 && rate_s == 0) skip = "no prefill rate measured to predict the context prefill";
+      if (C > 0 && rate_s == 0 && !fill_zeros) skip = "no prefill rate measured to predict the context prefill";
       else if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
       else if (over_budget(pred)) skip = "--time-budget-s spent";
       else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
@@ -428,7 +444,16 @@ int run_bench(const BenchOptions& o) {
         seqs.push_back(*s);
       }
       auto t_ctx = Clock::now();
-      for (int i = 0; i < B && C > 0; ++i) {
+      if (fill_zeros) {
+        // The context as zeros in the KV cache (and the GDN state left as a fresh sequence's):
+        // a decode step reads every cached position whatever its value, so it times the same.
+        for (const KvPool& p : st.state().pools().kv)
+          for (const Tensor* t : {&p.k, &p.v, &p.k_scale, &p.v_scale})
+            if (t->data) be.fill_zero(*t);
+        for (auto& seq : seqs)
+          if (Status ok = st.skip_ahead(seq, C); !ok.ok()) return fail(ok.message());
+      }
+      for (int i = 0; i < B && C > 0 && !fill_zeros; ++i) {
         auto l = prefill(st, seqs[static_cast<size_t>(i)], C);
         if (!l) return fail(l.message());
       }
@@ -531,6 +556,15 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_flag("--no-fused", opts->no_fused, "A/B: run the fused decode chains as their separate ops");
   cmd->add_flag("--sequential-branches", opts->sequential_branches,
                 "A/B: run independent branches (routed vs shared expert, q/k/v) in order on one stream");
+  add_kv_cache_dtype_option(cmd, opts->kv_cache_dtype);
+  cmd->add_option("--gpu-memory-utilization", opts->gpu_memory_utilization,
+                  "Fraction of the device's memory the cases may use (weights included); larger cases are skipped")
+      ->capture_default_str();
+  cmd->add_option("--context-fill", opts->context_fill,
+                  "How decode contexts are made: prefill (a forward of C random tokens) or zeros (the KV cache "
+                  "zero-filled: same decode work, no prefill time)")
+      ->check(CLI::IsMember({"prefill", "zeros"}))
+      ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print one JSON object");
   cmd->add_option("--json-out", opts->json_out, "Also write the JSON object to this file (with the table on stdout)");
   cmd->add_flag("--weights-digest", opts->weights_digest,

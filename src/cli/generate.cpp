@@ -8,6 +8,7 @@
 #include "backend/backend_factory.h"
 #include "cli/cli_images.h"
 #include "cli/command.h"
+#include "cli/kv_sizing.h"
 #include "cli/model_args.h"
 #include "core/thread_pool.h"
 #include "model/load.h"
@@ -26,6 +27,7 @@ struct GenerateOptions {
   std::string device = "cpu";
   std::vector<std::string> images;
   LoadCliOptions load;
+  KvCliOptions kv;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -43,6 +45,10 @@ int run_generate(const GenerateOptions& o) {
   if (o.max_tokens < 0) return fail("--max-tokens must be >= 0");
   if (o.threads < 0 || o.threads > kMaxThreads)
     return fail("--threads must be between 1 and " + std::to_string(kMaxThreads) + " (0 or absent: all cores)");
+  auto kv_dtype = parse_kv_cache_dtype(o.kv.dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
+  if (!kv_dtype) return fail(kv_dtype.message());
+  if (!(o.kv.gpu_memory_utilization > 0 && o.kv.gpu_memory_utilization <= 1))
+    return fail("--gpu-memory-utilization must be in (0, 1]");
   auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
   if (!made) return fail(made.message());
   auto backend = std::move(*made);
@@ -63,7 +69,9 @@ int run_generate(const GenerateOptions& o) {
   if (total > max_pos)
     return fail("prompt + max tokens = " + std::to_string(total) + " exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  DirectState state(*backend, c, one_sequence_limits(total));
+  auto limits = one_sequence_state(*backend, c, total, *kv_dtype, o.kv.gpu_memory_utilization);
+  if (!limits) return fail(limits.message());
+  DirectState state(*backend, c, *limits);
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
 
@@ -131,6 +139,7 @@ void register_generate(CLI::App& root, int& exit_code) {
                   "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "
                   "into that image's tokens (prompt_ids in --json output are the expanded ones)");
   add_load_options(cmd, opts->load);
+  add_kv_options(cmd, opts->kv);
   cmd->callback([opts, &exit_code] { exit_code = run_generate(*opts); });
 }
 SPARKSERVE_COMMAND(register_generate);

@@ -15,6 +15,7 @@
 
 #include "backend/backend_factory.h"
 #include "cli/command.h"
+#include "cli/kv_sizing.h"
 #include "cli/model_args.h"
 #include "cli/serve.h"
 #include "core/thread_pool.h"
@@ -41,15 +42,20 @@ bool chat_template_present(const std::string& model) {
   }
 }
 
+// The KV cache budget on the CPU backend when neither --kv-blocks nor --kv-cache-mb is given.
+constexpr int64_t kCpuKvCacheMb = 256;
+
 int fail(const std::string& msg) {
   std::fprintf(stderr, "error: %s\n", msg.c_str());
   return 1;
 }
 
-// The checkpoint's model on --device, over state storage of `limits`.
+// The checkpoint's model on --device, over state storage of `limits` (on a GPU the KV blocks are
+// sized, or checked, against the memory left after the weights: cli/kv_sizing.h).
 class CheckpointRunner final : public ModelRunner {
  public:
-  static Expected<std::unique_ptr<ModelRunner>> load(const ServeOptions& o, const ModelConfig&, const StateLimits& limits) {
+  static Expected<std::unique_ptr<ModelRunner>> load(const ServeOptions& o, const ModelConfig& c,
+                                                     const StateLimits& requested) {
     auto load_opts = make_load_options(o.load);
     if (!load_opts) return make_error(load_opts.message());
     auto backend = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
@@ -58,6 +64,9 @@ class CheckpointRunner final : public ModelRunner {
     auto model = load_qwen35(o.model, **backend, &notes, *load_opts);
     if (!model) return make_error(model.message());
     for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
+    StateLimits limits = requested;
+    SS_ASSIGN_OR_RETURN(limits.num_kv_blocks,
+                        serve_kv_blocks(**backend, c, requested, o.gpu_memory_utilization, o.max_num_batched_tokens));
     return std::unique_ptr<ModelRunner>(new CheckpointRunner(std::move(*backend), std::move(*model), limits));
   }
   CacheGeometry geometry() const override { return runner_.geometry(); }
@@ -82,7 +91,11 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (o.max_num_batched_tokens < 1) return fail("--max-num-batched-tokens must be >= 1");
   if (o.block_size < 1 || o.block_size > 1024) return fail("--block-size must be in [1, 1024]");
   if (o.kv_blocks < 0 || o.kv_blocks > (1 << 30)) return fail("--kv-blocks must be in [1, 2^30] (0: from --kv-cache-mb)");
-  if (o.kv_cache_mb < 1) return fail("--kv-cache-mb must be >= 1");
+  if (o.kv_cache_mb < 0) return fail("--kv-cache-mb must be >= 1 (0: from --gpu-memory-utilization)");
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
+    return fail("--gpu-memory-utilization must be in (0, 1]");
+  auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
+  if (!kv_dtype) return fail(kv_dtype.message());
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
   if (o.http_workers < 1 || o.http_workers > 256) return fail("--http-workers must be in [1, 256]");
@@ -152,17 +165,30 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   for (int id : c.eos_token_ids) defaults.eos_token_ids.push_back(id);
   if (auto eos = tokenizer->eos_token_id()) defaults.eos_token_ids.push_back(*eos);
 
-  // State sizing: KV blocks from --kv-blocks or the --kv-cache-mb budget (f32 K and V per
-  // full-attention layer), one GDN slot per sequence.
+  // State sizing: KV blocks from --kv-blocks, --kv-cache-mb, or on a GPU what
+  // --gpu-memory-utilization leaves after the weights, the GDN state and activations (decided by
+  // the runner once the weights are loaded: cli/kv_sizing.h); one GDN slot per sequence.
   const int attn_layers = count_layers(c, LayerType::kFullAttention);
-  const int64_t bytes_per_block = 2LL * std::max(attn_layers, 1) * o.block_size * c.num_key_value_heads * c.head_dim * 4;
-  int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : (o.kv_cache_mb << 20) / bytes_per_block;
+  const int64_t bytes_per_block = std::max(attn_layers, 1) * int64_t{o.block_size} *
+                                  kv_bytes_per_token(*kv_dtype, c.num_key_value_heads, c.head_dim);
+  int64_t blocks = o.kv_blocks > 0     ? o.kv_blocks
+                   : o.kv_cache_mb > 0 ? (o.kv_cache_mb << 20) / bytes_per_block
+                   : o.device == "cuda" ? 0
+                                        : (kCpuKvCacheMb << 20) / bytes_per_block;
   blocks = std::min<int64_t>(blocks, 1 << 30);
-  if (blocks < 1) return fail("the KV budget holds no block; raise --kv-cache-mb or --kv-blocks");
+  if (blocks < 1 && o.device != "cuda") return fail("the KV budget holds no block; raise --kv-cache-mb or --kv-blocks");
   const int64_t max_pos = c.max_position_embeddings > 0 ? c.max_position_embeddings : kDefaultMaxPositions;
   int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
   if (max_model_len > max_pos)
     return fail("--max-model-len " + std::to_string(max_model_len) + " exceeds max_position_embeddings " + std::to_string(max_pos));
+  StateLimits limits;
+  limits.max_sequences = o.max_num_seqs;
+  limits.num_kv_blocks = static_cast<int32_t>(blocks);
+  limits.block_size = o.block_size;
+  limits.kv_dtype = *kv_dtype;
+  auto runner = make_runner(o, c, limits);
+  if (!runner) return fail(runner.message());
+  blocks = (*runner)->geometry().num_blocks;
   const int64_t pool_tokens = blocks * o.block_size;
   if (max_model_len > pool_tokens) {
     if (o.max_model_len > 0)
@@ -170,12 +196,6 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
                   std::to_string(pool_tokens) + " tokens); raise --kv-cache-mb or --kv-blocks");
     max_model_len = pool_tokens;  // one sequence must always fit, so preemption can always make progress
   }
-  StateLimits limits;
-  limits.max_sequences = o.max_num_seqs;
-  limits.num_kv_blocks = static_cast<int32_t>(blocks);
-  limits.block_size = o.block_size;
-  auto runner = make_runner(o, c, limits);
-  if (!runner) return fail(runner.message());
 
   ServeContext ctx;
   const std::string name = o.served_model_name.empty() ? o.model : o.served_model_name;
@@ -226,9 +246,12 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
     engine.shutdown();
     return fail(bound.message());
   }
-  std::fprintf(stderr, "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d, %d sequences)\n",
-               name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len),
-               static_cast<long long>(blocks), o.block_size, o.max_num_seqs);
+  std::fprintf(stderr,
+               "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d = %lld tokens, %s "
+               "%.2f GB, %d sequences)\n",
+               name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len), static_cast<long long>(blocks),
+               o.block_size, static_cast<long long>(pool_tokens), kv_cache_dtype_name(*kv_dtype),
+               static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs);
   std::fflush(stderr);
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -264,7 +287,13 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once (GDN state slots)")->default_val(64);
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step")->default_val(2048);
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks (default: from --kv-cache-mb)");
-  cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "KV cache budget in MiB (f32)")->default_val(256);
+  cmd->add_option("--kv-cache-mb", o->kv_cache_mb,
+                  "KV cache budget in MiB (default: what --gpu-memory-utilization leaves on cuda, 256 on cpu)");
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "Fraction of the device's total memory this process may use; the KV cache gets what the weights, "
+                  "the GDN state and activations leave of it (cuda)")
+      ->default_val(0.9);
   cmd->add_option("--block-size", o->block_size, "Tokens per KV block")->default_val(16);
   cmd->add_option("--threads", o->threads, "Model worker threads (default: all cores)");
   cmd->add_option("--device", o->device, "Backend: cpu or cuda")->default_val("cpu");

@@ -27,7 +27,9 @@ struct ServeOptions {
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
   int64_t kv_blocks = 0;
-  int64_t kv_cache_mb = 256;
+  int64_t kv_cache_mb = 0;  // 0: from --gpu-memory-utilization (cuda) or 256 MiB (cpu)
+  std::string kv_cache_dtype = "auto";
+  double gpu_memory_utilization = 0.9;
   int block_size = 16;
   int threads = 0;
   std::string device = "cpu";
@@ -44,7 +46,8 @@ struct ServeOptions {
 void add_serve_options(CLI::App* cmd, ServeOptions& o);
 
 // The runner requests execute on, over state storage of `limits` (KV blocks, GDN slots) for a
-// model of `config` (config.json of --model).
+// model of `config` (config.json of --model). limits.num_kv_blocks 0: as many as fit on the device
+// after the weights are loaded (--gpu-memory-utilization); the runner's geometry() says how many.
 using RunnerFactory = std::function<Expected<std::unique_ptr<ModelRunner>>(
     const ServeOptions& o, const ModelConfig& config, const StateLimits& limits)>;
 

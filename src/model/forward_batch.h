@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/ops.h"
 #include "core/tensor.h"
 
 namespace sparkserve {
@@ -39,7 +40,8 @@ struct Logits {
 };
 
 // The state pools a forward reads and writes (views; the owner keeps the memory).
-//   k[i], v[i]:   attention layer i's paged KV pool [num_blocks, block_size, kv_heads, head_dim]
+//   kv[i]:        attention layer i's paged KV pool [num_blocks, block_size, kv_heads, head_dim]
+//                 (f32, bf16 or fp8 with per-row scales: KvPool in backend/ops.h)
 //   conv[i]:      GDN layer i's conv state [rows, conv_dim, K-1]
 //   recurrent[i]: GDN layer i's recurrent state [rows, Hv, dk, dv]
 // Rows [0, num_slots) of the GDN pools are the state of running sequences; an owner may keep more
@@ -47,7 +49,8 @@ struct Logits {
 struct StatePools {
   int64_t block_size = 0;
   int64_t num_slots = 0;
-  std::vector<Tensor> k, v, conv, recurrent;
+  std::vector<KvPool> kv;
+  std::vector<Tensor> conv, recurrent;
 };
 
 }  // namespace sparkserve

@@ -270,8 +270,8 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
       key.push_back(reinterpret_cast<uintptr_t>(state.conv[i].data));
       key.push_back(reinterpret_cast<uintptr_t>(state.recurrent[i].data));
     } else {
-      key.push_back(reinterpret_cast<uintptr_t>(state.k[i].data));
-      key.push_back(reinterpret_cast<uintptr_t>(state.v[i].data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.kv[i].k.data));
+      key.push_back(reinterpret_cast<uintptr_t>(state.kv[i].v.data));
     }
   }
   if (key != graph_state_key_ || !graph_logits_.tensor().data || graph_logits_.tensor().dim(0) < B) {
@@ -391,14 +391,13 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   backend_.run_branches({[&] { backend_.linear(qg, h, w.q_proj); }, [&] { backend_.linear(k, h, w.k_proj); },
                          [&] { backend_.linear(v, h, w.v_proj); }});
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
-  const Tensor& k_pool = state.k[static_cast<size_t>(attn_index)];
-  const Tensor& v_pool = state.v[static_cast<size_t>(attn_index)];
+  const KvPool& pool = state.kv[static_cast<size_t>(attn_index)];
   if (fused_ && !layout.mrope) {
     // The same chain as below in one op (one kernel on CUDA).
     backend_.attention_prep(q, gate, qg, k, v, w.q_norm, w.k_norm, c.rms_norm_eps, layout.positions,
-                            c.rotary_dim(), c.rope_theta, k_pool, v_pool, layout.all);
+                            c.rotary_dim(), c.rope_theta, pool, layout.all);
   } else {
-    unfused_attention_prep(q, gate, qg, k, v, w, layout, k_pool, v_pool);
+    unfused_attention_prep(q, gate, qg, k, v, w, layout, pool);
   }
   AttentionDims dims;
   dims.num_heads = nh;
@@ -408,9 +407,9 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   dims.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Buffer o = buffer({T, nh, hd});
   if (fused_) {
-    backend_.gated_attention(o, q, gate, k_pool, v_pool, layout.all, dims);
+    backend_.gated_attention(o, q, gate, pool, layout.all, dims);
   } else {
-    backend_.attention(o, q, k_pool, v_pool, layout.all, dims);
+    backend_.attention(o, q, pool, layout.all, dims);
     backend_.sigmoid_mul(o, gate);
   }
   backend_.linear(out, o.tensor().view({T, nh * hd}), w.o_proj);
@@ -418,7 +417,7 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
 
 void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                                          const Tensor& v, const AttentionWeights& w, const Layout& layout,
-                                         const Tensor& k_pool, const Tensor& v_pool) {
+                                         const KvPool& pool) {
   const ModelConfig& c = config_;
   const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), kvh = k.dim(1);
   backend_.split_query_gate(q, gate, qg);
@@ -433,7 +432,7 @@ void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, co
     backend_.rope(q, layout.positions, c.rotary_dim(), c.rope_theta);
     backend_.rope(k, layout.positions, c.rotary_dim(), c.rope_theta);
   }
-  backend_.kv_cache_write(k_pool, v_pool, k, v, layout.all);
+  backend_.kv_cache_write(pool, k, v, layout.all);
 }
 
 void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual,

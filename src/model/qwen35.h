@@ -85,7 +85,7 @@ class Qwen35Model {
   // fuses; run when fused ops are off. qg: [T, nh, 2hd], k, v: [T, kvh, hd] -> q, gate: [T, nh, hd].
   void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                               const Tensor& v, const AttentionWeights& w, const Layout& layout,
-                              const Tensor& k_pool, const Tensor& v_pool);
+                              const KvPool& pool);
   // The MoE block and the residual step after it: out = the block's output, residual += out,
   // h = rmsnorm(residual) with next_norm. residual: [T, H], next_norm: [H].
   void moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual, const Tensor& next_norm);

@@ -28,6 +28,19 @@ void DirectState::close_sequence(SequenceState& seq) {
   seq.num_tokens = 0;
 }
 
+Status DirectState::skip_ahead(SequenceState& seq, int64_t n) {
+  const int64_t bs = state_.kv().block_size();
+  const int64_t need = (seq.num_tokens + n + bs - 1) / bs;
+  if (need - static_cast<int64_t>(seq.block_table.size()) > static_cast<int64_t>(free_blocks_.size()))
+    return make_error("KV cache full: " + std::to_string(need) + " blocks of " + std::to_string(bs) + " needed");
+  while (static_cast<int64_t>(seq.block_table.size()) < need) {
+    seq.block_table.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+  seq.num_tokens += n;
+  return Status::Ok();
+}
+
 Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceInput>& batch) {
   const int64_t bs = state_.kv().block_size();
   std::vector<size_t> had;

@@ -40,6 +40,10 @@ class DirectState {
   // Returns the sequence's slot and blocks.
   void close_sequence(SequenceState& seq);
 
+  // Advances the sequence by n positions without running the model: their KV blocks are reserved and
+  // whatever the pools hold there stands for their keys and values (bench's zero-filled contexts).
+  Status skip_ahead(SequenceState& seq, int64_t n);
+
   // Reserves the KV blocks the new tokens need, runs `model`, advances every num_tokens. Errors
   // (no block left, a model error) leave every sequence and the free lists as they were.
   Expected<Logits> forward(Qwen35Model& model, std::vector<SequenceInput>& batch);

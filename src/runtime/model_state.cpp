@@ -5,15 +5,12 @@ namespace sparkserve {
 ModelState::ModelState(Backend& backend, const ModelConfig& c, const StateLimits& limits)
     : limits_(limits),
       kv_(backend, count_layers(c, LayerType::kFullAttention), limits.num_kv_blocks, limits.block_size,
-          c.num_key_value_heads, c.head_dim),
+          c.num_key_value_heads, c.head_dim, limits.kv_dtype),
       gdn_(backend, count_layers(c, LayerType::kLinearAttention), limits.max_sequences, limits.num_snapshots,
            gdn_dims(c)) {
   pools_.block_size = limits.block_size;
   pools_.num_slots = limits.max_sequences;
-  for (int l = 0; l < kv_.num_layers(); ++l) {
-    pools_.k.push_back(kv_.k_pool(l));
-    pools_.v.push_back(kv_.v_pool(l));
-  }
+  for (int l = 0; l < kv_.num_layers(); ++l) pools_.kv.push_back(kv_.pool(l));
   for (int l = 0; l < gdn_.num_layers(); ++l) {
     pools_.conv.push_back(gdn_.conv_pool(l));
     pools_.recurrent.push_back(gdn_.recurrent_pool(l));

@@ -20,6 +20,7 @@ struct StateLimits {
   int32_t num_kv_blocks = 64;
   int64_t block_size = 16;
   int32_t num_snapshots = 0;  // GDN state rows kept for the prefix cache
+  DType kv_dtype = DType::kF32;  // KvPool: kF32, kBF16 or kF8E4M3
 };
 
 class ModelState {

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -232,6 +234,44 @@ inline std::pair<double, int> token_errors(Harness& h, const Pair& o, int64_t T,
 inline std::string sz(std::initializer_list<int64_t> dims) {
   std::string s;
   for (auto d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+// Spans (start_pos, num_tokens) with shuffled KV blocks and GDN slots: row order = span order, each
+// span's blocks cover its positions [0, start + len).
+struct Spans {
+  BatchLayout layout;
+  std::vector<std::vector<int32_t>> tables;
+};
+inline Spans make_spans(const std::vector<std::array<int64_t, 2>>& starts_and_lens, int64_t block_size,
+                 int32_t num_blocks, int32_t num_slots) {
+  Spans s;
+  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), g_rng);
+  std::vector<int32_t> slots(static_cast<size_t>(num_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), g_rng);
+  size_t next = 0;
+  int64_t row = 0;
+  s.tables.resize(starts_and_lens.size());
+  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
+    const auto [start, len] = starts_and_lens[i];
+    const int64_t nb = (start + len + block_size - 1) / block_size;
+    for (int64_t b = 0; b < nb; ++b) s.tables[i].push_back(blocks.at(next++));
+  }
+  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
+    SeqSpan sp;
+    sp.row_begin = row;
+    sp.num_tokens = starts_and_lens[i][1];
+    sp.start_pos = starts_and_lens[i][0];
+    sp.gdn_slot = slots.at(i);
+    sp.block_table = s.tables[i].data();
+    sp.num_blocks = static_cast<int64_t>(s.tables[i].size());
+    row += sp.num_tokens;
+    s.layout.seqs.push_back(sp);
+  }
+  s.layout.total_rows = row;
   return s;
 }
 

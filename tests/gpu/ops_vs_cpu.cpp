@@ -131,44 +131,6 @@ void test_dense(Harness& h) {
   }
 }
 
-// Three spans: a fresh prefill, a continued chunk and a single decode token, with shuffled KV
-// blocks and GDN slots.
-struct Spans {
-  BatchLayout layout;
-  std::vector<std::vector<int32_t>> tables;
-};
-Spans make_spans(const std::vector<std::array<int64_t, 2>>& starts_and_lens, int64_t block_size,
-                 int32_t num_blocks, int32_t num_slots) {
-  Spans s;
-  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
-  std::iota(blocks.begin(), blocks.end(), 0);
-  std::shuffle(blocks.begin(), blocks.end(), g_rng);
-  std::vector<int32_t> slots(static_cast<size_t>(num_slots));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), g_rng);
-  size_t next = 0;
-  int64_t row = 0;
-  s.tables.resize(starts_and_lens.size());
-  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
-    const auto [start, len] = starts_and_lens[i];
-    const int64_t nb = (start + len + block_size - 1) / block_size;
-    for (int64_t b = 0; b < nb; ++b) s.tables[i].push_back(blocks.at(next++));
-  }
-  for (size_t i = 0; i < starts_and_lens.size(); ++i) {
-    SeqSpan sp;
-    sp.row_begin = row;
-    sp.num_tokens = starts_and_lens[i][1];
-    sp.start_pos = starts_and_lens[i][0];
-    sp.gdn_slot = slots.at(i);
-    sp.block_table = s.tables[i].data();
-    sp.num_blocks = static_cast<int64_t>(s.tables[i].size());
-    row += sp.num_tokens;
-    s.layout.seqs.push_back(sp);
-  }
-  s.layout.total_rows = row;
-  return s;
-}
-
 void test_attention(Harness& h) {
   struct Case { int64_t nh, kvh, hd, rot; };
   for (Case c : {Case{4, 2, 32, 8}, Case{32, 2, 256, 64}, Case{8, 8, 128, 128}}) {
@@ -196,14 +158,15 @@ void test_attention(Harness& h) {
     const int64_t pool_n = num_blocks * bs * c.kvh * c.hd;
     Pair kp = h.f32({num_blocks, bs, c.kvh, c.hd}, randn(pool_n)), vp = h.f32({num_blocks, bs, c.kvh, c.hd}, randn(pool_n));
     Pair k = h.f32({T, c.kvh, c.hd}, randn(T * c.kvh * c.hd)), v = h.f32({T, c.kvh, c.hd}, randn(T * c.kvh * c.hd));
-    h.cpu->kv_cache_write(kp.cpu(), vp.cpu(), k.cpu(), v.cpu(), sp.layout);
-    h.gpu->kv_cache_write(kp.gpu(), vp.gpu(), k.gpu(), v.gpu(), sp.layout);
+    const KvPool cpu_pool{kp.cpu(), vp.cpu(), {}, {}}, gpu_pool{kp.gpu(), vp.gpu(), {}, {}};
+    h.cpu->kv_cache_write(cpu_pool, k.cpu(), v.cpu(), sp.layout);
+    h.gpu->kv_cache_write(gpu_pool, k.gpu(), v.gpu(), sp.layout);
     record("kv_cache_write", name, std::max(h.err(kp), h.err(vp)), kExact);
     AttentionDims d{c.nh, c.kvh, c.hd, bs, 1.0f / std::sqrt(static_cast<float>(c.hd))};
     // Scale q up so the softmax is peaked, as trained models' are (exercises the running max).
     Pair q2 = h.f32({T, c.nh, c.hd}, randn(T * c.nh * c.hd, 2.0f)), o = h.out({T, c.nh, c.hd});
-    h.cpu->attention(o.cpu(), q2.cpu(), kp.cpu(), vp.cpu(), sp.layout, d);
-    h.gpu->attention(o.gpu(), q2.gpu(), kp.gpu(), vp.gpu(), sp.layout, d);
+    h.cpu->attention(o.cpu(), q2.cpu(), cpu_pool, sp.layout, d);
+    h.gpu->attention(o.gpu(), q2.gpu(), gpu_pool, sp.layout, d);
     record("attention", name + " prefill+decode", h.err(o), kFp32);
   }
 }

@@ -39,10 +39,9 @@ class CpuBackend final : public Backend {
 
   void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;
   void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) override;
-  void kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                      const BatchLayout& batch) override;
-  void attention(const Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                 const BatchLayout& batch, const AttentionDims& dims) override;
+  void kv_cache_write(const KvPool& pool, const Tensor& k, const Tensor& v, const BatchLayout& batch) override;
+  void attention(const Tensor& out, const Tensor& q, const KvPool& pool, const BatchLayout& batch,
+                 const AttentionDims& dims) override;
 
   void gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
                 const Tensor& conv_state_pool, const BatchLayout& batch) override;

@@ -1,7 +1,12 @@
-// Gated full attention pieces: query/gate split, partial rotate-half RoPE, paged KV writes and
-// causal GQA attention over the pages (prefill and decode alike: one block per (query row, head),
-// four warps splitting the keys with an online softmax, merged at the end).
-#include "backend/cuda/cuda_backend.h"
+// Gated full attention pieces: query/gate split, partial rotate-half RoPE, paged KV writes in the
+// pool's dtype (KvPool), and the choice of attention kernel:
+//   - bf16 / fp8 pools with head_dim 32, 64, 128 or 256: the tensor-core kernels, split-K decode
+//     (attention_decode.cu) when every span has at most kDecodeMaxTokens tokens, flash prefill
+//     (attention_prefill.cu) otherwise;
+//   - f32 pools (exact fp32, the reference mode) and other head dims: the SIMT kernel below, one
+//     block per (query row, head), four warps splitting the keys with an online softmax.
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_kernels.cuh"
 
 namespace sparkserve {
 namespace {
@@ -29,39 +34,33 @@ __global__ void rope_kernel(float* x, const int32_t* pos, const float* inv_freq,
   v[f + half] = x2 * c + x1 * s;
 }
 
-__device__ __forceinline__ int64_t kv_offset(const DeviceLayout& L, int s, int64_t pos, int64_t block_size,
-                                             int64_t kvh, int64_t head, int64_t hd) {
-  const int32_t block = L.table(s)[pos / block_size];
-  return ((static_cast<int64_t>(block) * block_size + pos % block_size) * kvh + head) * hd;
-}
-
-__global__ void kv_write_kernel(float* k_pool, float* v_pool, const float* k, const float* v, DeviceLayout L,
-                                int64_t block_size, int64_t kvh, int64_t hd) {
-  const int64_t row_elems = kvh * hd;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= L.total_rows * row_elems) return;
-  const int64_t r = i / row_elems, e = i % row_elems;
+// kv_cache_write: one block per (row, kv head), the K and V rows rounded to the pool's dtype.
+__global__ void __launch_bounds__(kThreads) kv_write_kernel(KvView kv, KvType type, const float* k, const float* v,
+                                                            DeviceLayout L) {
+  __shared__ float red[kThreads / 32];
+  const int64_t r = blockIdx.x, h = blockIdx.y, hd = kv.hd;
   const int s = L.span_of_row(static_cast<int>(r));
   if (s < 0) return;
   const int64_t pos = L.start_pos(s) + (r - L.row_begin(s));
-  const int64_t dst = kv_offset(L, s, pos, block_size, kvh, 0, hd) + e;
-  k_pool[dst] = k[i];
-  v_pool[dst] = v[i];
+  const int64_t row = kv_row_index(L, s, pos, kv.block_size, kv.kvh, h);
+  store_kv_row<kThreads>(kv.k, kv.k_scale, type, row, k + (r * kv.kvh + h) * hd, hd, red);
+  store_kv_row<kThreads>(kv.v, kv.v_scale, type, row, v + (r * kv.kvh + h) * hd, hd, red);
 }
 
 // attention_prep: one block per (row, head) over nh query heads then kvh key heads. The head's
 // vector is normalised (zero-centred RMSNorm, sum of squares in double as norm.cu) into shared
 // memory, rotated there as rope_kernel does, and written out; key heads also go to the KV pools
-// with their value rows (kv_write_kernel's addressing).
+// with their value rows (kv_write_kernel's rounding).
 constexpr int kPrepThreads = 128;
 
 __global__ void __launch_bounds__(kPrepThreads) attention_prep_kernel(
     float* q, float* gate, const float* qg, float* k, const float* v, const float* q_norm_w, const float* k_norm_w,
-    float eps, const int32_t* pos, const float* inv_freq, int64_t half, float* k_pool, float* v_pool,
-    DeviceLayout L, int64_t block_size, int64_t nh, int64_t kvh, int64_t hd) {
+    float eps, const int32_t* pos, const float* inv_freq, int64_t half, KvView kv, KvType type, DeviceLayout L,
+    int64_t nh) {
   extern __shared__ float xs[];  // [hd]
   __shared__ double part[kPrepThreads / 32];
-  const int64_t row = blockIdx.x, hh = blockIdx.y;
+  __shared__ float red[kPrepThreads / 32];
+  const int64_t row = blockIdx.x, hh = blockIdx.y, kvh = kv.kvh, hd = kv.hd;
   const bool is_q = hh < nh;
   const int64_t kh = hh - nh;
   const float* src = is_q ? qg + (row * nh + hh) * 2 * hd : k + (row * kvh + kh) * hd;
@@ -92,28 +91,33 @@ __global__ void __launch_bounds__(kPrepThreads) attention_prep_kernel(
       const float x1 = xs[f], x2 = xs[f + half];
       y = c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn;
     }
-    dst[c] = y;  // the pool copy below reads back only this thread's own elements
+    dst[c] = y;  // the pool write below reads back only this thread's own elements
   }
   if (is_q) return;
   const int s = L.span_of_row(static_cast<int>(row));
   if (s < 0) return;
   const int64_t p = L.start_pos(s) + (row - L.row_begin(s));
-  const int64_t off = ((static_cast<int64_t>(L.table(s)[p / block_size]) * block_size + p % block_size) * kvh + kh) * hd;
-  for (int64_t c = threadIdx.x; c < hd; c += kPrepThreads) {
-    k_pool[off + c] = dst[c];
-    v_pool[off + c] = v[(row * kvh + kh) * hd + c];
-  }
+  const int64_t pool_row = kv_row_index(L, s, p, kv.block_size, kvh, kh);
+  store_kv_row<kPrepThreads>(kv.k, kv.k_scale, type, pool_row, dst, hd, red);
+  store_kv_row<kPrepThreads>(kv.v, kv.v_scale, type, pool_row, v + (row * kvh + kh) * hd, hd, red);
 }
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
 
-__global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(float* out, const float* q, const float* k_pool,
-                                                                    const float* v_pool, const float* gate,
-                                                                    DeviceLayout L,
-                                                                    int64_t nh, int64_t kvh, int64_t hd,
-                                                                    int64_t block_size, float scale) {
-  const int64_t row = blockIdx.x, h = blockIdx.y;
+// Element c of pool row `row` as f32 (fp8: the code's value; the caller applies the row scale).
+template <KvType kType>
+__device__ __forceinline__ float kv_elem(const void* pool, int64_t row, int64_t hd, int64_t c) {
+  if constexpr (kType == KvType::kF32) return static_cast<const float*>(pool)[row * hd + c];
+  if constexpr (kType == KvType::kBf16) return bf16_bits_to_f32(static_cast<const uint16_t*>(pool)[row * hd + c]);
+  return fp8_to_f32(static_cast<const uint8_t*>(pool)[row * hd + c]);
+}
+
+template <KvType kType>
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_simt_kernel(float* out, const float* q, KvView kv,
+                                                                         const float* gate, DeviceLayout L, int64_t nh,
+                                                                         float scale) {
+  const int64_t row = blockIdx.x, h = blockIdx.y, hd = kv.hd, kvh = kv.kvh;
   const int s = L.span_of_row(static_cast<int>(row));
   if (s < 0) return;
   const int64_t len = L.start_pos(s) + (row - L.row_begin(s)) + 1;  // causal
@@ -129,21 +133,27 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(float* out, 
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = warp; j < len; j += kAttnWarps) {
-    const int64_t off = kv_offset(L, s, j, block_size, kvh, kv_head, hd);
+    const int64_t r = kv_row_index(L, s, j, kv.block_size, kvh, kv_head);
     float d = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) {
       const int64_t c = lane + 32 * i;
-      if (c < hd) d += qr[i] * k_pool[off + c];
+      if (c < hd) d += qr[i] * kv_elem<kType>(kv.k, r, hd, c);
     }
-    const float score = warp_sum(d) * scale;
+    float score = warp_sum(d) * scale;
+    float vs = 1.0f;
+    if constexpr (kType == KvType::kFp8) {
+      score *= kv.k_scale[r];
+      vs = kv.v_scale[r];
+    }
     const float m_new = fmaxf(m, score);
     const float corr = expf(m - m_new), p = expf(score - m_new);
     l = l * corr + p;
+    const float pv = p * vs;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) {
       const int64_t c = lane + 32 * i;
-      if (c < hd) acc[i] = acc[i] * corr + p * v_pool[off + c];
+      if (c < hd) acc[i] = acc[i] * corr + pv * kv_elem<kType>(kv.v, r, hd, c);
     }
     m = m_new;
   }
@@ -173,6 +183,42 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(float* out, 
   }
 }
 
+KvType kv_type(const KvPool& p) {
+  switch (p.dtype()) {
+    case DType::kF32: return KvType::kF32;
+    case DType::kBF16: return KvType::kBf16;
+    case DType::kF8E4M3: return KvType::kFp8;
+    default: CHECK_MSG(false, "KV pool dtype must be f32, bf16 or fp8");
+  }
+  return KvType::kF32;
+}
+
+// The pool's shapes checked, as the kernels see it.
+KvView kv_view(const KvPool& p) {
+  CHECK(p.k.rank() == 4 && p.v.shape == p.k.shape && p.v.dtype == p.k.dtype);
+  if (kv_type(p) == KvType::kFp8) {
+    const std::vector<int64_t> rows = {p.k.dim(0), p.k.dim(1), p.k.dim(2)};
+    CHECK(p.k_scale.dtype == DType::kF32 && p.k_scale.shape == rows && p.v_scale.shape == rows);
+  }
+  KvView v;
+  v.k = p.k.data;
+  v.v = p.v.data;
+  v.k_scale = p.k_scale.ptr<float>();
+  v.v_scale = p.v_scale.ptr<float>();
+  v.block_size = p.k.dim(1);
+  v.kvh = p.k.dim(2);
+  v.hd = p.k.dim(3);
+  return v;
+}
+
+// Every span's block table covers its positions and names blocks of the pool.
+void check_tables(const BatchLayout& batch, const KvPool& p) {
+  const int64_t bs = p.k.dim(1);
+  for (const SeqSpan& s : batch.seqs) {
+    CHECK((s.start_pos + s.num_tokens + bs - 1) / bs <= s.num_blocks);
+    for (int64_t b = 0; b < s.num_blocks; ++b) CHECK(s.block_table[b] >= 0 && s.block_table[b] < p.k.dim(0));
+  }
+}
 }  // namespace
 
 void CudaBackend::split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) {
@@ -196,71 +242,84 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, int64_t rotary_
 
 void CudaBackend::attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                                  const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
-                                 const Tensor& positions, int64_t rotary_dim, double theta, const Tensor& k_pool,
-                                 const Tensor& v_pool, const BatchLayout& batch) {
+                                 const Tensor& positions, int64_t rotary_dim, double theta, const KvPool& pool,
+                                 const BatchLayout& batch) {
   const int64_t T = q.dim(0), nh = q.dim(1), hd = q.dim(2), kvh = k.dim(1), half = rotary_dim / 2;
-  const int64_t bs = k_pool.dim(1);
+  const KvView kv = kv_view(pool);
   CHECK(qg.numel() == 2 * q.numel() && gate.numel() == q.numel() && k.numel() == T * kvh * hd &&
         v.numel() == k.numel() && k.dim(2) == hd);
   CHECK(q_norm_w.numel() == hd && k_norm_w.numel() == hd && positions.numel() == T);
   CHECK(rotary_dim % 2 == 0 && rotary_dim <= hd);
-  CHECK(k_pool.dim(2) == kvh && k_pool.dim(3) == hd && T == batch.total_rows);
-  for (const SeqSpan& s : batch.seqs) {
-    CHECK((s.start_pos + s.num_tokens + bs - 1) / bs <= s.num_blocks);
-    for (int64_t b = 0; b < s.num_blocks; ++b) CHECK(s.block_table[b] >= 0 && s.block_table[b] < k_pool.dim(0));
-  }
+  CHECK(kv.kvh == kvh && kv.hd == hd && T == batch.total_rows);
+  check_tables(batch, pool);
   if (T == 0) return;
   DeviceLayout L = device_layout(batch);
   const float* inv_freq = rope_inv_freq(rotary_dim, theta);
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(nh + kvh));
   const size_t shmem = static_cast<size_t>(hd) * sizeof(float);
-  CHECK_MSG(shmem <= 48 * 1024, "CUDA attention_prep: head_dim too large");
+  CHECK_MSG(shmem <= 40 * 1024, "CUDA attention_prep: head_dim too large");
   attention_prep_kernel<<<grid, kPrepThreads, shmem, stream_>>>(
       q.ptr<float>(), gate.ptr<float>(), qg.ptr<const float>(), k.ptr<float>(), v.ptr<const float>(),
       q_norm_w.ptr<const float>(), k_norm_w.ptr<const float>(), eps, positions.ptr<const int32_t>(), inv_freq, half,
-      k_pool.ptr<float>(), v_pool.ptr<float>(), L, bs, nh, kvh, hd);
+      kv, kv_type(pool), L, nh);
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                                 const BatchLayout& batch) {
-  const int64_t bs = k_pool.dim(1), kvh = k_pool.dim(2), hd = k_pool.dim(3), row = kvh * hd;
-  CHECK(k.numel() == batch.total_rows * row && v.numel() == k.numel());
-  for (const SeqSpan& s : batch.seqs) {
-    CHECK((s.start_pos + s.num_tokens + bs - 1) / bs <= s.num_blocks);
-    for (int64_t b = 0; b < s.num_blocks; ++b) CHECK(s.block_table[b] >= 0 && s.block_table[b] < k_pool.dim(0));
-  }
+void CudaBackend::kv_cache_write(const KvPool& pool, const Tensor& k, const Tensor& v, const BatchLayout& batch) {
+  const KvView kv = kv_view(pool);
+  CHECK(k.numel() == batch.total_rows * kv.kvh * kv.hd && v.numel() == k.numel());
+  check_tables(batch, pool);
   if (k.numel() == 0) return;
   DeviceLayout L = device_layout(batch);
-  kv_write_kernel<<<blocks_for(k.numel(), kThreads), kThreads, 0, stream_>>>(
-      k_pool.ptr<float>(), v_pool.ptr<float>(), k.ptr<const float>(), v.ptr<const float>(), L, bs, kvh, hd);
+  const dim3 grid(static_cast<unsigned>(batch.total_rows), static_cast<unsigned>(kv.kvh));
+  kv_write_kernel<<<grid, kThreads, 0, stream_>>>(kv, kv_type(pool), k.ptr<const float>(), v.ptr<const float>(), L);
   CUDA_CHECK_LAUNCH();
 }
 
-void CudaBackend::attention(const Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                            const BatchLayout& batch, const AttentionDims& d) {
-  launch_attention(out, q, nullptr, k_pool, v_pool, batch, d);
+void CudaBackend::attention(const Tensor& out, const Tensor& q, const KvPool& pool, const BatchLayout& batch,
+                            const AttentionDims& d) {
+  launch_attention(out, q, nullptr, pool, batch, d);
 }
 
-void CudaBackend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
-                                  const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& d) {
+void CudaBackend::gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const KvPool& pool,
+                                  const BatchLayout& batch, const AttentionDims& d) {
   CHECK(gate.numel() == q.numel());
-  launch_attention(out, q, gate.ptr<const float>(), k_pool, v_pool, batch, d);
+  launch_attention(out, q, gate.ptr<const float>(), pool, batch, d);
 }
 
-void CudaBackend::launch_attention(const Tensor& out, const Tensor& q, const float* gate, const Tensor& k_pool,
-                                   const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& d) {
+void CudaBackend::launch_attention(const Tensor& out, const Tensor& q, const float* gate, const KvPool& pool,
+                                   const BatchLayout& batch, const AttentionDims& d) {
   const int64_t nh = d.num_heads, hd = d.head_dim;
+  const KvView kv = kv_view(pool);
   CHECK(q.numel() == batch.total_rows * nh * hd && out.numel() == q.numel());
-  CHECK(k_pool.dim(2) == d.num_kv_heads && k_pool.dim(3) == hd && nh % d.num_kv_heads == 0);
+  CHECK(kv.kvh == d.num_kv_heads && kv.hd == hd && nh % d.num_kv_heads == 0);
   CHECK_MSG(hd <= 32 * kMaxDimsPerLane, "CUDA attention supports head_dim <= 256");
-  for (const SeqSpan& s : batch.seqs) CHECK((s.start_pos + s.num_tokens + k_pool.dim(1) - 1) / k_pool.dim(1) <= s.num_blocks);
+  check_tables(batch, pool);
   if (batch.total_rows == 0) return;
   DeviceLayout L = device_layout(batch);
+  const KvType type = kv_type(pool);
+  const AttentionArgs a{out.ptr<float>(), q.ptr<const float>(), gate, kv, L, static_cast<int>(nh),
+                        static_cast<int>(nh / d.num_kv_heads), d.scale};
+  if (type != KvType::kF32 && tensor_core_head_dim(hd)) {
+    if (L.max_tokens <= kDecodeMaxTokens) {
+      launch_attention_decode(*this, a, type == KvType::kFp8);
+    } else {
+      launch_attention_prefill(*this, a, type == KvType::kFp8);
+    }
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(batch.total_rows), static_cast<unsigned>(nh));
-  attention_kernel<<<grid, kAttnWarps * 32, 0, stream_>>>(out.ptr<float>(), q.ptr<const float>(),
-                                                          k_pool.ptr<const float>(), v_pool.ptr<const float>(), gate,
-                                                          L, nh, d.num_kv_heads, hd, k_pool.dim(1), d.scale);
+  switch (type) {
+    case KvType::kF32:
+      attention_simt_kernel<KvType::kF32><<<grid, kAttnWarps * 32, 0, stream_>>>(a.out, a.q, kv, gate, L, nh, d.scale);
+      break;
+    case KvType::kBf16:
+      attention_simt_kernel<KvType::kBf16><<<grid, kAttnWarps * 32, 0, stream_>>>(a.out, a.q, kv, gate, L, nh, d.scale);
+      break;
+    case KvType::kFp8:
+      attention_simt_kernel<KvType::kFp8><<<grid, kAttnWarps * 32, 0, stream_>>>(a.out, a.q, kv, gate, L, nh, d.scale);
+      break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -90,10 +90,9 @@ class CudaBackend final : public Backend {
 
   void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;
   void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) override;
-  void kv_cache_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                      const BatchLayout& batch) override;
-  void attention(const Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                 const BatchLayout& batch, const AttentionDims& dims) override;
+  void kv_cache_write(const KvPool& pool, const Tensor& k, const Tensor& v, const BatchLayout& batch) override;
+  void attention(const Tensor& out, const Tensor& q, const KvPool& pool, const BatchLayout& batch,
+                 const AttentionDims& dims) override;
 
   void gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
                 const Tensor& conv_state_pool, const BatchLayout& batch) override;
@@ -114,10 +113,9 @@ class CudaBackend final : public Backend {
                        const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
   void attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k, const Tensor& v,
                       const Tensor& q_norm_w, const Tensor& k_norm_w, float eps, const Tensor& positions,
-                      int64_t rotary_dim, double theta, const Tensor& k_pool, const Tensor& v_pool,
-                      const BatchLayout& batch) override;
-  void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const Tensor& k_pool,
-                       const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& dims) override;
+                      int64_t rotary_dim, double theta, const KvPool& pool, const BatchLayout& batch) override;
+  void gated_attention(const Tensor& out, const Tensor& q, const Tensor& gate, const KvPool& pool,
+                       const BatchLayout& batch, const AttentionDims& dims) override;
   void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
                                 const Linear& shared_gate, const Tensor& norm_w, float eps) override;
 
@@ -159,8 +157,8 @@ class CudaBackend final : public Backend {
   // quant_linear.cu. x: [*, K] f32 (device), ids: [R] i32 (device) -> out: [R, N] f32.
   void quant_matmul(float* out, const float* x, int64_t R, int64_t x_div, const int32_t* ids, const Linear& w);
   // attention / gated_attention (attention.cu); gate: [T, nh, hd] device or null.
-  void launch_attention(const Tensor& out, const Tensor& q, const float* gate, const Tensor& k_pool,
-                        const Tensor& v_pool, const BatchLayout& batch, const AttentionDims& d);
+  void launch_attention(const Tensor& out, const Tensor& q, const float* gate, const KvPool& pool,
+                        const BatchLayout& batch, const AttentionDims& d);
   // Copies a small host array to fresh device scratch (stream-ordered).
   Scratch upload_scratch(const void* host, size_t bytes);
   // inv_freq of rotate-half RoPE computed on the host exactly as the CPU backend does, cached.

@@ -296,7 +296,7 @@ AttnResult run_attn(Backend& be, bool fused, const AttnCase& c, const std::vecto
   be.fill_zero(vp);
   const float eps = 1e-6f;
   if (fused) {
-    be.attention_prep(q, gate, bqg, bk, bv, bqw, bkw, eps, bpos, c.rotary, c.theta, kp, vp, L);
+    be.attention_prep(q, gate, bqg, bk, bv, bqw, bkw, eps, bpos, c.rotary, c.theta, KvPool{kp, vp, {}, {}}, L);
   } else {
     const Tensor qv = q.tensor().view({T * c.nh, c.hd}), kv = bk.tensor().view({T * c.kvh, c.hd});
     be.split_query_gate(q, gate, bqg);
@@ -304,7 +304,7 @@ AttnResult run_attn(Backend& be, bool fused, const AttnCase& c, const std::vecto
     be.rmsnorm(kv, kv, bkw, eps);
     be.rope(q, bpos, c.rotary, c.theta);
     be.rope(bk, bpos, c.rotary, c.theta);
-    be.kv_cache_write(kp, vp, bk, bv, L);
+    be.kv_cache_write(KvPool{kp, vp, {}, {}}, bk, bv, L);
   }
   return {get(be, q), get(be, gate), get(be, bk), get(be, kp), get(be, vp)};
 }
@@ -456,9 +456,9 @@ TEST(FusedGatedAttention, EqualsAttentionThenSigmoidMul) {
       Buffer bq = put(be, {T, c.nh, c.hd}, q), bg = put(be, {T, c.nh, c.hd}, gate), bk = put(be, ps, kp), bv = put(be, ps, vp);
       Buffer out(&be, DType::kF32, {T, c.nh, c.hd});
       if (fused) {
-        be.gated_attention(out, bq, bg, bk, bv, P.L, d);
+        be.gated_attention(out, bq, bg, KvPool{bk, bv, {}, {}}, P.L, d);
       } else {
-        be.attention(out, bq, bk, bv, P.L, d);
+        be.attention(out, bq, KvPool{bk, bv, {}, {}}, P.L, d);
         be.sigmoid_mul(out, bg);
       }
       return get(be, out);

@@ -1,0 +1,146 @@
+// Device pieces shared by the attention kernels (attention.cu, attention_prefill.cu,
+// attention_decode.cu): the paged KV pool as the kernels see it, the rounding of a row to the pool's
+// dtype (the CPU backend's store_row, bit for bit), and the tensor-core primitives of the
+// mma.sync kernels (sm_80+ instructions: they run on sm_90a, sm_100a and sm_120a alike).
+//
+// Precision of the tensor-core kernels: K and V are exact bf16 values (a bf16 pool holds them; an
+// e4m3 code has 4 significant bits, so it is exact in bf16 and its row scale is applied to the
+// f32 score / probability instead). Q and the probabilities P are f32: each is split into
+// hi = bf16(x) and lo = bf16(x - hi), and both halves go through the MMA, so the operand carries
+// ~16 significant bits (relative error <= 2^-17) and the products accumulate in f32. The result is
+// within ~1e-5 of the fp32 reference (gpu_ops attention checks), where a single bf16 operand would
+// be off by ~2^-9.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant_math.cuh"
+
+namespace sparkserve {
+
+// A KvPool (backend/ops.h) as the kernels read it. Row index of (position, kv head):
+// (block * block_size + pos % block_size) * kvh + head; element offset = row * hd.
+struct KvView {
+  void* k = nullptr;
+  void* v = nullptr;
+  float* k_scale = nullptr;  // fp8 pools only
+  float* v_scale = nullptr;
+  int64_t block_size = 0, kvh = 0, hd = 0;
+};
+
+enum class KvType : int { kF32 = 0, kBf16 = 1, kFp8 = 2 };
+
+__device__ __forceinline__ int64_t kv_row_index(const DeviceLayout& L, int s, int64_t pos, int64_t block_size,
+                                                int64_t kvh, int64_t head) {
+  const int32_t block = L.table(s)[pos / block_size];
+  return (static_cast<int64_t>(block) * block_size + pos % block_size) * kvh + head;
+}
+
+// The CPU's f32_to_bf16 (round to nearest even; NaN stays NaN).
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Block-wide (every thread of the block calls it): stores row `row` of one pool, the hd values x[c]
+// for c = threadIdx.x, threadIdx.x + kThreads, ... (each thread reads only its own c), rounded as
+// the CPU's store_row does. red: shared [kThreads / 32].
+template <int kThreads>
+__device__ void store_kv_row(void* pool, float* scales, KvType type, int64_t row, const float* x, int64_t hd,
+                             float* red) {
+  if (type == KvType::kF32) {
+    for (int64_t c = threadIdx.x; c < hd; c += kThreads) static_cast<float*>(pool)[row * hd + c] = x[c];
+  } else if (type == KvType::kBf16) {
+    for (int64_t c = threadIdx.x; c < hd; c += kThreads)
+      static_cast<uint16_t*>(pool)[row * hd + c] = f32_to_bf16_bits(x[c]);
+  } else {
+    float amax = 0.0f;
+    for (int64_t c = threadIdx.x; c < hd; c += kThreads) amax = fmaxf(amax, fabsf(x[c]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    __syncthreads();  // red may hold the previous call's values
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
+    __syncthreads();
+    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+    const float s = fp8_token_scale_from_amax(amax);
+    for (int64_t c = threadIdx.x; c < hd; c += kThreads)
+      static_cast<uint8_t*>(pool)[row * hd + c] = f32_to_fp8(__fdiv_rn(x[c], s));
+    if (threadIdx.x == 0) scales[row] = s;
+  }
+}
+
+// ---- tensor-core primitives ----------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (and reads nothing).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+// 4 bytes global -> shared, asynchronous; src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes = 4) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// d += a b: m16n8k16, bf16 operands, f32 accumulators (PTX fragment layouts).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// x0, x1 split into hi = bf16(x) and lo = bf16(x - hi), packed in pairs (x0 in the low half).
+__device__ __forceinline__ void split_pack(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+  const __nv_bfloat16 l0 = __float2bfloat16_rn(x0 - __bfloat162float(h0));
+  const __nv_bfloat16 l1 = __float2bfloat16_rn(x1 - __bfloat162float(h1));
+  hi = static_cast<uint32_t>(__bfloat16_as_ushort(h0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h1)) << 16);
+  lo = static_cast<uint32_t>(__bfloat16_as_ushort(l0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(l1)) << 16);
+}
+// Eight e4m3 codes (two words, lowest code in the low byte) widened to eight bf16 values, packed
+// in pairs: exact (e4m3 values are exact in fp16 and in bf16).
+__device__ __forceinline__ void e4m3x8_to_bf16(uint32_t w0, uint32_t w1, uint32_t (&out)[4]) {
+  const uint32_t w[2] = {w0, w1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((w[i / 2] >> (16 * (i % 2))) & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    out[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// Shared-memory tiles of bf16 rows of HD values, in 16-byte chunks, with the chunk index XORed by
+// the row so that the eight rows one ldmatrix reads (same logical chunk) sit in eight different
+// bank groups: no bank conflicts for ldmatrix or for the 16-byte fills.
+template <int HD>
+__device__ __forceinline__ int tile_chunk(int row, int chunk) {
+  constexpr int C = HD / 8;  // chunks per row
+  if constexpr (C >= 8) {
+    return row * C + (chunk ^ (row & 7));
+  } else {
+    return row * C + (chunk ^ ((row / (8 / C)) & (C - 1)));
+  }
+}
+
+}  // namespace sparkserve

@@ -1,0 +1,193 @@
+// Flash attention for prefill (spans of many tokens) over the paged KV pool, on tensor cores
+// (mma.sync m16n8k16 bf16; precision in attention_common.cuh).
+//
+// One block of 4 warps per (64 query rows of one span, kv head). The rows are the span's (token,
+// query head) pairs with the group's query heads of a token side by side (GQA packing: each K/V
+// tile is loaded once for every query head of its kv head), 16 rows per warp. Keys stream through
+// shared memory in tiles of 32 (V's load overlaps Q·Kᵀ, the next K's load overlaps P·V), so memory
+// is O(tile) whatever the length. Causal with the span's prefix offset: the row of token t sees
+// positions [0, start_pos + t]. Online softmax in f32 (exp2 with the scale folded in); the sigmoid
+// output gate is applied as the output is written, as sigmoid_mul would apply it to the stored value.
+// Shared memory: (2·64 + 2·32) rows of HD bf16 = 96 KB at HD 256 (fits sm_120's 99 KB).
+#include "backend/cuda/attention_tile.cuh"
+#include "backend/cuda/gemv_common.cuh"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kPfWarps = 4, kPfThreads = kPfWarps * 32;
+constexpr int kPfRows = 16 * kPfWarps;  // query rows per block
+constexpr int kPfKeys = 32;             // keys per tile
+
+template <int HD>
+constexpr int64_t prefill_smem_bytes() {
+  return (2 * kPfRows + 2 * kPfKeys) * HD * 2 + 2 * kPfKeys * 4;  // Q hi/lo, K, V (bf16); fp8 row scales
+}
+
+// Keys [key0, key0 + kPfKeys) of kv head `head` into a bf16 tile (keys >= len: zeros). bf16 pools:
+// asynchronous 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to
+// bf16 and stored, with the rows' scales in `scales` (0 past len). Either way the tile is complete
+// for every thread after the caller's next wait + __syncthreads.
+template <int HD, bool kFp8>
+__device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
+                                             const DeviceLayout& L, int s, int64_t key0, int64_t len,
+                                             int64_t block_size, int64_t kvh, int64_t head) {
+  if constexpr (!kFp8) {
+    constexpr int C = HD / 8;
+    for (int idx = threadIdx.x; idx < kPfKeys * C; idx += kPfThreads) {
+      const int key = idx / C, c = idx % C;
+      const int64_t j = key0 + key;
+      const bool ok = j < len;
+      const uint16_t* src = static_cast<const uint16_t*>(pool);
+      if (ok) src += kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 8;
+      cp_async16(tile + tile_chunk<HD>(key, c) * 8, src, ok ? 16 : 0);
+    }
+  } else {
+    constexpr int C16 = HD / 16;  // 16-code chunks per row
+    for (int idx = threadIdx.x; idx < kPfKeys * C16; idx += kPfThreads) {
+      const int key = idx / C16, c = idx % C16;
+      const int64_t j = key0 + key;
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (j < len)
+        raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(pool) +
+                                              kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 16);
+      uint4 lo, hi;
+      e4m3x8_to_bf16(raw.x, raw.y, reinterpret_cast<uint32_t(&)[4]>(lo));
+      e4m3x8_to_bf16(raw.z, raw.w, reinterpret_cast<uint32_t(&)[4]>(hi));
+      *reinterpret_cast<uint4*>(tile + tile_chunk<HD>(key, 2 * c) * 8) = lo;
+      *reinterpret_cast<uint4*>(tile + tile_chunk<HD>(key, 2 * c + 1) * 8) = hi;
+    }
+    for (int key = threadIdx.x; key < kPfKeys; key += kPfThreads) {
+      const int64_t j = key0 + key;
+      scales[key] = j < len ? pool_scale[kv_row_index(L, s, j, block_size, kvh, head)] : 0.0f;
+    }
+  }
+}
+
+template <int HD, bool kFp8>
+__global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(AttentionArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* q_lo = q_hi + kPfRows * HD;
+  uint16_t* k_tile = q_lo + kPfRows * HD;
+  uint16_t* v_tile = k_tile + kPfKeys * HD;
+  float* k_sc = reinterpret_cast<float*>(v_tile + kPfKeys * HD);
+  float* v_sc = k_sc + kPfKeys;
+
+  const DeviceLayout& L = a.L;
+  const int G = a.group, h = blockIdx.y;
+  // Work item -> (span, tile); within a span the last tiles (which see the most keys) go first.
+  int w = blockIdx.x, s = 0, tiles = 0;
+  for (; s < L.num_seqs; ++s) {
+    tiles = (L.num_tokens(s) * G + kPfRows - 1) / kPfRows;
+    if (w < tiles) break;
+    w -= tiles;
+  }
+  if (s >= L.num_seqs) return;
+  const int tile = tiles - 1 - w;
+  const int rows = L.num_tokens(s) * G;  // the span's (token, query head) rows of this kv head
+  const int64_t start = L.start_pos(s), rb = L.row_begin(s);
+  const int i0 = tile * kPfRows, i_last = min(i0 + kPfRows, rows) - 1;
+  const int64_t kv_len = start + i_last / G + 1;     // keys the tile's last row sees
+  const int64_t first_limit = start + i0 / G + 1;    // keys its first row sees
+  const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+
+  // Q rows split into bf16 hi / lo (rows past the span repeat its last row; never stored).
+  {
+    constexpr int C = HD / 8;
+    for (int idx = threadIdx.x; idx < kPfRows * C; idx += kPfThreads) {
+      const int r = idx / C, c = idx % C;
+      const int i = min(i0 + r, rows - 1);
+      const float* src = a.q + ((rb + i / G) * a.nh + h * G + i % G) * HD + c * 8;
+      const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+      uint4 hi, lo;
+      split_pack(x0.x, x0.y, hi.x, lo.x);
+      split_pack(x0.z, x0.w, hi.y, lo.y);
+      split_pack(x1.x, x1.y, hi.z, lo.z);
+      split_pack(x1.z, x1.w, hi.w, lo.w);
+      *reinterpret_cast<uint4*>(q_hi + tile_chunk<HD>(r, c) * 8) = hi;
+      *reinterpret_cast<uint4*>(q_lo + tile_chunk<HD>(r, c) * 8) = lo;
+    }
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g8 = lane / 4;
+  int64_t limit[2];  // keys visible to the thread's two rows (warp*16 + g8, + 8)
+#pragma unroll
+  for (int e = 0; e < 2; ++e) limit[e] = start + min(i0 + warp * 16 + g8 + 8 * e, rows - 1) / G + 1;
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float scale2 = a.scale * kLog2e;
+
+  const int n_tiles = static_cast<int>((kv_len + kPfKeys - 1) / kPfKeys);
+  load_kv_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, 0, kv_len, bs, kvh, h);
+  cp_async_commit();
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int64_t key0 = static_cast<int64_t>(kt) * kPfKeys;
+    cp_async_wait_all();
+    __syncthreads();  // K tile kt in place (and Q on the first pass); every warp is done with V
+    load_kv_tile<HD, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h);
+    cp_async_commit();
+
+    // S = Q Kᵀ for the warp's 16 rows, Q as hi + lo.
+    float sacc[kPfKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kPfKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t ah[4], al[4];
+      ldmatrix_x4(ah, smem_addr(q_hi + tile_chunk<HD>(warp * 16 + lane % 16, kk * 2 + lane / 16) * 8));
+      ldmatrix_x4(al, smem_addr(q_lo + tile_chunk<HD>(warp * 16 + lane % 16, kk * 2 + lane / 16) * 8));
+#pragma unroll
+      for (int np = 0; np < kPfKeys / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, smem_addr(k_tile + tile_chunk<HD>(np * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2) * 8));
+        mma_bf16_16816(sacc[2 * np], al, b[0], b[1]);
+        mma_bf16_16816(sacc[2 * np], ah, b[0], b[1]);
+        mma_bf16_16816(sacc[2 * np + 1], al, b[2], b[3]);
+        mma_bf16_16816(sacc[2 * np + 1], ah, b[2], b[3]);
+      }
+    }
+
+    softmax_tile<kPfKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kPfKeys > first_limit,
+                                  limit, lane);
+
+    cp_async_wait_all();
+    __syncthreads();  // V tile kt in place; every warp is done with K
+    if (kt + 1 < n_tiles) load_kv_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kPfKeys, kv_len, bs, kvh, h);
+    cp_async_commit();
+
+    // O += P V, P as hi + lo (fp8: each probability times its row's V scale).
+    pv_tile<HD, HD, kPfKeys>(o, sacc, v_tile, kFp8 ? v_sc : nullptr, 0, lane);
+  }
+
+  finish_row_sums(l);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + warp * 16 + g8 + 8 * r;
+    if (i < rows) store_row<HD>(a, o, r, l[r], ((rb + i / G) * a.nh + h * G + i % G) * HD, 0, lane);
+  }
+}
+
+template <int HD, bool kFp8>
+void launch(CudaBackend& be, const AttentionArgs& a) {
+  static int64_t allowed = 0;
+  constexpr int64_t bytes = prefill_smem_bytes<HD>();
+  auto kernel = attention_prefill_kernel<HD, kFp8>;
+  allow_smem(kernel, bytes, allowed);
+  // Tiles of all spans: sum of ceil(n_s * G / 64) <= total_rows * G / 64 + spans.
+  const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kPfRows + a.L.num_seqs;
+  const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh));
+  kernel<<<grid, kPfThreads, bytes, be.stream()>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8) {
+  CHECK_MSG(smem_budget() >= prefill_smem_bytes<256>(), "CUDA attention: the device's shared memory is too small");
+  with_head_dim(a.kv.hd, fp8, [&](auto hd, auto is_fp8) { launch<decltype(hd)::value, decltype(is_fp8)::value>(be, a); });
+}
+
+}  // namespace sparkserve

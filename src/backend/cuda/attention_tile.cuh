@@ -1,0 +1,183 @@
+// Warp-level steps of the tensor-core attention kernels (attention_prefill.cu, attention_decode.cu),
+// in the mma.sync m16n8k16 fragment layouts: a warp owns 16 query rows and a slice of DW head dims;
+// a thread holds rows g8 = lane / 4 and g8 + 8, and the accumulator pairs of columns 2 * (lane % 4).
+// K and V tiles are bf16 rows of HD values in shared memory (tile_chunk's swizzle), NK keys each.
+#pragma once
+
+#include "backend/cuda/attention_kernels.cuh"
+
+namespace sparkserve {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The warp's Q slice [16 rows, d0 .. d0 + DW) as A fragments split into bf16 hi / lo.
+// q_off: the element offset of the thread's two rows.
+template <int DW>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qh)[DW / 16][4], uint32_t (&ql)[DW / 16][4], const float* q,
+                                                 const int64_t (&q_off)[2], int d0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < DW / 16; ++kk)
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int64_t col = d0 + kk * 16 + (lane % 4) * 2 + (f / 2) * 8;
+      const float2 x = *reinterpret_cast<const float2*>(q + q_off[f % 2] + col);
+      split_pack(x.x, x.y, qh[kk][f], ql[kk][f]);
+    }
+}
+
+// sacc = Q[:, d0 .. d0 + DW) K[0 .. NK, d0 .. d0 + DW)ᵀ, Q as hi + lo.
+template <int HD, int DW, int NK>
+__device__ __forceinline__ void qk_tile(float (&sacc)[NK / 8][4], const uint32_t (&qh)[DW / 16][4],
+                                        const uint32_t (&ql)[DW / 16][4], const uint16_t* k_tile, int d0, int lane) {
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DW / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < NK / 16; ++np) {
+      uint32_t b[4];
+      const int chunk = (d0 + kk * 16) / 8 + (lane / 8) % 2;
+      ldmatrix_x4(b, smem_addr(k_tile + tile_chunk<HD>(np * 16 + (lane / 16) * 8 + lane % 8, chunk) * 8));
+      mma_bf16_16816(sacc[2 * np], ql[kk], b[0], b[1]);
+      mma_bf16_16816(sacc[2 * np], qh[kk], b[0], b[1]);
+      mma_bf16_16816(sacc[2 * np + 1], ql[kk], b[2], b[3]);
+      mma_bf16_16816(sacc[2 * np + 1], qh[kk], b[2], b[3]);
+    }
+}
+
+// Warps w = 0 .. W-1 each computed the scores' partial sum over their dims: every warp gets the
+// sum in warp order (the same floats in every warp). sbuf: shared [W][NK / 8][32] float4, the
+// caller's __syncthreads before the next write to it.
+template <int W, int NK>
+__device__ __forceinline__ void sum_score_partials(float (&sacc)[NK / 8][4], float4* sbuf, int wd, int lane) {
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+    sbuf[(wd * (NK / 8) + j) * 32 + lane] = make_float4(sacc[j][0], sacc[j][1], sacc[j][2], sacc[j][3]);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j) {
+    float4 t = sbuf[j * 32 + lane];
+#pragma unroll
+    for (int w = 1; w < W; ++w) {
+      const float4 u = sbuf[(w * (NK / 8) + j) * 32 + lane];
+      t.x += u.x;
+      t.y += u.y;
+      t.z += u.z;
+      t.w += u.w;
+    }
+    sacc[j][0] = t.x;
+    sacc[j][1] = t.y;
+    sacc[j][2] = t.z;
+    sacc[j][3] = t.w;
+  }
+}
+
+// One tile of the online softmax (base 2): raw scores of keys key0 .. key0 + NK become
+// probabilities; with `masked`, a key at or past a row's limit gets none (callers pass false for
+// tiles every row sees whole). m, l: the rows' running max and (this thread's partial) sum; o is
+// rescaled with them. k_sc: the keys' fp8 scales, or null.
+template <int NK, int NO>
+__device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NO][4],
+                                             float scale2, const float* k_sc, int64_t key0, bool masked,
+                                             const int64_t (&limit)[2], int lane) {
+  const int q4 = lane % 4;
+  float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kc = j * 8 + q4 * 2 + (e & 1);
+      float v = sacc[j][e] * scale2;
+      if (k_sc) v *= k_sc[kc];
+      if (masked && key0 + kc >= limit[e >> 1]) v = -INFINITY;
+      sacc[j][e] = v;
+      tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+    }
+  float m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+    tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+    const float m_new = fmaxf(m[r], tmax[r]);
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
+    const float corr = exp2f(m[r] - m_use[r]);
+    m[r] = m_new;
+    l[r] *= corr;
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) {
+      o[nt][2 * r] *= corr;
+      o[nt][2 * r + 1] *= corr;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(sacc[j][e] - m_use[e >> 1]);
+      l[e >> 1] += p;
+      sacc[j][e] = p;
+    }
+}
+
+// o += P V[0 .. NK, d0 .. d0 + DW), P as hi + lo; v_sc (fp8 pools): each key's V scale folded into
+// its probability, or null.
+template <int HD, int DW, int NK>
+__device__ __forceinline__ void pv_tile(float (&o)[DW / 8][4], const float (&p)[NK / 8][4], const uint16_t* v_tile,
+                                        const float* v_sc, int d0, int lane) {
+  const int q4 = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < NK / 16; ++kk) {
+    float x[2][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[hf][e] = p[2 * kk + hf][e];
+        if (v_sc) x[hf][e] *= v_sc[kk * 16 + hf * 8 + q4 * 2 + (e & 1)];
+      }
+    uint32_t ph[4], pl[4];
+    split_pack(x[0][0], x[0][1], ph[0], pl[0]);
+    split_pack(x[0][2], x[0][3], ph[1], pl[1]);
+    split_pack(x[1][0], x[1][1], ph[2], pl[2]);
+    split_pack(x[1][2], x[1][3], ph[3], pl[3]);
+#pragma unroll
+    for (int dp = 0; dp < DW / 16; ++dp) {
+      uint32_t b[4];
+      const int chunk = (d0 + dp * 16) / 8 + lane / 16;
+      ldmatrix_x4_trans(b, smem_addr(v_tile + tile_chunk<HD>(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, chunk) * 8));
+      mma_bf16_16816(o[2 * dp], pl, b[0], b[1]);
+      mma_bf16_16816(o[2 * dp], ph, b[0], b[1]);
+      mma_bf16_16816(o[2 * dp + 1], pl, b[2], b[3]);
+      mma_bf16_16816(o[2 * dp + 1], ph, b[2], b[3]);
+    }
+  }
+}
+
+// The row sums l completed across the four threads of a row.
+__device__ __forceinline__ void finish_row_sums(float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+}
+
+// Row r's (r = 0, 1: g8, g8 + 8) output slice o / l, times sigmoid(gate) when gated (the
+// expression sigmoid_mul applies to the stored value), written at element offset `off`.
+template <int DW>
+__device__ __forceinline__ void store_row(const AttentionArgs& a, const float (&o)[DW / 8][4], int r, float l,
+                                          int64_t off, int d0, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < DW / 8; ++nt) {
+    const int64_t d = d0 + nt * 8 + (lane % 4) * 2;
+    float2 y = make_float2(o[nt][2 * r] / l, o[nt][2 * r + 1] / l);
+    if (a.gate) {
+      const float2 g = *reinterpret_cast<const float2*>(a.gate + off + d);
+      y.x *= sigmoid_f(g.x);
+      y.y *= sigmoid_f(g.y);
+    }
+    *reinterpret_cast<float2*>(a.out + off + d) = y;
+  }
+}
+
+}  // namespace sparkserve
