@@ -71,6 +71,8 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
   if (o.http_threads < 1 || o.http_threads > 4096) return fail("--http-threads must be in [1, 4096]");
+  if (o.prefix_cache_state_mb < 0) return fail("--prefix-cache-state-mb must be >= 0");
+  if (o.prefix_cache_snapshot_interval < 0) return fail("--prefix-cache-snapshot-interval must be >= 0 (0: none)");
   if (auto load_opts = make_load_options(o.load); !load_opts) return fail(load_opts.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
@@ -141,6 +143,14 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   limits.max_sequences = o.max_num_seqs;
   limits.num_kv_blocks = static_cast<int32_t>(blocks);
   limits.block_size = o.block_size;
+  // Prefix-cache snapshots: whole GDN states of one sequence each, from the --prefix-cache-state-mb
+  // budget, at most 4 per sequence slot (enough for every running conversation's last turns; a
+  // tiny model would otherwise get millions).
+  if (!o.no_prefix_caching) {
+    const int64_t per_snapshot = std::max<int64_t>(gdn_state_bytes(c), 1);
+    limits.num_snapshots = static_cast<int32_t>(
+        std::min<int64_t>((o.prefix_cache_state_mb << 20) / per_snapshot, 4LL * o.max_num_seqs));
+  }
   auto runner = make_runner(o, c, limits);
   if (!runner) return fail(runner.message());
 
@@ -152,6 +162,8 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.max_model_len = max_model_len;
   ec.vocab_size = static_cast<int64_t>(tokenizer->vocab_size());
+  ec.enable_prefix_caching = !o.no_prefix_caching;
+  ec.snapshot_interval = o.prefix_cache_snapshot_interval;
   Engine engine(**runner, ec, &metrics);
 
   ctx.engine = &engine;
@@ -194,9 +206,12 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
     ctx.shutting_down.store(true);
     svr.stop();
   });
-  std::fprintf(stderr, "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d, %d sequences)\n",
+  std::fprintf(stderr,
+               "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d, %d sequences, "
+               "prefix cache %s with %d state snapshots)\n",
                name.c_str(), o.host.c_str(), bound, static_cast<long long>(max_model_len),
-               static_cast<long long>(blocks), o.block_size, o.max_num_seqs);
+               static_cast<long long>(blocks), o.block_size, o.max_num_seqs, o.no_prefix_caching ? "off" : "on",
+               limits.num_snapshots);
   std::fflush(stderr);
   const bool ok = svr.listen_after_bind();
   listen_ended.store(true);
@@ -228,6 +243,14 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body (413 above)")->default_val(8 << 20);
   cmd->add_option("--request-timeout", o->request_timeout, "Seconds before a request is cancelled (0: never)")->default_val(600);
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")->default_val(256);
+  cmd->add_flag("--no-prefix-caching,--no-enable-prefix-caching", o->no_prefix_caching,
+                "Turn the prefix cache off (shared KV blocks + GDN state snapshots; on by default)");
+  cmd->add_option("--prefix-cache-state-mb", o->prefix_cache_state_mb,
+                  "Memory for the prefix cache's GDN state snapshots, MiB (at most 4 per --max-num-seqs)")
+      ->default_val(4096);
+  cmd->add_option("--prefix-cache-snapshot-interval", o->prefix_cache_snapshot_interval,
+                  "Tokens between state snapshots of a long prompt (0: only at its end and at shared prefixes)")
+      ->default_val(2048);
 }
 
 namespace {

@@ -35,6 +35,9 @@ struct ServeOptions {
   int64_t max_body_bytes = 8 << 20;
   double request_timeout = 600;
   int http_threads = 256;
+  bool no_prefix_caching = false;
+  int64_t prefix_cache_state_mb = 4096;     // GDN state snapshots (device memory on CUDA)
+  int64_t prefix_cache_snapshot_interval = 2048;
 };
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);

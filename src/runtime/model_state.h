@@ -22,6 +22,10 @@ struct StateLimits {
   int32_t num_snapshots = 0;  // GDN state rows kept for the prefix cache
 };
 
+// Bytes of one sequence's GDN state (every linear-attention layer's conv window and recurrent
+// state, f32): what one prefix-cache snapshot costs.
+int64_t gdn_state_bytes(const ModelConfig& config);
+
 class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, const StateLimits& limits);
