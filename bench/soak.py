@@ -6,6 +6,13 @@ the reference the same prompt gave when run alone; the server's RSS is sampled t
   bench/soak.py --bin build/sparkserve --model build/serve-tiny --clients 64 --duration 600
   bench/soak.py --url http://127.0.0.1:8000 --pid PID ...      (a server already running)
 
+--sessions: each client runs multi-turn conversations instead (one of three shared system
+prompts, 2-6 turns, the reply and a new user line appended each turn), so requests share
+prefixes and resume from the prefix cache; a disconnected turn is retried. Every completed turn
+is compared with the same messages sent to a second server started with --no-prefix-caching
+(--ref-url for one already running), and at the end the server must be idle again: 0 running and
+waiting, KV-cache and GDN-slot usage 0 (cached blocks and snapshots are not usage).
+
 Prints one JSON object: requests completed / disconnected / failed / mismatched, tokens, rates,
 RSS at start (after warm-up), max and end, and the server's /metrics counters at the end."""
 import argparse
@@ -34,7 +41,8 @@ def rss_kib(pid):
 
 
 def stream_once(url, model, prompt, max_tokens, disconnect_after=None):
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "return_token_ids": True}
     ids, chunks, done, finish = [], 0, False, None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
@@ -61,6 +69,77 @@ def stream_once(url, model, prompt, max_tokens, disconnect_after=None):
     return ids, finish
 
 
+def start_server(bin_path, model, name, extra=()):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([bin_path, "serve", "--model", model, "--port", str(port),
+                             "--served-model-name", name, *extra], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return proc, url
+
+
+SYSTEMS = ["You are a careful coding assistant. Repository notes: " + " ".join(f"module{i} handles part {i}."
+                                                                                  for i in range(60)),
+           "You answer questions about cooking. Pantry: " + ", ".join(f"item {i}" for i in range(80)) + ".",
+           "You are terse."]
+USER_LINES = ["What next?", "Explain the last step.", "Now write a test for it.", "Why?", "Shorter please.",
+              "List the files involved.", "Continue.", "What about errors?"]
+
+
+def text_of(ids_and_finish, tokenizer_url, model):
+    ids, _ = ids_and_finish
+    r = httpx.post(tokenizer_url + "/detokenize", json={"model": model, "tokens": ids}, timeout=60)
+    return r.json()["prompt"]
+
+
+def session_client(i, a, url, ref_url, model, stop_at, stats, errors, lock):
+    rng = random.Random(a.seed * 1000 + i)
+    while time.time() < stop_at:
+        messages = [{"role": "system", "content": rng.choice(SYSTEMS)},
+                    {"role": "user", "content": rng.choice(USER_LINES) + f" (session {i}-{rng.random():.6f})"}]
+        for _turn in range(rng.randint(2, 6)):
+            if time.time() >= stop_at:
+                return
+            cut = rng.randint(1, a.max_tokens) if rng.random() < a.disconnect_prob else None
+            try:
+                got = stream_once(url, model, messages, a.max_tokens, cut)
+                if got is None:
+                    with lock:
+                        stats["disconnected"] += 1
+                    got = stream_once(url, model, messages, a.max_tokens)  # the client retries
+                ref = stream_once(ref_url, model, messages, a.max_tokens)
+            except Exception as e:  # noqa: BLE001 - every failure is counted and reported
+                with lock:
+                    stats["failed"] += 1
+                    errors.append(str(e)[:200])
+                break
+            with lock:
+                if got != ref:
+                    stats["mismatched"] += 1
+                    errors.append(f"mismatch in session {i}: {got} vs {ref}")
+                else:
+                    stats["completed"] += 1
+                    stats["tokens"] += len(got[0])
+            messages = messages + [{"role": "assistant", "content": text_of(got, url, model)},
+                                   {"role": "user", "content": rng.choice(USER_LINES)}]
+
+
+def metrics_of(url):
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("sparkserve:") and "_bucket" not in line:
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin")
@@ -73,26 +152,22 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--disconnect-prob", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sessions", action="store_true", help="multi-turn sessions checked against a no-cache server")
+    ap.add_argument("--ref-url", help="--sessions: a --no-prefix-caching server already running")
+    ap.add_argument("--serve-args", default="", help="extra options for the server under test, e.g. a small cache")
     a = ap.parse_args()
 
     proc = None
     if a.url:
         url, pid, model = a.url, a.pid, a.served_model_name
     else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(port),
-                                 "--served-model-name", a.served_model_name], stderr=subprocess.DEVNULL)
-        url, pid, model = f"http://127.0.0.1:{port}", proc.pid, a.served_model_name
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        proc, url = start_server(a.bin, a.model, a.served_model_name, a.serve_args.split())
+        pid, model = proc.pid, a.served_model_name
+    ref_proc, ref_url = None, a.ref_url
+    if a.sessions and not ref_url:
+        ref_proc, ref_url = start_server(a.bin, a.model, a.served_model_name, ["--no-prefix-caching"])
 
-    refs = {p: stream_once(url, model, p, a.max_tokens) for p in PROMPTS}
+    refs = {} if a.sessions else {p: stream_once(url, model, p, a.max_tokens) for p in PROMPTS}
     rss_start = rss_kib(pid) if pid else 0
     stats = {"completed": 0, "disconnected": 0, "failed": 0, "mismatched": 0, "tokens": 0}
     errors = []
@@ -121,7 +196,12 @@ def main():
                     stats["tokens"] += len(got[0])
 
     rss_max = rss_start
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
+    if a.sessions:
+        threads = [threading.Thread(target=session_client,
+                                    args=(i, a, url, ref_url, model, stop_at, stats, errors, lock))
+                   for i in range(a.clients)]
+    else:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
     t0 = time.time()
     for t in threads:
         t.start()
@@ -131,22 +211,23 @@ def main():
             rss_max = max(rss_max, rss_kib(pid))
     elapsed = time.time() - t0
     time.sleep(1)
-    metrics = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("sparkserve:") and "_bucket" not in line:
-            k, v = line.rsplit(" ", 1)
-            metrics[k] = float(v)
+    metrics = metrics_of(url)
+    # Idle again: nothing running or waiting, no KV block or GDN slot held by a request (blocks and
+    # state snapshots kept by the prefix cache are not usage).
+    idle = all(v == 0 for k, v in metrics.items()
+               if k.split("{")[0] in ("sparkserve:num_requests_running", "sparkserve:num_requests_waiting",
+                                      "sparkserve:kv_cache_usage_perc", "sparkserve:gdn_state_slots_usage_perc"))
     out = {**stats, "clients": a.clients, "seconds": round(elapsed, 1),
            "requests_per_s": round((stats["completed"] + stats["disconnected"]) / elapsed, 2),
            "completion_tokens_per_s": round(stats["tokens"] / elapsed, 1),
            "rss_kib_start": rss_start, "rss_kib_max": rss_max, "rss_kib_end": rss_kib(pid) if pid else 0,
-           "errors": errors[:5], "metrics": metrics}
+           "idle_at_end": idle, "errors": errors[:5], "metrics": metrics}
     print(json.dumps(out, indent=1))
-    if proc:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        out["exit_code"] = proc.returncode
-    ok = stats["failed"] == 0 and stats["mismatched"] == 0
+    for p in (proc, ref_proc):
+        if p:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
+    ok = stats["failed"] == 0 and stats["mismatched"] == 0 and idle
     return 0 if ok else 1
 
 

@@ -132,7 +132,7 @@ ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const Mod
   m.top_k = c.num_experts_per_tok;
   m.kv_bytes_per_token = static_cast<double>(count_layers(c, LayerType::kFullAttention)) *
                          kv_bytes_per_token(kv_dtype, c.num_key_value_heads, c.head_dim);
-  m.gdn_bytes_per_seq = gdn_state_bytes_per_sequence(c);
+  m.gdn_bytes_per_seq = static_cast<double>(gdn_state_bytes(c));
   return m;
 }
 

@@ -38,13 +38,6 @@ double activation_bytes(const ModelConfig& c, int64_t tokens) {
   return 2.0 * 4.0 * per_row * static_cast<double>(tokens) + 4.0 * c.vocab_size * 64;
 }
 
-double gdn_state_bytes_per_sequence(const ModelConfig& c) {
-  const GdnDims g = gdn_dims(c);
-  return count_layers(c, LayerType::kLinearAttention) *
-         (static_cast<double>(g.num_v_heads) * g.k_head_dim * g.v_head_dim +
-          static_cast<double>(g.conv_dim()) * (g.conv_kernel - 1)) * 4;
-}
-
 Expected<KvBudget> kv_budget_from_memory(Backend& backend, const ModelConfig& c, double utilization, int max_seqs,
                                          int64_t step_tokens) {
   if (!(utilization > 0.0 && utilization <= 1.0)) return make_error("--gpu-memory-utilization must be in (0, 1]");
@@ -53,7 +46,7 @@ Expected<KvBudget> kv_budget_from_memory(Backend& backend, const ModelConfig& c,
   KvBudget b;
   b.total = static_cast<double>(mem.total_bytes);
   b.in_use = static_cast<double>(mem.total_bytes - mem.free_bytes);
-  b.gdn_state = gdn_state_bytes_per_sequence(c) * max_seqs;
+  b.gdn_state = static_cast<double>(gdn_state_bytes(c)) * max_seqs;
   b.activations = activation_bytes(c, std::max<int64_t>(step_tokens, max_seqs)) + kHeadroomBytes;
   b.kv = utilization * b.total - b.in_use - b.gdn_state - b.activations;
   return b;
@@ -62,7 +55,7 @@ Expected<KvBudget> kv_budget_from_memory(Backend& backend, const ModelConfig& c,
 Expected<int32_t> serve_kv_blocks(Backend& backend, const ModelConfig& c, const StateLimits& limits, double utilization,
                                   int64_t step_tokens) {
   if (backend.device() == Device::kCpu) return limits.num_kv_blocks;
-  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, limits.max_sequences, step_tokens));
+  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, limits.max_sequences + limits.num_snapshots, step_tokens));
   const double per_block = static_cast<double>(std::max(count_layers(c, LayerType::kFullAttention), 1)) *
                            static_cast<double>(limits.block_size) *
                            static_cast<double>(kv_bytes_per_token(limits.kv_dtype, c.num_key_value_heads, c.head_dim));
@@ -73,11 +66,11 @@ Expected<int32_t> serve_kv_blocks(Backend& backend, const ModelConfig& c, const 
     char msg[640];
     std::snprintf(msg, sizeof msg,
                   "the KV cache (%lld blocks, %.2f GB of %s) does not fit: --gpu-memory-utilization %.2f of %.1f GB "
-                  "leaves %.2f GB after %.1f GB in use (weights), %.2f GB of GDN state for %d sequences and %.2f GB "
+                  "leaves %.2f GB after %.1f GB in use (weights), %.2f GB of GDN state for %d sequences and snapshots and %.2f GB "
                   "for activations; raise --gpu-memory-utilization, lower --max-num-seqs, or use --kv-cache-dtype fp8",
                   static_cast<long long>(std::max<int64_t>(blocks, 1)), static_cast<double>(std::max<int64_t>(blocks, 1)) * per_block / 1e9,
                   kv_cache_dtype_name(limits.kv_dtype), utilization, b.total / 1e9, b.kv / 1e9, b.in_use / 1e9,
-                  b.gdn_state / 1e9, limits.max_sequences, b.activations / 1e9);
+                  b.gdn_state / 1e9, limits.max_sequences + limits.num_snapshots, b.activations / 1e9);
     return make_error(msg);
   }
   return static_cast<int32_t>(blocks);

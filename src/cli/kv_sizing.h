@@ -26,8 +26,6 @@ void add_kv_cache_dtype_option(CLI::App* cmd, std::string& value);
 // Device bytes a prefill or step of `tokens` rows needs for activations, generously (f32, the
 // widest intermediates of a layer held at once, times two for the allocator's slack).
 double activation_bytes(const ModelConfig& c, int64_t tokens);
-// f32 recurrent + conv state of every GDN layer for one sequence.
-double gdn_state_bytes_per_sequence(const ModelConfig& c);
 
 // The device memory for the KV cache under vLLM's meaning of --gpu-memory-utilization: the process
 // may use `utilization` of the device's total memory; from that go what the device already holds

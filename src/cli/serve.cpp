@@ -103,6 +103,8 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (o.max_waiting_requests < 0) return fail("--max-waiting-requests must be >= 0 (0: no limit)");
   if (o.shutdown_timeout < 0) return fail("--shutdown-timeout must be >= 0");
   if (o.keep_alive_timeout <= 0) return fail("--keep-alive-timeout must be > 0");
+  if (o.prefix_cache_state_mb < 0) return fail("--prefix-cache-state-mb must be >= 0");
+  if (o.prefix_cache_snapshot_interval < 0) return fail("--prefix-cache-snapshot-interval must be >= 0 (0: none)");
   if (auto load_opts = make_load_options(o.load); !load_opts) return fail(load_opts.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
@@ -186,6 +188,14 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   limits.num_kv_blocks = static_cast<int32_t>(blocks);
   limits.block_size = o.block_size;
   limits.kv_dtype = *kv_dtype;
+  // Prefix-cache snapshots: whole GDN states of one sequence each, from the --prefix-cache-state-mb
+  // budget, at most 4 per sequence slot (enough for every running conversation's last turns; a
+  // tiny model would otherwise get millions). On a GPU the KV sizing counts them as GDN state.
+  if (!o.no_prefix_caching) {
+    const int64_t per_snapshot = std::max<int64_t>(gdn_state_bytes(c), 1);
+    limits.num_snapshots = static_cast<int32_t>(
+        std::min<int64_t>((o.prefix_cache_state_mb << 20) / per_snapshot, 4LL * o.max_num_seqs));
+  }
   auto runner = make_runner(o, c, limits);
   if (!runner) return fail(runner.message());
   blocks = (*runner)->geometry().num_blocks;
@@ -205,6 +215,8 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.max_model_len = max_model_len;
   ec.vocab_size = static_cast<int64_t>(tokenizer->vocab_size());
+  ec.enable_prefix_caching = !o.no_prefix_caching;
+  ec.snapshot_interval = o.prefix_cache_snapshot_interval;
   Engine engine(**runner, ec, &metrics);
 
   ctx.engine = &engine;
@@ -248,10 +260,11 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   }
   std::fprintf(stderr,
                "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d = %lld tokens, %s "
-               "%.2f GB, %d sequences)\n",
+               "%.2f GB, %d sequences, prefix cache %s with %d state snapshots)\n",
                name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len), static_cast<long long>(blocks),
                o.block_size, static_cast<long long>(pool_tokens), kv_cache_dtype_name(*kv_dtype),
-               static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs);
+               static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs, o.no_prefix_caching ? "off" : "on",
+               limits.num_snapshots);
   std::fflush(stderr);
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -305,6 +318,14 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--max-waiting-requests", o->max_waiting_requests, "Requests waiting for the engine at most (503 + Retry-After beyond; 0: no limit)")->default_val(256);
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may take to finish after SIGTERM/SIGINT")->default_val(10);
   cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")->default_val(60);
+  cmd->add_flag("--no-prefix-caching,--no-enable-prefix-caching", o->no_prefix_caching,
+                "Turn the prefix cache off (shared KV blocks + GDN state snapshots; on by default)");
+  cmd->add_option("--prefix-cache-state-mb", o->prefix_cache_state_mb,
+                  "Memory for the prefix cache's GDN state snapshots, MiB (at most 4 per --max-num-seqs)")
+      ->default_val(4096);
+  cmd->add_option("--prefix-cache-snapshot-interval", o->prefix_cache_snapshot_interval,
+                  "Tokens between state snapshots of a long prompt (0: only at its end and at shared prefixes)")
+      ->default_val(2048);
 }
 
 namespace {

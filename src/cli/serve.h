@@ -41,6 +41,9 @@ struct ServeOptions {
   int64_t max_waiting_requests = 256;
   double shutdown_timeout = 10;
   double keep_alive_timeout = 60;
+  bool no_prefix_caching = false;
+  int64_t prefix_cache_state_mb = 4096;     // GDN state snapshots (device memory on CUDA)
+  int64_t prefix_cache_snapshot_interval = 2048;
 };
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);

@@ -15,7 +15,9 @@ Engine::Engine(ModelRunner& runner, EngineConfig config, EngineObserver* observe
     : runner_(runner),
       config_(config),
       observer_(observer),
-      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens}, runner.geometry(), observer),
+      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching,
+                                 config.snapshot_interval},
+                 runner.geometry(), observer),
       post_(config.vocab_size, config.max_model_len, observer) {
   stats_.total_blocks = scheduler_.geometry().num_blocks;
   stats_.total_slots = scheduler_.geometry().num_slots;
@@ -100,6 +102,8 @@ void Engine::publish(const StepPlan* plan) {
     stats_.free_blocks = scheduler_.num_free_blocks();
     stats_.free_slots = scheduler_.num_free_slots();
     stats_.preemptions = scheduler_.num_preemptions();
+    stats_.blocks_held_by_sequences = scheduler_.num_blocks_held_by_sequences();
+    stats_.prefix_cache = scheduler_.prefix_cache_stats();
     if (plan) {
       ++stats_.steps;
       stats_.last_batch_tokens = plan->num_tokens();

@@ -25,6 +25,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 2048;
   int64_t max_model_len = 4096;
   int64_t vocab_size = 0;  // logits columns the sampler sees (the tokenizer's vocabulary)
+  // Prefix cache (scheduler.h): shared KV blocks + GDN state snapshots in the runner's snapshot rows.
+  bool enable_prefix_caching = true;
+  int64_t snapshot_interval = 2048;  // tokens between snapshots of a long prompt
 };
 
 // Counts for tests and /metrics.
@@ -35,6 +38,8 @@ struct EngineStats {
   uint64_t preemptions = 0;
   uint64_t steps = 0;
   int64_t last_batch_tokens = 0, last_batch_seqs = 0;
+  int32_t blocks_held_by_sequences = 0;  // 0 when idle (cached blocks are not held)
+  PrefixCacheStats prefix_cache;
 };
 
 class Engine {

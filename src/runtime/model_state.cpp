@@ -2,6 +2,12 @@
 
 namespace sparkserve {
 
+int64_t gdn_state_bytes(const ModelConfig& c) {
+  const GdnDims d = gdn_dims(c);
+  const int64_t per_layer = d.conv_dim() * (d.conv_kernel - 1) + d.num_v_heads * d.k_head_dim * d.v_head_dim;
+  return 4 * per_layer * count_layers(c, LayerType::kLinearAttention);
+}
+
 ModelState::ModelState(Backend& backend, const ModelConfig& c, const StateLimits& limits)
     : limits_(limits),
       kv_(backend, count_layers(c, LayerType::kFullAttention), limits.num_kv_blocks, limits.block_size,

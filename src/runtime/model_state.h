@@ -23,6 +23,10 @@ struct StateLimits {
   DType kv_dtype = DType::kF32;  // KvPool: kF32, kBF16 or kF8E4M3
 };
 
+// Bytes of one sequence's GDN state (every linear-attention layer's conv window and recurrent
+// state, f32): what one prefix-cache snapshot costs.
+int64_t gdn_state_bytes(const ModelConfig& config);
+
 class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, const StateLimits& limits);

@@ -60,6 +60,7 @@ void PostProcessor::sample(Sequence& s, const float* row, int64_t logits_vocab, 
   ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(), s.output(),
                            allowed);
   ev.token = ev.sample.token;
+  if (!s.first_token_sent) ev.num_cached_tokens = s.num_cached_tokens;
   if (r.constraint) r.constraint->accept(ev.token);
   s.tokens.push_back(ev.token);
   const int64_t n_out = s.num_generated();

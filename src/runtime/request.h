@@ -29,6 +29,8 @@ struct EngineEvent {
   std::string finish_reason;    // "stop" | "length" | "abort" | "error" (finished only)
   std::optional<int32_t> stop_token;  // the request stop id that ended it
   std::string error;            // finish_reason "error": what went wrong
+  // On the first generated token: how many prompt tokens the prefix cache supplied (else -1).
+  int64_t num_cached_tokens = -1;
 };
 
 // A thread-safe queue: the engine pushes, one HTTP thread pops.
@@ -55,6 +57,9 @@ struct EngineRequest {
   // Constrained decoding (tool_choice required / named): masks every sampled token and sees
   // every token taken. Used only by the engine thread once submitted.
   std::shared_ptr<TokenConstraint> constraint;
+  // Prompt positions where a conversation is likely to continue differently (the HTTP side gives
+  // where the chat template's generation prompt starts): the prefix cache saves the state there.
+  std::vector<int64_t> snapshot_hints;
   std::atomic<bool> cancelled{false};  // set by the HTTP side (disconnect, timeout, stop string)
   // Set (before `cancelled`) when the HTTP side ended the request on a stop string: the engine
   // then counts it as finished with "stop", not "abort".

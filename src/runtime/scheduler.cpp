@@ -8,8 +8,15 @@
 namespace sparkserve {
 
 Scheduler::Scheduler(SchedulerConfig config, CacheGeometry geometry, EngineObserver* observer)
-    : config_(config), geometry_(geometry), observer_(observer), blocks_(geometry.num_blocks) {
+    : config_(config),
+      geometry_(geometry),
+      observer_(observer),
+      blocks_(geometry.num_blocks),
+      snapshots_(config.prefix_caching ? geometry.num_snapshots : 0, geometry.num_slots) {
   for (int32_t s = geometry.num_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+  if (config_.snapshot_interval > 0)
+    config_.snapshot_interval =
+        (config_.snapshot_interval + geometry.block_size - 1) / geometry.block_size * geometry.block_size;
 }
 
 void Scheduler::add(std::shared_ptr<EngineRequest> request) {
@@ -20,23 +27,154 @@ void Scheduler::add(std::shared_ptr<EngineRequest> request) {
   waiting_.push_back(std::move(s));
 }
 
-void Scheduler::release_state(Sequence& s) {
+// ---- prefix cache -------------------------------------------------------------------------------
+
+const PrefixHash& Scheduler::chain(Sequence& s, int64_t q) {
+  static const PrefixHash kEmpty{};
+  const int64_t bs = geometry_.block_size;
+  CHECK(q * bs <= static_cast<int64_t>(s.tokens.size()));
+  while (static_cast<int64_t>(s.block_hashes.size()) < q) {
+    const int64_t i = static_cast<int64_t>(s.block_hashes.size());
+    const PrefixHash parent = i == 0 ? kEmpty : s.block_hashes.back();
+    s.block_hashes.push_back(hasher_.extend(parent, std::span(s.tokens).subspan(static_cast<size_t>(i * bs),
+                                                                                 static_cast<size_t>(bs))));
+  }
+  return q == 0 ? kEmpty : s.block_hashes[static_cast<size_t>(q - 1)];
+}
+
+PrefixHash Scheduler::snapshot_key(Sequence& s, int64_t n) {
+  const int64_t q = n / geometry_.block_size;
+  const int64_t start = q * geometry_.block_size;
+  return hasher_.extend(chain(s, q), std::span(s.tokens).subspan(static_cast<size_t>(start),
+                                                                  static_cast<size_t>(n - start)));
+}
+
+Scheduler::Hit Scheduler::lookup(Sequence& s) {
+  Hit hit;
+  const int64_t bs = geometry_.block_size;
+  // The last token always runs: its logits give the next token.
+  const int64_t limit = static_cast<int64_t>(s.tokens.size()) - 1;
+  if (!config_.prefix_caching || limit <= 0) return hit;
+  std::vector<int32_t> found;
+  for (int64_t q = 0; (q + 1) * bs <= limit; ++q) {
+    const int32_t b = blocks_.lookup(chain(s, q + 1));
+    if (b < 0) break;
+    found.push_back(b);
+  }
+  hit.matched_blocks = static_cast<int64_t>(found.size());
+  if (snapshots_.size() == 0) return hit;
+  // The best snapshot lies in the furthest block that has one.
+  for (int64_t q = hit.matched_blocks; q >= 0; --q) {
+    const std::vector<int32_t>* ids = snapshots_.with_parent(chain(s, q));
+    if (!ids) continue;
+    for (int32_t id : *ids) {
+      const Snapshot& snap = snapshots_.get(id);
+      if (snap.position > limit || snap.position <= hit.tokens) continue;
+      if (!(snap.key == snapshot_key(s, snap.position))) continue;
+      hit.tokens = snap.position;
+      hit.snapshot = id;
+    }
+    if (hit.snapshot >= 0) {
+      hit.blocks.assign(found.begin(), found.begin() + q);
+      return hit;
+    }
+  }
+  return hit;
+}
+
+void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
+  s.snapshot_points.clear();
+  if (!config_.prefix_caching || snapshots_.capacity() == 0) return;
+  const int64_t bs = geometry_.block_size, from = s.num_computed;
+  const int64_t end = static_cast<int64_t>(s.tokens.size()) - 1;  // the prompt's last position
+  auto add = [&](int64_t p) {
+    if (p > from && p <= end) s.snapshot_points.push_back(p);
+  };
+  add(end);
+  add(end / bs * bs);           // the block boundary before it (a re-rendered last turn diverges there)
+  add(matched_blocks * bs);     // a prefix other requests share
+  for (int64_t p : s.req->snapshot_hints) add(p);  // e.g. before the generation prompt
+  if (config_.snapshot_interval > 0)
+    for (int64_t p = (from / config_.snapshot_interval + 1) * config_.snapshot_interval; p < end;
+         p += config_.snapshot_interval)
+      add(p);
+  std::sort(s.snapshot_points.begin(), s.snapshot_points.end());
+  s.snapshot_points.erase(std::unique(s.snapshot_points.begin(), s.snapshot_points.end()), s.snapshot_points.end());
+}
+
+int64_t Scheduler::to_next_point(Sequence& s, int64_t want) {
+  auto& pts = s.snapshot_points;
+  pts.erase(pts.begin(), std::upper_bound(pts.begin(), pts.end(), s.num_computed));
+  return pts.empty() ? want : std::min(want, pts.front() - s.num_computed);
+}
+
+int32_t Scheduler::take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& ops, bool publish_now) {
+  const int64_t pos = s.num_computed + n;
+  if (!config_.prefix_caching || snapshots_.capacity() == 0 || pos <= 0 || s.slot < 0) return -1;
+  const int64_t bs = geometry_.block_size;
+  Snapshot snap;
+  snap.key = snapshot_key(s, pos);
+  if (snapshots_.contains(snap.key)) return -1;
+  snap.parent = chain(s, pos / bs);
+  snap.position = pos;
+  if (pos % bs != 0) snap.tail_block = s.blocks[static_cast<size_t>(pos / bs)];
+  int32_t evicted_tail = -1;
+  const std::optional<int32_t> id = snapshots_.add(snap, &evicted_tail);
+  if (evicted_tail >= 0) blocks_.release(evicted_tail, /*cache=*/true);
+  if (!id) return -1;
+  if (snap.tail_block >= 0) blocks_.retain(snap.tail_block, /*cache=*/true);
+  ops.push_back(StateOp{StateOp::Kind::kCopyState, s.slot, snapshots_.row(*id)});
+  if (publish_now) snapshots_.publish(*id);
+  return *id;
+}
+
+void Scheduler::register_full_blocks(Sequence& s) {
+  if (!config_.prefix_caching) return;
+  const int64_t full = s.num_computed / geometry_.block_size;
+  for (; s.num_registered < full; ++s.num_registered)
+    blocks_.register_hash(s.blocks[static_cast<size_t>(s.num_registered)], chain(s, s.num_registered + 1));
+}
+
+bool Scheduler::make_room(int32_t need) {
+  while (blocks_.num_available() < need) {
+    int32_t victim = -1;
+    for (int32_t id : snapshots_.lru_order()) {
+      // Only a tail block nobody but this snapshot holds frees anything.
+      const int32_t tail = snapshots_.get(id).tail_block;
+      if (tail >= 0 && blocks_.holders(tail) == 1) {
+        victim = id;
+        break;
+      }
+    }
+    if (victim < 0) return false;
+    blocks_.release(snapshots_.remove(victim), /*cache=*/true);
+  }
+  return true;
+}
+
+// ---- sequences ----------------------------------------------------------------------------------
+
+void Scheduler::release_state(Sequence& s, std::vector<StateOp>& ops) {
+  take_snapshot(s, 0, ops, /*publish_now=*/true);
   if (s.slot >= 0) free_slots_.push_back(s.slot);
   s.slot = -1;
-  for (int32_t b : s.blocks) blocks_.release(b);
+  // Last block first: the LRU then evicts a released prefix from its end.
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.release(*it);
   s.blocks.clear();
   s.num_computed = 0;
+  s.num_registered = 0;
+  s.snapshot_points.clear();
 }
 
 void Scheduler::finish(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
   CHECK_MSG(it != running_.end(), "finish: not a running sequence");
-  release_state(**it);
+  release_state(**it, pending_ops_);
   running_.erase(it);
 }
 
 void Scheduler::end_sequence(std::unique_ptr<Sequence> s, StepPlan& plan, std::string reason, std::string error) {
-  release_state(*s);
+  release_state(*s, plan.before);
   plan.ended.push_back(EndedRequest{std::move(s->req), std::move(reason), std::move(error), s->num_generated()});
 }
 
@@ -62,31 +200,85 @@ void Scheduler::drop_cancelled(StepPlan& plan) {
   std::erase_if(waiting_, [](const auto& s) { return !s; });
 }
 
-void Scheduler::preempt(size_t i) {
+void Scheduler::preempt(size_t i, StepPlan& plan) {
   std::unique_ptr<Sequence> s = std::move(running_[i]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-  release_state(*s);  // recomputed from prompt + output on readmission
+  release_state(*s, plan.before);  // resumed from its snapshot, or recomputed, on readmission
   waiting_.push_front(std::move(s));
   ++preemptions_;
   if (observer_) observer_->on_preemption();
 }
 
-int64_t Scheduler::fitting(const Sequence& s, int64_t want) const {
+int32_t Scheduler::blocks_needed(const Sequence& s, int64_t n) const {
+  const int64_t bs = geometry_.block_size;
+  return static_cast<int32_t>(std::max<int64_t>(0, (s.num_computed + n + bs - 1) / bs - static_cast<int64_t>(s.blocks.size())));
+}
+
+int64_t Scheduler::fitting(Sequence& s, int64_t want) {
+  make_room(blocks_needed(s, want));
   const int64_t capacity =
-      (static_cast<int64_t>(s.blocks.size()) + blocks_.num_free()) * geometry_.block_size - s.num_computed;
+      (static_cast<int64_t>(s.blocks.size()) + blocks_.num_available()) * geometry_.block_size - s.num_computed;
   return std::max<int64_t>(0, std::min(want, capacity));
 }
 
 bool Scheduler::grow(Sequence& s, int64_t n) {
-  const int64_t bs = geometry_.block_size;
-  const int64_t want = (s.num_computed + n + bs - 1) / bs;
-  if (want - static_cast<int64_t>(s.blocks.size()) > blocks_.num_free()) return false;
-  while (static_cast<int64_t>(s.blocks.size()) < want) s.blocks.push_back(*blocks_.allocate());
+  const int32_t need = blocks_needed(s, n);
+  if (need > blocks_.num_available() && !make_room(need)) return false;
+  for (int32_t i = 0; i < need; ++i) s.blocks.push_back(*blocks_.allocate());
+  return true;
+}
+
+bool Scheduler::admit(Sequence& s, int64_t& budget, StepPlan& plan, int64_t& chunk) {
+  const bool first = !s.admitted_once;
+  Hit hit = lookup(s);
+  // Share the cached blocks before sizing the chunk (they leave the evictable LRU), and hold the
+  // snapshot's tail block meanwhile, so that making room for the chunk cannot evict the snapshot.
+  for (int32_t b : hit.blocks) blocks_.retain(b);
+  const int32_t tail = hit.snapshot >= 0 ? snapshots_.get(hit.snapshot).tail_block : -1;
+  if (hit.snapshot >= 0) snapshots_.touch(hit.snapshot);
+  if (tail >= 0) blocks_.retain(tail);
+  s.blocks = hit.blocks;
+  s.num_computed = hit.tokens;
+  s.num_registered = static_cast<int64_t>(hit.blocks.size());
+  plan_snapshot_points(s, hit.matched_blocks);
+  const int64_t n = fitting(s, to_next_point(s, std::min(s.remaining(), budget)));
+  if (n == 0) {
+    if (tail >= 0) blocks_.release(tail);
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.release(*it);
+    s.blocks.clear();
+    s.num_computed = s.num_registered = 0;
+    return false;
+  }
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  CHECK(grow(s, n));
+  if (hit.snapshot >= 0) {
+    plan.before.push_back(StateOp{StateOp::Kind::kCopyState, snapshots_.row(hit.snapshot), s.slot});
+    if (tail >= 0) {
+      const int32_t own = s.blocks[static_cast<size_t>(hit.tokens / geometry_.block_size)];
+      plan.before.push_back(StateOp{StateOp::Kind::kCopyKvBlock, tail, own});
+      blocks_.release(tail);  // the copy runs before anything this plan writes
+    }
+  } else {
+    plan.before.push_back(StateOp{StateOp::Kind::kZeroState, -1, s.slot});
+  }
+  if (first) {
+    s.num_cached_tokens = hit.tokens;
+    queries_ += static_cast<uint64_t>(s.prompt_len);
+    hits_ += static_cast<uint64_t>(hit.tokens);
+    if (observer_) observer_->on_prompt(s.prompt_len, hit.tokens);
+  }
+  s.admitted_once = true;
+  budget -= n;
+  chunk = n;
   return true;
 }
 
 StepPlan Scheduler::schedule() {
   StepPlan plan;
+  plan.before = std::move(pending_ops_);  // snapshots of finished sequences, before slot reuse
+  pending_ops_.clear();
+  pending_publish_.clear();
   drop_cancelled(plan);
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<int64_t> chunk(running_.size(), 0);  // tokens scheduled per running sequence
@@ -100,12 +292,12 @@ StepPlan Scheduler::schedule() {
     }
     bool grown = grow(s, 1);
     while (!grown && running_.size() - 1 > i) {
-      preempt(running_.size() - 1);
+      preempt(running_.size() - 1, plan);
       chunk.pop_back();
       grown = grow(s, 1);
     }
-    if (!grown) {  // it is the newest itself: it waits for recompute
-      preempt(i);
+    if (!grown) {  // it is the newest itself: it waits
+      preempt(i, plan);
       chunk.erase(chunk.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
@@ -117,7 +309,7 @@ StepPlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
     if (chunk[i] != 0 || s.remaining() <= 1) continue;
-    const int64_t n = fitting(s, std::min(s.remaining(), budget));
+    const int64_t n = fitting(s, to_next_point(s, std::min(s.remaining(), budget)));
     if (n == 0) continue;
     CHECK(grow(s, n));
     chunk[i] = n;
@@ -132,19 +324,12 @@ StepPlan Scheduler::schedule() {
       std::unique_ptr<Sequence> gone = std::move(waiting_.front());
       waiting_.pop_front();
       end_sequence(std::move(gone), plan, "error",
-                  "the request needs " + std::to_string(s.tokens.size()) + " KV positions; the cache holds " +
-                      std::to_string(pool_tokens));
+                   "the request needs " + std::to_string(s.tokens.size()) + " KV positions; the cache holds " +
+                       std::to_string(pool_tokens));
       continue;
     }
-    const int64_t n = fitting(s, std::min(s.remaining(), budget));
-    if (n == 0) break;
-    s.slot = free_slots_.back();
-    free_slots_.pop_back();
-    plan.before.push_back(StateOp{StateOp::Kind::kZeroState, -1, s.slot});
-    CHECK(grow(s, n));
-    if (!s.admitted_once && observer_) observer_->on_prompt(s.prompt_len, 0);
-    s.admitted_once = true;
-    budget -= n;
+    int64_t n = 0;
+    if (!admit(s, budget, plan, n)) break;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     chunk.push_back(n);
@@ -162,15 +347,42 @@ StepPlan Scheduler::schedule() {
                                                           static_cast<size_t>(chunk[i]));
     c.num_logits = s.num_computed + chunk[i] == static_cast<int64_t>(s.tokens.size()) ? 1 : 0;
     plan.chunks.push_back(c);
+    // A chunk that ends at a snapshot point: the state after it is saved once the forward ran.
+    const auto& pts = s.snapshot_points;
+    if (!pts.empty() && pts.front() == s.num_computed + chunk[i]) {
+      const int32_t id = take_snapshot(s, chunk[i], plan.after, /*publish_now=*/false);
+      if (id >= 0) pending_publish_.push_back(id);
+    }
   }
   // Nothing fits: sequences in prefill hold every block. Free the newest so others progress.
-  if (plan.chunks.empty() && !running_.empty()) preempt(running_.size() - 1);
+  if (plan.chunks.empty() && !running_.empty()) preempt(running_.size() - 1, plan);
   return plan;
 }
 
 void Scheduler::commit(const StepPlan& plan, bool ran_ok) {
-  if (!ran_ok) return;
-  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed += static_cast<int64_t>(c.tokens.size());
+  if (!ran_ok) {
+    for (int32_t id : pending_publish_) {
+      const int32_t tail = snapshots_.remove(id);
+      if (tail >= 0) blocks_.release(tail, /*cache=*/true);
+    }
+    pending_publish_.clear();
+    return;
+  }
+  for (const ScheduledChunk& c : plan.chunks) {
+    c.seq->num_computed += static_cast<int64_t>(c.tokens.size());
+    register_full_blocks(*c.seq);
+  }
+  for (int32_t id : pending_publish_) snapshots_.publish(id);
+  pending_publish_.clear();
+}
+
+PrefixCacheStats Scheduler::prefix_cache_stats() const {
+  PrefixCacheStats p;
+  p.cached_blocks = blocks_.num_hashed();
+  p.snapshots = snapshots_.size();
+  p.queries = queries_;
+  p.hits = hits_;
+  return p;
 }
 
 EngineGauges Scheduler::gauges() const {
@@ -178,7 +390,7 @@ EngineGauges Scheduler::gauges() const {
   g.running = num_running();
   g.waiting = num_waiting();
   const int32_t tb = geometry_.num_blocks, ts = geometry_.num_slots;
-  g.kv_cache_usage = tb > 0 ? 1.0 - static_cast<double>(blocks_.num_free()) / tb : 0.0;
+  g.kv_cache_usage = tb > 0 ? static_cast<double>(blocks_.num_held_by_sequences()) / tb : 0.0;
   g.state_slots_usage = ts > 0 ? 1.0 - static_cast<double>(free_slots_.size()) / ts : 0.0;
   return g;
 }

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/prefix_hash.h"
 #include "runtime/request.h"
 
 namespace sparkserve {
@@ -25,6 +26,12 @@ struct Sequence {
   int64_t num_computed = 0;
   bool admitted_once = false;     // the prompt is counted once, not again after a preemption
   int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied at the first admission
+  // Prefix cache: H(1..k), the chained hashes of its first k full blocks of tokens (computed as
+  // needed; tokens only grow, so they stay valid); how many of its blocks carry their hash in the
+  // block pool; the positions where its prefill chunks end and its state is saved.
+  std::vector<PrefixHash> block_hashes;
+  int64_t num_registered = 0;
+  std::vector<int64_t> snapshot_points;  // ascending
 
   // Post-processing.
   bool first_token_sent = false;

@@ -39,6 +39,7 @@ void pump(Generation& g, const Tokenizer& tok, double timeout_s, Piece& p) {
   for (auto& ev : events) {
     if (g.done) break;
     if (!ev.finished) {
+      if (ev.num_cached_tokens >= 0) g.cached_tokens = ev.num_cached_tokens;
       g.token_ids.push_back(ev.token);
       p.token_ids.push_back(ev.token);
       if (g.num_logprobs >= 0 && ev.sample.logprob) {

@@ -32,6 +32,7 @@ struct Generation {
   bool include_reasoning = true;
   int num_logprobs = -1;
   std::vector<int32_t> token_ids;    // generated
+  int64_t cached_tokens = -1;        // prompt tokens the prefix cache supplied (engine's first token)
   std::string text;                  // detokenized (completions)
   std::vector<TokenLogprobs> logprobs;
   bool done = false;

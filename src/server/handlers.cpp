@@ -57,10 +57,13 @@ ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::
 }
 
 // Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
-// tokenized. Errors are 400s on "messages".
+// tokenized. Errors are 400s on "messages". generation_prompt_start (optional): where the
+// template's generation prompt begins in the ids (-1 when there is none or it cannot be told), the
+// point from which the next turn of the conversation renders this turn's reply differently.
 ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
                                             const RequestJson& tools, bool add_generation_prompt,
-                                            const RequestJson& chat_template_kwargs) {
+                                            const RequestJson& chat_template_kwargs,
+                                            int64_t* generation_prompt_start = nullptr) {
   OrderedJson tmpl_req = OrderedJson::object();
   tmpl_req["messages"] = messages;
   if (!tools.is_null()) tmpl_req["tools"] = tools;
@@ -70,6 +73,16 @@ ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const Reque
   if (!rendered.ok()) return bad_request("chat template: " + rendered.message(), "messages");
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
+  if (generation_prompt_start) {
+    *generation_prompt_start = -1;
+    tmpl_req["add_generation_prompt"] = false;
+    auto bare = add_generation_prompt ? render_chat_request(*ctx.chat_template, tmpl_req) : rendered;
+    // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
+    // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
+    if (bare.ok() && rendered->size() > bare->size() && rendered->compare(0, bare->size(), *bare) == 0)
+      if (auto suffix = ctx.tokenizer->encode(std::string_view(*rendered).substr(bare->size())); suffix.ok())
+        *generation_prompt_start = static_cast<int64_t>(ids->size()) - static_cast<int64_t>(suffix->size());
+  }
   return std::vector<int32_t>(ids->begin(), ids->end());
 }
 
@@ -109,6 +122,8 @@ UsageInfo usage_of(const Generation& g) {
   UsageInfo u;
   u.prompt_tokens = static_cast<int64_t>(g.er->prompt.size());
   u.completion_tokens = static_cast<int64_t>(g.token_ids.size());
+  // As OpenAI reports it (vLLM only with --enable-prompt-tokens-details): known once a token came.
+  if (g.cached_tokens >= 0) u.cached_tokens = g.cached_tokens;
   return u;
 }
 
@@ -213,7 +228,9 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
     return send_error(*res, bad_request("continue_final_message is not supported yet", "continue_final_message"));
   if (!ctx.chat_template) return send_error(*res, no_chat_template(ctx));
   if (auto busy = overloaded(ctx)) return send_overloaded(*res, *busy);
-  auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
+  int64_t generation_prompt_start = -1;
+  auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs,
+                            &generation_prompt_start);
   if (!prompt.ok()) return send_error(*res, prompt.error());
   auto prep = prepare(ctx, r, std::move(*prompt));
   if (!prep.ok()) return send_error(*res, prep.error());
@@ -225,6 +242,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
 
   std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
   g->er->constraint = std::move(*constraint);
+  if (generation_prompt_start > 0) g->er->snapshot_hints.push_back(generation_prompt_start);
   OutputParserOptions popt;
   popt.thinking_enabled = thinking;
   popt.parse_tools = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;

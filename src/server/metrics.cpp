@@ -90,7 +90,10 @@ void ServerMetrics::add_generation_tokens(uint64_t n) { std::lock_guard l(mu_); 
 void ServerMetrics::count_preemption() { std::lock_guard l(mu_); preemptions_++; }
 
 void ServerMetrics::on_prompt(int64_t prompt_tokens, int64_t cached_tokens) {
-  add_prompt_tokens(static_cast<uint64_t>(prompt_tokens));
+  std::lock_guard l(mu_);
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  prefix_cache_queries_ += static_cast<uint64_t>(prompt_tokens);
+  prefix_cache_hits_ += static_cast<uint64_t>(cached_tokens);
 }
 
 void ServerMetrics::on_token(bool first, double seconds) {
@@ -171,6 +174,11 @@ std::string ServerMetrics::render() const {
     sample(out, p + "request_success_total",
            label_ + ",finished_reason=\"" + prometheus_escape_label(reason) + "\"",
            static_cast<double>(n));
+  header(out, p + "prefix_cache_queries_total", "counter",
+         "Prefix cache queries, in terms of number of queried tokens.");
+  sample(out, p + "prefix_cache_queries_total", label_, static_cast<double>(prefix_cache_queries_));
+  header(out, p + "prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
+  sample(out, p + "prefix_cache_hits_total", label_, static_cast<double>(prefix_cache_hits_));
   header(out, p + "num_preemptions_total", "counter", "Cumulative number of preemptions.");
   sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
 

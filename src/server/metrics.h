@@ -75,6 +75,7 @@ class ServerMetrics final : public EngineObserver {
   int64_t running_ = 0, waiting_ = 0;
   double kv_usage_ = 0.0, slots_usage_ = 0.0;
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0;
+  uint64_t prefix_cache_queries_ = 0, prefix_cache_hits_ = 0;  // tokens
   std::map<std::string, uint64_t, std::less<>> finished_;
   Histogram ttft_, itl_, e2e_;
 };

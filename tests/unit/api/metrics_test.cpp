@@ -37,7 +37,7 @@ TEST(Metrics, ExactSamples) {
   m.set_requests_waiting(2);
   m.set_kv_cache_usage(0.25);
   m.set_state_slots_usage(0.5);
-  m.add_prompt_tokens(100);
+  m.on_prompt(100, 64);  // the engine's report: prompt tokens, of which cached
   m.add_prompt_tokens(23);
   m.add_generation_tokens(7);
   m.count_finished_request("stop");
@@ -65,6 +65,9 @@ TEST(Metrics, ExactSamples) {
            "sparkserve:request_success_total{" + L + ",finished_reason=\"abort\"} 0",
            "sparkserve:request_success_total{" + L + ",finished_reason=\"repetition\"} 1",
            "sparkserve:num_preemptions_total{" + L + "} 1",
+           "# TYPE sparkserve:prefix_cache_queries_total counter",
+           "sparkserve:prefix_cache_queries_total{" + L + "} 100",
+           "sparkserve:prefix_cache_hits_total{" + L + "} 64",
            "# TYPE sparkserve:time_to_first_token_seconds histogram",
            "sparkserve:time_to_first_token_seconds_bucket{" + L + ",le=\"0.02\"} 0",
            "sparkserve:time_to_first_token_seconds_bucket{" + L + ",le=\"0.04\"} 1",

@@ -276,10 +276,10 @@ TEST(KvBlockPool, HandsOutEachBlockOnceAndCountsHolders) {
   while (auto b = a.allocate()) got.push_back(*b);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2}));
-  EXPECT_EQ(a.num_free(), 0);
+  EXPECT_EQ(a.num_available(), 0);
   a.retain(1);
   a.release(1);
-  EXPECT_EQ(a.num_free(), 0);  // still held once
+  EXPECT_EQ(a.num_available(), 0);  // still held once
   a.release(1);
   EXPECT_EQ(a.allocate().value(), 1);
 }

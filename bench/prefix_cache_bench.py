@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Prefix-cache benchmarks for `sparkserve serve` (never run as timed assertions in the tests).
+
+  repeat   The same N-token prompt twice (several different prompts): TTFT of the second request
+           vs the first. Done-when for the CPU tiny model: second <= 25% of first at 2K tokens.
+             bench/prefix_cache_bench.py repeat --bin build/sparkserve --model build/serve-tiny \\
+                 --prompt-tokens 2048 --pairs 5
+  agent    A coding-agent session: a long system prompt with tools, then T turns that each add
+           about K new tokens (a tool result and a user line) and resend the whole conversation.
+           Reports every turn's TTFT and cached tokens, and median TTFT of turns 2..T / turn 1.
+           Done-when on the H200 (synthetic Qwen3.5-35B-A3B, CUDA): <= 10% with an 8K system
+           prompt, 10 turns of ~300 new tokens.
+             bench/prefix_cache_bench.py agent --bin build/sparkserve --model /tmp/m35 \\
+                 --serve-args "--device cuda" --system-tokens 8192 --turns 10 --turn-tokens 300
+
+With --url URL (and no --bin) the benchmark runs against a server already running. Prints a table
+and one JSON line (--json-out FILE writes it too). Standard library + httpx only."""
+import argparse
+import json
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+WORDS = ("time year people way day man thing woman life child world school state family student group "
+         "country problem hand part place case week company system program question work government number "
+         "night point home water room mother area money story fact month lot right study book eye job word "
+         "business issue side kind head house service friend father power hour game line end member law car "
+         "city name team minute idea kid body information back parent face level office door health person "
+         "art war history party result change morning reason research girl guy moment air teacher force").split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Served:
+    """A `serve` process on a free port (or an existing --url)."""
+
+    def __init__(self, a, extra=()):
+        self.proc = None
+        if a.url:
+            self.url = a.url.rstrip("/")
+            if self.url.endswith("/v1"):
+                self.url = self.url[:-3]
+            return
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [a.bin, "serve", "--model", a.model, "--port", str(port), "--served-model-name", "bench",
+               *a.serve_args.split(), *extra]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + a.start_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited with {self.proc.returncode}: {' '.join(cmd)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("server did not start")
+
+    def model(self):
+        return httpx.get(self.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+    def metric(self, name):
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+
+
+def stream(url, path, body):
+    """One streamed request: (ttft seconds to the first generated token, usage dict)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    t0 = time.perf_counter()
+    ttft, usage, text = None, None, ""
+    with httpx.stream("POST", url + path, json=body, timeout=3600) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"HTTP {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            if "error" in j:
+                raise SystemExit(f"stream error: {j['error']}")
+            for ch in j.get("choices", []):
+                if ttft is None and (ch.get("token_ids") or ch.get("text") or (ch.get("delta") or {}).get("content")
+                                     or (ch.get("delta") or {}).get("reasoning_content")):
+                    ttft = time.perf_counter() - t0
+                d = ch.get("delta") or {}
+                text += d.get("content") or ""
+            usage = j.get("usage") or usage
+    return ttft, usage, text
+
+
+def cached(usage):
+    return ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def bench_repeat(a):
+    srv = Served(a)
+    try:
+        model = srv.model()
+        rng = random.Random(a.seed)
+        rows = []
+        for i in range(a.pairs):
+            prompt = [rng.randrange(1000, 100000) for _ in range(a.prompt_tokens)]
+            body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            t1, u1, _ = stream(srv.url, "/v1/completions", body)
+            t2, u2, _ = stream(srv.url, "/v1/completions", body)
+            rows.append({"pair": i, "ttft_first_s": t1, "ttft_second_s": t2, "ratio": t2 / t1,
+                         "prompt_tokens": u1["prompt_tokens"], "cached_second": cached(u2)})
+            print(f"pair {i}: first {t1 * 1e3:8.1f} ms  second {t2 * 1e3:8.1f} ms  ratio {t2 / t1:.3f}  "
+                  f"cached {cached(u2)}/{u1['prompt_tokens']}", flush=True)
+        out = {"bench": "repeat", "prompt_tokens": a.prompt_tokens, "pairs": rows,
+               "median_ratio": statistics.median(r["ratio"] for r in rows),
+               "median_first_s": statistics.median(r["ttft_first_s"] for r in rows),
+               "median_second_s": statistics.median(r["ttft_second_s"] for r in rows)}
+        print(f"median TTFT first {out['median_first_s'] * 1e3:.1f} ms, second {out['median_second_s'] * 1e3:.1f} ms, "
+              f"ratio {out['median_ratio']:.3f}")
+        return out
+    finally:
+        srv.stop()
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": desc,
+    "parameters": {"type": "object", "properties": {p: {"type": "string", "description": f"the {p}"} for p in params},
+                   "required": list(params[:1])}}}
+    for name, desc, params in [
+        ("read_file", "Read a file of the repository", ["path", "start_line", "end_line"]),
+        ("write_file", "Write a file of the repository", ["path", "content"]),
+        ("run_command", "Run a shell command in the sandbox", ["command", "timeout"]),
+        ("search_code", "Search the repository for a regular expression", ["pattern", "glob"]),
+        ("list_directory", "List a directory", ["path"])]]
+
+
+def bench_agent(a):
+    srv = Served(a)
+    try:
+        model = srv.model()
+        rng = random.Random(a.seed)
+        # ~1 token per word (measured by the server: usage.prompt_tokens of turn 1 is printed).
+        messages = [{"role": "system", "content": "You are a coding agent. Rules and repository notes: " +
+                     words(rng, a.system_tokens)},
+                    {"role": "user", "content": "Fix the failing test. " + words(rng, a.turn_tokens // 2)}]
+        hits0 = srv.metric("sparkserve:prefix_cache_hits_total")
+        rows = []
+        for turn in range(1, a.turns + 1):
+            body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": a.max_tokens,
+                    "temperature": 0, "chat_template_kwargs": {"enable_thinking": a.thinking}}
+            ttft, usage, text = stream(srv.url, "/v1/chat/completions", body)
+            rows.append({"turn": turn, "ttft_s": ttft, "prompt_tokens": usage["prompt_tokens"],
+                         "cached_tokens": cached(usage), "completion_tokens": usage["completion_tokens"]})
+            print(f"turn {turn:2d}: TTFT {ttft * 1e3:9.1f} ms  prompt {usage['prompt_tokens']:6d}  "
+                  f"cached {cached(usage)}", flush=True)
+            # The agent's reply goes back as it came (a tool call would be a tool message; random
+            # weights write text), then a tool result and a user line of about turn_tokens new tokens.
+            messages += [{"role": "assistant", "content": text or "(no text)"},
+                         {"role": "user", "content": "Tool output:\n" + words(rng, a.turn_tokens - 20) +
+                          "\nWhat next?"}]
+        later = [r["ttft_s"] for r in rows[1:]]
+        out = {"bench": "agent", "turns": rows, "turn1_ttft_s": rows[0]["ttft_s"],
+               "median_later_ttft_s": statistics.median(later) if later else None,
+               "prefix_cache_hits_tokens": srv.metric("sparkserve:prefix_cache_hits_total") - hits0}
+        if later:
+            out["ratio"] = out["median_later_ttft_s"] / out["turn1_ttft_s"]
+            print(f"turn 1 TTFT {out['turn1_ttft_s'] * 1e3:.1f} ms; median of turns 2..{a.turns} "
+                  f"{out['median_later_ttft_s'] * 1e3:.1f} ms = {out['ratio'] * 100:.1f}% of turn 1")
+        return out
+    finally:
+        srv.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("which", choices=["repeat", "agent"])
+    ap.add_argument("--bin")
+    ap.add_argument("--model")
+    ap.add_argument("--url")
+    ap.add_argument("--serve-args", default="", help="extra serve options, e.g. \"--device cuda\"")
+    ap.add_argument("--start-timeout", type=float, default=1800)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--system-tokens", type=int, default=8192)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--turn-tokens", type=int, default=300)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--thinking", action="store_true", help="leave the chat template's thinking on")
+    ap.add_argument("--json-out")
+    a = ap.parse_args()
+    if not a.url and not (a.bin and a.model):
+        ap.error("give --url, or --bin and --model")
+    out = bench_repeat(a) if a.which == "repeat" else bench_agent(a)
+    line = json.dumps(out)
+    print(line)
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
