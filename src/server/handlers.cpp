@@ -75,11 +75,6 @@ ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::
 ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
                                             const RequestJson& tools, bool add_generation_prompt,
                                             const RequestJson& chat_template_kwargs) {
-  // Any chat template spends at least one token per message, so more messages than the context
-  // holds can never fit: refused before the (costlier) rendering.
-  if (messages.is_array() && static_cast<int64_t>(messages.size()) > ctx.info.max_model_len)
-    return bad_request("`messages` has " + std::to_string(messages.size()) + " entries, more than max_model_len (" +
-                           std::to_string(ctx.info.max_model_len) + ") tokens can hold", "messages");
   OrderedJson tmpl_req = OrderedJson::object();
   tmpl_req["messages"] = messages;
   if (!tools.is_null()) tmpl_req["tools"] = tools;

@@ -261,6 +261,15 @@ std::optional<ApiError> read_template_fields(FieldReader& r, RequestJson& kwargs
 
 }  // namespace
 
+// A conversation of more messages than the context has tokens cannot fit (a chat template writes
+// at least a role marker per message): refused before the messages are copied and rendered.
+static std::optional<ApiError> too_many_messages(const RequestJson& messages, const ServedModelInfo& info) {
+  if (!messages.is_array() || info.max_model_len <= 0 || static_cast<int64_t>(messages.size()) <= info.max_model_len)
+    return std::nullopt;
+  return bad_request("`messages` has " + std::to_string(messages.size()) + " entries, more than max_model_len (" +
+                         std::to_string(info.max_model_len) + ") tokens can hold", "messages");
+}
+
 ApiResult<ChatRequest> parse_chat_request(std::string_view body, const ServedModelInfo& info) {
   auto json = parse_json_object_body(body);
   if (!json.ok()) return json.error();
@@ -271,6 +280,7 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const ServedMod
 
   const RequestJson* messages = r.raw("messages");
   if (!messages) return bad_request("`messages` is required.", "messages");
+  if (auto e = too_many_messages(*messages, info)) return *e;
   auto normalized = normalize_chat_messages(*messages);
   if (!normalized.ok()) return normalized.error();
   c.messages = std::move(normalized).value();
@@ -368,6 +378,7 @@ ApiResult<TokenizeRequest> parse_tokenize_request(std::string_view body,
   if (t.prompt.has_value() == (messages != nullptr))
     return bad_request("Send exactly one of `prompt` and `messages`.", t.prompt ? "messages" : "prompt");
   if (messages) {
+    if (auto e = too_many_messages(*messages, info)) return *e;
     auto normalized = normalize_chat_messages(*messages);
     if (!normalized.ok()) return normalized.error();
     t.messages = std::move(normalized).value();
