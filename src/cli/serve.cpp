@@ -234,6 +234,8 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (ctx.api_key.empty())
     if (const char* k = std::getenv("SPARKSERVE_API_KEY")) ctx.api_key = k;
   ctx.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
+  for (int64_t id = 0; id < static_cast<int64_t>(tokenizer->vocab_size()); ++id)
+    ctx.max_token_bytes = std::max(ctx.max_token_bytes, tokenizer->token_bytes(static_cast<int32_t>(id)).size());
   ctx.request_timeout_s = o.request_timeout;
   ctx.max_waiting_requests = o.max_waiting_requests;
 

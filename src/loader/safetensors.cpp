@@ -26,6 +26,42 @@ constexpr const char* kIndexFileName = "model.safetensors.index.json";
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
+// A safetensors header is {name: {"dtype", "shape": [...], "data_offsets": [...]}} plus
+// "__metadata__": {str: str}: three levels of brackets. The JSON parser would build a node per
+// bracket (99 MB of '[' took 30 s and 7 GiB), so the nesting is checked first, in one pass over
+// the bytes and chunk by chunk as they are read, which refuses such a file after its first bytes.
+constexpr int kMaxHeaderDepth = 8;
+
+class NestingScan {
+ public:
+  // False once the bytes so far nest deeper than kMaxHeaderDepth; `where` is then set.
+  bool feed(std::string_view bytes, uint64_t offset, std::string& where) {
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const char c = bytes[i];
+      if (in_string_) {
+        if (escape_) escape_ = false;
+        else if (c == '\\') escape_ = true;
+        else if (c == '"') in_string_ = false;
+      } else if (c == '"') {
+        in_string_ = true;
+      } else if (c == '[' || c == '{') {
+        if (++depth_ > kMaxHeaderDepth) {
+          where = "bad header: JSON nested deeper than " + std::to_string(kMaxHeaderDepth) + " levels at byte " +
+                  std::to_string(offset + i) + " (a safetensors header is 3 deep)";
+          return false;
+        }
+      } else if ((c == ']' || c == '}') && depth_ > 0) {
+        --depth_;
+      }
+    }
+    return true;
+  }
+
+ private:
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+};
+
 Error file_error(const fs::path& path, const std::string& what) {
   return make_error(path.string() + ": " + what);
 }
@@ -222,6 +258,8 @@ Expected<SafetensorsFile> SafetensorsFile::parse_header(const fs::path& path, st
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
 
+  std::string too_deep;
+  if (!NestingScan().feed(header_json, 8, too_deep)) return file_error(path, too_deep);
   json header = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return file_error(path, "bad header: not well-formed JSON");
   if (!header.is_object()) return file_error(path, "bad header: expected a JSON object, got " + json_kind(header));
@@ -311,8 +349,19 @@ Expected<SafetensorsFile> SafetensorsFile::open(const fs::path& path) {
     return file_error(path, "file is truncated: header length " + std::to_string(n) + " needs " +
                                 std::to_string(n + 8) + " bytes but the file has " + std::to_string(size));
   }
-  std::string header(n, '\0');
-  SS_RETURN_IF_ERROR(pread_exact(fd, path, header.data(), n, 8, "the header"));
+  // Read in chunks, checking the nesting as it comes: a hostile header is refused after its first
+  // chunk, never read (or held in memory) whole.
+  std::string header;  // grows with what was read, so a refused header never costs its full size
+  NestingScan scan;
+  std::string too_deep;
+  constexpr uint64_t kChunk = 1 << 20;
+  for (uint64_t at = 0; at < n; at += kChunk) {
+    const uint64_t len = std::min(kChunk, n - at);
+    const size_t old = header.size();
+    header.resize(old + static_cast<size_t>(len));
+    SS_RETURN_IF_ERROR(pread_exact(fd, path, header.data() + old, len, 8 + at, "the header"));
+    if (!scan.feed(std::string_view(header).substr(old), 8 + at, too_deep)) return file_error(path, too_deep);
+  }
   return parse_header(path, header, size);
 }
 

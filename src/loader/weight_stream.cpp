@@ -1,5 +1,8 @@
 #include "loader/weight_stream.h"
 
+#include <cmath>
+#include <cstring>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -78,6 +81,34 @@ Status WeightStream::read_piece(const TensorInfo& info, uint64_t begin, uint64_t
   return Status::Ok();
 }
 
+// Non-finite values in `n` bytes of a float tensor as stored (0 for other dtypes: integer and
+// packed FP4 data have no NaN; FP8 scales are checked by the quantized loader).
+static uint64_t nonfinite_in(DType dtype, const uint8_t* bytes, uint64_t n) {
+  uint64_t bad = 0;
+  if (dtype == DType::kBF16 || dtype == DType::kF16) {
+    // Exponent all ones: Inf or NaN (bf16: 8 exponent bits, f16: 5).
+    const uint16_t mask = dtype == DType::kBF16 ? 0x7F80 : 0x7C00;
+    for (uint64_t i = 0; i + 1 < n; i += 2) {
+      uint16_t h;
+      std::memcpy(&h, bytes + i, 2);
+      bad += (h & mask) == mask;
+    }
+  } else if (dtype == DType::kF32) {
+    for (uint64_t i = 0; i + 3 < n; i += 4) {
+      float f;
+      std::memcpy(&f, bytes + i, 4);
+      bad += !std::isfinite(f);
+    }
+  }
+  return bad;
+}
+
+void WeightStream::count_nonfinite(const TensorInfo& info, uint64_t n) {
+  if (n == 0) return;
+  if (!nonfinite_.empty() && nonfinite_.back().first == info.name) nonfinite_.back().second += n;
+  else nonfinite_.emplace_back(info.name, n);
+}
+
 Status WeightStream::copy(const TensorInfo& info, const Tensor& dst, uint64_t dst_offset, const BytesCheck& check) {
   if (dst_offset > dst.nbytes() || info.nbytes > dst.nbytes() - dst_offset)
     return make_error(info.file.string() + ": tensor '" + info.name + "' (" + std::to_string(info.nbytes) +
@@ -87,6 +118,7 @@ Status WeightStream::copy(const TensorInfo& info, const Tensor& dst, uint64_t ds
     const uint64_t n = std::min(info.nbytes - done, limit_);
     SS_RETURN_IF_ERROR(read_piece(info, done, n, buf));
     if (check) SS_RETURN_IF_ERROR(check(buf, n, done));
+    count_nonfinite(info, nonfinite_in(info.dtype, buf, n));
     backend_.upload(byte_range(dst, dst_offset + done, n), buf);
     done += n;
   }
@@ -115,7 +147,12 @@ Status WeightStream::convert_f32(const TensorInfo& info, const Tensor& dst, uint
   for (uint64_t i = 0; i < numel;) {
     const uint64_t n = std::min(numel - i, first);
     SS_RETURN_IF_ERROR(read_piece(info, i * esize, n * esize, buf));
-    for (uint64_t j = 0; j < n; ++j) out[j] = convert(buf + j * esize);
+    uint64_t bad = 0;
+    for (uint64_t j = 0; j < n; ++j) {
+      out[j] = convert(buf + j * esize);
+      bad += !std::isfinite(out[j]);
+    }
+    count_nonfinite(info, bad);
     if (check) SS_RETURN_IF_ERROR(check(out, n, i));
     backend_.upload(byte_range(dst, (dst_index + i) * 4, n * 4), out);
     i += n;

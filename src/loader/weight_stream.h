@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -40,6 +42,9 @@ class WeightStream {
   Expected<std::vector<float>> read_small_f32(const TensorInfo& info);
 
   uint64_t bytes_read() const { return bytes_read_; }
+  // Float tensors (F32 / F16 / BF16) that held NaN or Inf values, with their counts, in the order
+  // they were streamed: a broken checkpoint is named at load instead of serving garbage.
+  const std::vector<std::pair<std::string, uint64_t>>& nonfinite_tensors() const { return nonfinite_; }
   // The most staging memory held at once (<= min(buffer budget, kMaxStagingBytes)).
   uint64_t peak_staging_bytes() const { return capacity_; }
   uint64_t staging_limit() const { return limit_; }
@@ -59,6 +64,8 @@ class WeightStream {
   uint8_t* buffer_ = nullptr;
   bool buffer_from_backend_ = false;  // Backend::alloc_host_staging (pinned on CUDA) or new[]
   uint64_t bytes_read_ = 0;
+  std::vector<std::pair<std::string, uint64_t>> nonfinite_;
+  void count_nonfinite(const TensorInfo& info, uint64_t n);
 };
 
 }  // namespace sparkserve

@@ -25,6 +25,9 @@ std::vector<std::string> LoadReport::notes() const {
   for (const auto& name : unexpected)
     out.push_back("warning: checkpoint tensor '" + name + "' is not used by the model");
   for (const auto& line : quant_warnings) out.push_back("warning: " + line);
+  for (const auto& [name, n] : nonfinite)
+    out.push_back("warning: checkpoint tensor '" + name + "' holds " + std::to_string(n) +
+                  " non-finite values (NaN or Inf): the model's output will be garbage or fail");
   return out;
 }
 
@@ -330,6 +333,7 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
       w.report.unexpected.push_back(name);
     }
   }
+  w.report.nonfinite = stream.nonfinite_tensors();
   return w;
 }
 }  // namespace

@@ -70,6 +70,7 @@ struct LoadReport {
   int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
   std::vector<std::string> unexpected;  // anything else the model does not know
   std::vector<std::string> quant_warnings;  // QuantPlan::warnings (overlapping targets, unmatched ignores ...)
+  std::vector<std::pair<std::string, uint64_t>> nonfinite;  // float tensors with NaN/Inf values, and how many
   uint64_t bytes_read = 0;          // checkpoint bytes streamed in
   uint64_t peak_staging_bytes = 0;  // the largest host staging buffer held (<= LoadOptions::buffer_bytes)
   // One line each, for stderr.

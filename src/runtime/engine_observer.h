@@ -23,6 +23,8 @@ class EngineObserver {
   virtual void on_token(bool first, double seconds) = 0;
   virtual void on_finished(std::string_view finish_reason, double e2e_seconds) = 0;
   virtual void on_preemption() = 0;
+  // A request failed because the model produced NaN/Inf logits.
+  virtual void on_nonfinite_logits() {}
   // After every step.
   virtual void on_gauges(const EngineGauges& gauges) = 0;
 };

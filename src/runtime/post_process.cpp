@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <span>
+#include <string>
 
 namespace sparkserve {
 namespace {
@@ -59,6 +60,16 @@ void PostProcessor::sample(Sequence& s, const float* row, int64_t logits_vocab, 
   EngineEvent ev;
   ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(), s.output(),
                            allowed);
+  if (ev.sample.nonfinite_logit) {  // broken model output: the request fails, never serves garbage
+    EngineEvent err;
+    err.finish_reason = "error";
+    err.error = "the model produced a non-finite logit (NaN or Inf, token " + std::to_string(*ev.sample.nonfinite_logit) +
+                "); the weights or the computation are broken";
+    if (observer_) observer_->on_nonfinite_logits();
+    end(*s.req, std::move(err));
+    scheduler.finish(&s);
+    return;
+  }
   ev.token = ev.sample.token;
   if (!s.first_token_sent) ev.num_cached_tokens = s.num_cached_tokens;
   if (r.constraint) r.constraint->accept(ev.token);

@@ -254,6 +254,15 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
                           std::span<const uint8_t> allowed) {
   CHECK_MSG(!logits.empty(), "empty logits row");
   SampleResult result;
+  // The model's raw row must be finite (or -inf, a masked token): a NaN or +Inf means broken
+  // weights or an overflow, and any token picked from it would be garbage ("!!!!": NaN never
+  // wins argmax, so id 0 does). Reported instead of sampled.
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
+      result.nonfinite_logit = static_cast<int32_t>(i);
+      return result;
+    }
+  }
   std::vector<float> work(logits.begin(), logits.end());
   apply_logits_processors(work, params, prompt, output, allowed);
 

@@ -31,6 +31,9 @@ struct SampleResult {
   std::optional<float> logprob;     // of `token`
   int32_t rank = 0;                 // 1 + number of tokens with a strictly larger raw logit
   std::vector<TokenLogprob> top;    // num_logprobs most likely, logit desc then id asc
+  // Set when the raw logits held NaN or +Inf (the first such token id): nothing was sampled and
+  // the request must fail instead.
+  std::optional<int32_t> nonfinite_logit;
 };
 
 // logits: [vocab] f32; prompt / output: token ids of the sequence (output = generated so far);

@@ -44,9 +44,23 @@ ApiError no_chat_template(const ServeContext& ctx) {
   return bad_request("this model folder has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions", "messages");
 }
 
+// Text longer than this cannot fit in the context whatever it holds (each token covers at most
+// ctx.max_token_bytes bytes, and NFC normalization shrinks UTF-8 at most 3x: three 3-byte Hangul
+// jamo compose into one 3-byte syllable), so it is refused before tokenizing: the work and the
+// memory of a request stay proportional to the context, not to the body.
+std::optional<ApiError> over_context_bytes(const ServeContext& ctx, size_t bytes, const char* what, const char* param) {
+  const uint64_t limit = static_cast<uint64_t>(ctx.info.max_model_len) * std::max<size_t>(ctx.max_token_bytes, 1) * 3;
+  if (bytes <= limit) return std::nullopt;
+  return bad_request(std::string(what) + " is " + std::to_string(bytes) + " bytes: more than the context can hold (max_model_len " +
+                         std::to_string(ctx.info.max_model_len) + " tokens of at most " + std::to_string(ctx.max_token_bytes) +
+                         " bytes each; requests over " + std::to_string(limit) + " bytes are refused before tokenizing)",
+                     param);
+}
+
 // Plain text -> ids (BOS first when the tokenizer adds one and add_special is set).
 ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::string& text, bool add_special,
                                             const char* param) {
+  if (auto e = over_context_bytes(ctx, text.size(), param, param)) return *e;
   auto enc = ctx.tokenizer->encode(text);
   if (!enc.ok()) return bad_request(enc.message(), param);
   std::vector<int32_t> ids;
@@ -70,7 +84,8 @@ ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const Reque
   tmpl_req["add_generation_prompt"] = add_generation_prompt;
   tmpl_req["chat_template_kwargs"] = chat_template_kwargs;
   auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
-  if (!rendered.ok()) return bad_request("chat template: " + rendered.message(), "messages");
+  if (!rendered.ok()) return bad_request("chat template " + ctx.chat_template->origin + ": " + rendered.message(), "messages");
+  if (auto e = over_context_bytes(ctx, rendered->size(), "the rendered chat prompt", "messages")) return *e;
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
   if (generation_prompt_start) {
@@ -93,8 +108,14 @@ struct Prepared {
 
 // Shared by chat and completions: context-length check, sampling parameters.
 ApiResult<Prepared> prepare(const ServeContext& ctx, const GenerationRequest& r, std::vector<int32_t> prompt) {
+  if (prompt.empty()) return bad_request("the prompt is empty (the chat template rendered no tokens)", "messages");
   auto budget = check_context_length(static_cast<int64_t>(prompt.size()), r.sampling.max_tokens, ctx.info.max_model_len);
   if (!budget.ok()) return budget.error();
+  if (r.sampling.min_tokens && *r.sampling.min_tokens > *budget)
+    return bad_request("min_tokens=" + std::to_string(*r.sampling.min_tokens) + " cannot be reached: the prompt has " +
+                           std::to_string(prompt.size()) + " tokens and the context holds " +
+                           std::to_string(ctx.info.max_model_len) + ", so at most " + std::to_string(*budget) +
+                           " can be generated", "min_tokens");
   Prepared p;
   p.prompt = std::move(prompt);
   p.params = resolve_sampling_params(r.sampling, ctx.defaults, *budget);
@@ -391,6 +412,10 @@ void handle_tokenize(ServeContext& ctx, const http::Request& req, ResponderPtr r
     if (!enc.ok()) return send_error(*res, enc.error());
     ids = std::move(*enc);
   }
+  if (static_cast<int64_t>(ids.size()) > ctx.info.max_model_len)
+    return send_error(*res, bad_request("the prompt has " + std::to_string(ids.size()) +
+                                            " tokens, more than max_model_len (" + std::to_string(ctx.info.max_model_len) +
+                                            "); /tokenize returns at most that many", r.messages.is_null() ? "prompt" : "messages"));
   std::vector<std::string> strs;
   if (r.return_token_strs)
     for (int32_t id : ids) strs.push_back(ctx.tokenizer->id_to_token(id).value_or(""));

@@ -37,6 +37,7 @@ struct ServeContext {
   GenerationDefaults defaults;           // eos ids already merged with the tokenizer's
   std::string api_key;                   // empty: no authentication
   size_t max_body_bytes = 0;
+  size_t max_token_bytes = 0;            // bytes of the longest token (bounds text per context)
   double request_timeout_s = 0;          // 0: none
   int64_t max_waiting_requests = 0;      // engine queue beyond which new generations get 503; 0: none
   std::atomic<bool> shutting_down{false};  // new requests get 503

@@ -88,6 +88,7 @@ void ServerMetrics::set_state_slots_usage(double f) { std::lock_guard l(mu_); sl
 void ServerMetrics::add_prompt_tokens(uint64_t n) { std::lock_guard l(mu_); prompt_tokens_ += n; }
 void ServerMetrics::add_generation_tokens(uint64_t n) { std::lock_guard l(mu_); generation_tokens_ += n; }
 void ServerMetrics::count_preemption() { std::lock_guard l(mu_); preemptions_++; }
+void ServerMetrics::count_nonfinite_logits() { std::lock_guard l(mu_); nonfinite_logits_++; }
 
 void ServerMetrics::on_prompt(int64_t prompt_tokens, int64_t cached_tokens) {
   std::lock_guard l(mu_);
@@ -181,6 +182,8 @@ std::string ServerMetrics::render() const {
   sample(out, p + "prefix_cache_hits_total", label_, static_cast<double>(prefix_cache_hits_));
   header(out, p + "num_preemptions_total", "counter", "Cumulative number of preemptions.");
   sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
+  header(out, p + "nonfinite_logits_total", "counter", "Requests failed because the model produced NaN/Inf logits.");
+  sample(out, p + "nonfinite_logits_total", label_, static_cast<double>(nonfinite_logits_));
 
   histogram(out, p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
             label_, ttft_);

@@ -47,6 +47,7 @@ class ServerMetrics final : public EngineObserver {
   void on_token(bool first, double seconds) override;
   void on_finished(std::string_view finish_reason, double e2e_seconds) override;
   void on_preemption() override { count_preemption(); }
+  void on_nonfinite_logits() override { count_nonfinite_logits(); }
   void on_gauges(const EngineGauges& g) override;
 
   // Gauges, set by the engine after each step.
@@ -60,6 +61,7 @@ class ServerMetrics final : public EngineObserver {
   void add_generation_tokens(uint64_t n);
   void count_finished_request(std::string_view finished_reason);  // stop / length / abort / error
   void count_preemption();
+  void count_nonfinite_logits();  // a request failed on NaN/Inf logits
 
   // Histograms (seconds).
   void observe_time_to_first_token(double seconds);
@@ -74,7 +76,7 @@ class ServerMetrics final : public EngineObserver {
   std::string label_;  // model_name="..." (escaped)
   int64_t running_ = 0, waiting_ = 0;
   double kv_usage_ = 0.0, slots_usage_ = 0.0;
-  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, nonfinite_logits_ = 0;
   uint64_t prefix_cache_queries_ = 0, prefix_cache_hits_ = 0;  // tokens
   std::map<std::string, uint64_t, std::less<>> finished_;
   Histogram ttft_, itl_, e2e_;

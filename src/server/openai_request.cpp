@@ -100,11 +100,22 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
     } else {
       return type_error("stop", "a string or a list of strings", *stop);
     }
-    for (const auto& x : g.stop)
+    if (g.stop.size() > kMaxStopStrings)
+      return bad_request("`stop` has " + std::to_string(g.stop.size()) + " entries; at most " +
+                             std::to_string(kMaxStopStrings) + " are allowed.", "stop");
+    for (const auto& x : g.stop) {
       if (x.empty()) return bad_request("`stop` cannot contain an empty string.", "stop");
+      if (x.size() > kMaxStopStringBytes)
+        return bad_request("a `stop` string is " + std::to_string(x.size()) + " bytes; at most " +
+                               std::to_string(kMaxStopStringBytes) + " are allowed.", "stop");
+    }
   }
-  if (const RequestJson* ids = r.raw("stop_token_ids"))
+  if (const RequestJson* ids = r.raw("stop_token_ids")) {
     if (auto e = read_token_list(*ids, "stop_token_ids", info.vocab_size, s.stop_token_ids)) return e;
+    if (s.stop_token_ids.size() > kMaxStopTokenIds)  // checked per generated token on the engine thread
+      return bad_request("`stop_token_ids` has " + std::to_string(s.stop_token_ids.size()) + " entries; at most " +
+                             std::to_string(kMaxStopTokenIds) + " are allowed.", "stop_token_ids");
+  }
   if (const RequestJson* ids = r.raw("allowed_token_ids")) {
     std::vector<int32_t> list;
     if (auto e = read_token_list(*ids, "allowed_token_ids", info.vocab_size, list)) return e;
@@ -250,6 +261,15 @@ std::optional<ApiError> read_template_fields(FieldReader& r, RequestJson& kwargs
 
 }  // namespace
 
+// A conversation of more messages than the context has tokens cannot fit (a chat template writes
+// at least a role marker per message): refused before the messages are copied and rendered.
+static std::optional<ApiError> too_many_messages(const RequestJson& messages, const ServedModelInfo& info) {
+  if (!messages.is_array() || info.max_model_len <= 0 || static_cast<int64_t>(messages.size()) <= info.max_model_len)
+    return std::nullopt;
+  return bad_request("`messages` has " + std::to_string(messages.size()) + " entries, more than max_model_len (" +
+                         std::to_string(info.max_model_len) + ") tokens can hold", "messages");
+}
+
 ApiResult<ChatRequest> parse_chat_request(std::string_view body, const ServedModelInfo& info) {
   auto json = parse_json_object_body(body);
   if (!json.ok()) return json.error();
@@ -260,6 +280,7 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const ServedMod
 
   const RequestJson* messages = r.raw("messages");
   if (!messages) return bad_request("`messages` is required.", "messages");
+  if (auto e = too_many_messages(*messages, info)) return *e;
   auto normalized = normalize_chat_messages(*messages);
   if (!normalized.ok()) return normalized.error();
   c.messages = std::move(normalized).value();
@@ -357,6 +378,7 @@ ApiResult<TokenizeRequest> parse_tokenize_request(std::string_view body,
   if (t.prompt.has_value() == (messages != nullptr))
     return bad_request("Send exactly one of `prompt` and `messages`.", t.prompt ? "messages" : "prompt");
   if (messages) {
+    if (auto e = too_many_messages(*messages, info)) return *e;
     auto normalized = normalize_chat_messages(*messages);
     if (!normalized.ok()) return normalized.error();
     t.messages = std::move(normalized).value();
@@ -388,6 +410,9 @@ ApiResult<DetokenizeRequest> parse_detokenize_request(std::string_view body,
   const RequestJson* tokens = r.raw("tokens");
   if (!tokens) return bad_request("`tokens` is required.", "tokens");
   if (auto e = read_token_list(*tokens, "tokens", info.vocab_size, d.tokens)) return *e;
+  if (static_cast<int64_t>(d.tokens.size()) > info.max_model_len)
+    return bad_request("`tokens` has " + std::to_string(d.tokens.size()) + " ids; at most max_model_len (" +
+                           std::to_string(info.max_model_len) + ") are detokenized at once.", "tokens");
   return d;
 }
 

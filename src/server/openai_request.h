@@ -24,6 +24,12 @@ struct ServedModelInfo {
   int64_t vocab_size = 0;          // token ids must be < vocab_size
 };
 
+// Caps on request lists whose cost is paid per generated token (stop strings by the
+// detokenizer, stop ids by the engine's stop check).
+inline constexpr size_t kMaxStopStrings = 64;
+inline constexpr size_t kMaxStopStringBytes = 1024;
+inline constexpr size_t kMaxStopTokenIds = 1024;
+
 // Fields shared by chat and text completions.
 struct GenerationRequest {
   std::optional<std::string> model;

@@ -72,10 +72,17 @@ int64_t floor_div(int64_t a, int64_t b) {
 void Interpreter::check_size(size_t bytes) const {
   if (bytes > limits_.max_output_bytes)
     throw_error("OutputLimitError", "template output exceeds the limit of " + std::to_string(limits_.max_output_bytes) + " bytes");
+  // Everything built counts, freed or not: many strings under the per-string limit cannot add
+  // up to unbounded memory.
+  built_bytes_ += bytes;
+  if (built_bytes_ > limits_.max_built_bytes)
+    throw_error("OutputLimitError", "template built more than " + std::to_string(limits_.max_built_bytes) +
+                                        " bytes of strings and lists in all");
 }
 
 void Interpreter::append(std::string& out, const std::string& s) const {
-  check_size(out.size() + s.size());
+  if (out.size() + s.size() > limits_.max_output_bytes)
+    throw_error("OutputLimitError", "template output exceeds the limit of " + std::to_string(limits_.max_output_bytes) + " bytes");
   out += s;
 }
 
@@ -556,6 +563,12 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
       return Value(a.str() + b.str(), a.is_markup());
     }
     if (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()) {
+      // Items are copied, strings with them: all of it counts towards the render's budget.
+      size_t bytes = (a.items().size() + b.items().size()) * sizeof(Value);
+      for (const Value* l : {&a, &b})
+        for (const Value& v : l->items())
+          if (v.is_string()) bytes += v.str().size();
+      check_size(bytes);
       std::vector<Value> r = a.items();
       r.insert(r.end(), b.items().begin(), b.items().end());
       return Value::list(std::move(r), a.is_tuple());
@@ -585,16 +598,22 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b)
     if ((a.is_string() || a.is_sequence_list()) && (b.is_int() || b.is_bool())) { seq = &a; times = &b; }
     if ((b.is_string() || b.is_sequence_list()) && (a.is_int() || a.is_bool())) { seq = &b; times = &a; }
     if (seq) {
-      int64_t n = std::max<int64_t>(0, times->as_int());
+      // The size is checked before any work: an empty sequence repeated 10**15 times is empty at
+      // once, a non-empty one past the limit fails without looping.
+      const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(0, times->as_int()));
+      const uint64_t unit = seq->is_string() ? seq->str().size() : seq->items().size() * sizeof(Value);
+      if (unit == 0 || n == 0) return seq->is_string() ? Value(std::string(), seq->is_markup()) : Value::list({}, seq->is_tuple());
+      if (n > limits_.max_output_bytes / unit + 1) check_size(limits_.max_output_bytes + 1);
+      check_size(static_cast<size_t>(unit * n));
       if (seq->is_string()) {
-        check_size(seq->str().size() * static_cast<size_t>(std::min<int64_t>(n, INT32_MAX)));
         std::string r;
-        for (int64_t i = 0; i < n; ++i) r += seq->str();
+        r.reserve(static_cast<size_t>(unit * n));
+        for (uint64_t i = 0; i < n; ++i) r += seq->str();
         return Value(std::move(r), seq->is_markup());
       }
-      check_size(seq->items().size() * static_cast<size_t>(std::min<int64_t>(n, INT32_MAX)) * sizeof(Value));
       std::vector<Value> r;
-      for (int64_t i = 0; i < n; ++i) r.insert(r.end(), seq->items().begin(), seq->items().end());
+      r.reserve(static_cast<size_t>(seq->items().size() * n));
+      for (uint64_t i = 0; i < n; ++i) r.insert(r.end(), seq->items().begin(), seq->items().end());
       return Value::list(std::move(r), seq->is_tuple());
     }
     if (a.is_string() || a.is_sequence_list()) type_error("can't multiply sequence by non-int of type '" + py_type_name(b) + "'");

@@ -14,10 +14,11 @@
 namespace sparkserve::jinja {
 
 struct RenderLimits {
-  size_t max_output_bytes = 64u << 20;   // any string the template builds, and the output
+  size_t max_output_bytes = 32u << 20;   // any string the template builds, and the output
+  uint64_t max_built_bytes = 128u << 20; // all strings and lists built in one render, added up
   int max_call_depth = 100;              // nested macro calls
   int max_eval_depth = 1500;             // nested evaluation frames of any kind (stack safety)
-  uint64_t max_steps = 5'000'000;        // statements + loop iterations (~1 s): bounds runaway loops
+  uint64_t max_steps = 500'000;          // statements + loop iterations (~0.4 s on this 2-core machine)
 };
 
 struct Frame {
@@ -63,6 +64,7 @@ class Interpreter {
 
   RenderLimits limits_;
   uint64_t steps_ = 0;
+  mutable uint64_t built_bytes_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;
   std::unordered_map<const Stmt*, std::vector<bool>> macro_uses_;  // varargs, kwargs, caller

@@ -111,6 +111,28 @@ TEST(JinjaEngine, HostileTemplatesEndWithAnError) {
   EXPECT_NE(render("\xff\xfe{{ 1 }}").find("not valid UTF-8"), std::string::npos);
 }
 
+// Repeating a sequence: empty ones are empty at once, however large the count (this used to loop
+// 10**15 times); a result past the limit fails before any work.
+TEST(JinjaEngine, SequenceRepeatIsBoundedBeforeWork) {
+  EXPECT_EQ(render("[{{ '' * 10**15 }}]"), "[]");
+  EXPECT_EQ(render("{{ ([] * 10**15) | length }}"), "0");
+  EXPECT_EQ(render("{{ (10**15 * ()) | length }}"), "0");
+  EXPECT_EQ(render("{{ 'ab' * 3 }}{{ ([1, 2] * 2) | length }}"), "ababab4");
+  EXPECT_NE(render("{{ 'ab' * 10**15 }}").find("OutputLimitError"), std::string::npos);
+  EXPECT_NE(render("{{ ([1] * 10**15) | length }}").find("OutputLimitError"), std::string::npos);
+}
+
+// Many strings each under the per-string limit still cannot add up past the render's budget.
+TEST(JinjaEngine, EverythingBuiltCountsTowardsTheBudget) {
+  // 100 strings of 20 MB, each under the 32 MiB limit and dropped at once: 2 GB built in all.
+  const std::string many = "{% for i in range(100) %}{% set s = 'x' * 20000000 %}{% endfor %}done";
+  EXPECT_NE(render(many).find("built more than"), std::string::npos);
+  // A list's items are copied when lists are added: their bytes count too.
+  const std::string lists = "{% set ns = namespace(l=[]) %}{% for i in range(100) %}"
+                            "{% set ns.l = ns.l + ['x' * 10000000] %}{% endfor %}{{ ns.l | length }}";
+  EXPECT_NE(render(lists).find("OutputLimitError"), std::string::npos);
+}
+
 TEST(JinjaEngine, DeepInputIsRefusedNotACrash) {
   std::string deep(100000, '[');
   deep += std::string(100000, ']');
