@@ -204,6 +204,9 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   ctx.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
   ctx.request_timeout_s = o.request_timeout;
   ctx.max_waiting_requests = o.max_waiting_requests;
+  auto image_input = serve_image_options(o.model, c, o.images);
+  if (!image_input.ok()) return fail(image_input.message());
+  ctx.image_input = std::move(*image_input);
 
   http::ServerOptions hopt;
   hopt.host = o.host;
@@ -276,6 +279,7 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--max-waiting-requests", o->max_waiting_requests, "Requests waiting for the engine at most (503 + Retry-After beyond; 0: no limit)")->default_val(256);
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may take to finish after SIGTERM/SIGINT")->default_val(10);
   cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")->default_val(60);
+  add_serve_image_flags(cmd, o->images);
 }
 
 namespace {

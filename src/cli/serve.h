@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/cli_images.h"
 #include "cli/model_args.h"
 #include "core/status.h"
 #include "loader/hf_config.h"
@@ -39,6 +40,7 @@ struct ServeOptions {
   int64_t max_waiting_requests = 256;
   double shutdown_timeout = 10;
   double keep_alive_timeout = 60;
+  ServeImageFlags images;
 };
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);

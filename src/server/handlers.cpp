@@ -56,11 +56,21 @@ ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::
   return ids;
 }
 
+// A chat prompt: token ids (each image placeholder expanded to its image's token count) and the
+// images with their M-RoPE positions (null for text).
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  std::shared_ptr<MultimodalPrompt> mm;
+};
+
 // Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
-// tokenized. Errors are 400s on "messages".
-ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
-                                            const RequestJson& tools, bool add_generation_prompt,
-                                            const RequestJson& chat_template_kwargs) {
+// tokenized; the messages' images decoded and their placeholders expanded. Errors are 400s on
+// "messages" (or the image part at fault).
+ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& messages,
+                                  const RequestJson& tools, bool add_generation_prompt,
+                                  const RequestJson& chat_template_kwargs) {
+  auto images = load_chat_images(messages, ctx.image_input);
+  if (!images.ok()) return images.error();
   OrderedJson tmpl_req = OrderedJson::object();
   tmpl_req["messages"] = messages;
   if (!tools.is_null()) tmpl_req["tools"] = tools;
@@ -70,7 +80,12 @@ ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const Reque
   if (!rendered.ok()) return bad_request("chat template: " + rendered.message(), "messages");
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
-  return std::vector<int32_t>(ids->begin(), ids->end());
+  ChatPrompt p;
+  p.ids.assign(ids->begin(), ids->end());
+  auto mm = expand_image_tokens(p.ids, std::move(*images), ctx.image_input);
+  if (!mm.ok()) return mm.error();
+  p.mm = std::move(*mm);
+  return p;
 }
 
 struct Prepared {
@@ -215,7 +230,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
   if (auto busy = overloaded(ctx)) return send_overloaded(*res, *busy);
   auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
   if (!prompt.ok()) return send_error(*res, prompt.error());
-  auto prep = prepare(ctx, r, std::move(*prompt));
+  auto prep = prepare(ctx, r, std::move(prompt->ids));
   if (!prep.ok()) return send_error(*res, prep.error());
 
   auto et = r.chat_template_kwargs.find("enable_thinking");
@@ -225,6 +240,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
 
   std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
   g->er->constraint = std::move(*constraint);
+  g->er->mm = std::move(prompt->mm);
   OutputParserOptions popt;
   popt.thinking_enabled = thinking;
   popt.parse_tools = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;
@@ -367,7 +383,7 @@ void handle_tokenize(ServeContext& ctx, const http::Request& req, ResponderPtr r
     if (!ctx.chat_template) return send_error(*res, no_chat_template(ctx));
     auto enc = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
     if (!enc.ok()) return send_error(*res, enc.error());
-    ids = std::move(*enc);
+    ids = std::move(enc->ids);
   } else {
     auto enc = encode_text(ctx, r.prompt.value_or(""), r.add_special_tokens, "prompt");
     if (!enc.ok()) return send_error(*res, enc.error());
