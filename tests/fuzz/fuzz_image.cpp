@@ -34,7 +34,11 @@ void check_image(const uint8_t* data, size_t size) {
   auto patched = media::preprocess_image(*img, pre);
   if (!patched.ok()) return;  // aspect ratio above 200: refused with a message
   const media::PatchedImage& p = *patched;
-  if (p.grid_h % pre.merge_size || p.grid_w % pre.merge_size || p.grid_h * p.grid_w * 256 > pre.max_pixels)
+  if (p.grid_h % pre.merge_size || p.grid_w % pre.merge_size) __builtin_trap();
+  // Within max_pixels, except where smart_resize raised the short side to one merge block (as
+  // transformers does: 1809x88 -> 32x576 pixels for max 16384); the aspect ratio is at most 200.
+  const bool clamped = p.grid_h == pre.merge_size || p.grid_w == pre.merge_size;
+  if (p.grid_h * p.grid_w * 256 > pre.max_pixels && !(clamped && p.grid_h * p.grid_w * 256 <= 201 * 1024))
     __builtin_trap();
   if (p.pixels.size() != static_cast<size_t>(p.num_patches() * p.patch_dim)) __builtin_trap();
   for (float v : p.pixels)
