@@ -4,7 +4,7 @@
 # 1. gpu_ops: every CUDA op vs the CPU backend on fresh random inputs, and the fixture model checks
 #    (logits vs transformers and vs CPU, cached decode, prefill+decode == recompute, batched == alone).
 # 2. The CLI end to end: `sparkserve logits --device cuda` vs `--device cpu` vs the reference .npy for
-#    every fixture prompt (bound max|d|/max|ref| <= 1e-4, tests/python/test_model_reference.py's fp32
+#    every fixture prompt (the vl-* fixtures with their images: vision tower, M-RoPE) (bound max|d|/max|ref| <= 1e-4, tests/python/test_model_reference.py's fp32
 #    bound), and `generate --device cuda` reproducing the reference greedy ids exactly.
 # 3. `bench --synth` on CUDA: for every layout, the weights the device kernel generates
 #    (backend/cuda/synth_fill.cu) hash to the same digest as `synth --like tiny` written to disk and
@@ -31,21 +31,25 @@ worst_ref = worst_cpu = 0.0
 n = 0
 def rel(a, b):
     return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
-def logits(fx, ids, dev):
+def image_args(pr):  # vl-* fixtures: the prompt's images (--image, in order)
+    return [a for im in pr.get("images", []) for a in ("--image", f"tests/fixtures/vision-images/{im}")]
+def logits(fx, pr, dev):
     out = tmp / f"{dev}.npy"
-    p = subprocess.run([bin_, "logits", "--model", str(fx), "--prompt-ids", ",".join(map(str, ids)),
-                        "--out", str(out), "--device", dev], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([bin_, "logits", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
+                        "--out", str(out), "--device", dev] + image_args(pr), capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         print(p.stderr); return None
     return np.load(out)
-for fx in sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json")):
+fixtures = sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json")) + \
+    sorted(pathlib.Path("tests/fixtures").glob("vl-qwen35-*/reference.json"))
+for fx in fixtures:
     fx = fx.parent
     ref = json.loads((fx / "reference.json").read_text())
     for pr in ref["prompts"]:
         n += 1
         r = np.load(fx / pr["logits_file"])
-        g = logits(fx, pr["prompt_ids"], "cuda")
-        c = logits(fx, pr["prompt_ids"], "cpu")
+        g = logits(fx, pr, "cuda")
+        c = logits(fx, pr, "cpu")
         if g is None or c is None or g.shape != r.shape:
             fails += 1; print("FAIL", fx.name, pr["name"], "logits run"); continue
         if "quant" in fx.name:
@@ -61,7 +65,8 @@ for fx in sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json"))
         e_ref, e_cpu = rel(g, r), rel(g, c)
         worst_ref, worst_cpu = max(worst_ref, e_ref), max(worst_cpu, e_cpu)
         p = subprocess.run([bin_, "generate", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
-                            "--max-tokens", str(len(pr["greedy_ids"])), "--ignore-eos", "--json", "--device", "cuda"],
+                            "--max-tokens", str(len(pr["greedy_ids"])), "--ignore-eos", "--json", "--device", "cuda"]
+                           + image_args(pr),
                            capture_output=True, text=True, timeout=600)
         ok_gen = p.returncode == 0 and json.loads(p.stdout)["output_ids"] == pr["greedy_ids"]
         ok = e_ref <= 1e-4 and e_cpu <= 1e-4 and ok_gen
