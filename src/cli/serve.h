@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "cli/cli_images.h"
 #include "cli/model_args.h"
+#include "cli/serve_images.h"
 #include "core/status.h"
 #include "loader/hf_config.h"
 #include "runtime/model_runner.h"
