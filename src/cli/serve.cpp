@@ -238,6 +238,9 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
     ctx.max_token_bytes = std::max(ctx.max_token_bytes, tokenizer->token_bytes(static_cast<int32_t>(id)).size());
   ctx.request_timeout_s = o.request_timeout;
   ctx.max_waiting_requests = o.max_waiting_requests;
+  auto image_input = serve_image_options(o.model, c, o.images);
+  if (!image_input.ok()) return fail(image_input.message());
+  ctx.image_input = std::move(*image_input);
 
   http::ServerOptions hopt;
   hopt.host = o.host;
@@ -328,6 +331,7 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--prefix-cache-snapshot-interval", o->prefix_cache_snapshot_interval,
                   "Tokens between state snapshots of a long prompt (0: only at its end and at shared prefixes)")
       ->default_val(2048);
+  add_serve_image_flags(cmd, o->images);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cli/model_args.h"
+#include "cli/serve_images.h"
 #include "core/status.h"
 #include "loader/hf_config.h"
 #include "runtime/model_runner.h"
@@ -44,6 +45,7 @@ struct ServeOptions {
   bool no_prefix_caching = false;
   int64_t prefix_cache_state_mb = 4096;     // GDN state snapshots (device memory on CUDA)
   int64_t prefix_cache_snapshot_interval = 2048;
+  ServeImageFlags images;
 };
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);

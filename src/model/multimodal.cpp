@@ -56,6 +56,7 @@ Expected<MultimodalPrompt> build_multimodal_prompt(std::vector<int32_t>& ids, st
     const media::PatchedImage& img = images[static_cast<size_t>(image++)];
     // One token per merge block: temporal index, block row and block column added to `cur`.
     const int64_t gh = img.grid_h / merge, gw = img.grid_w / merge;
+    mm.image_begin.push_back(static_cast<int64_t>(out.size()));
     for (int64_t t = 0; t < img.grid_t; ++t)
       for (int64_t r = 0; r < gh; ++r)
         for (int64_t col = 0; col < gw; ++col) {
@@ -65,6 +66,7 @@ Expected<MultimodalPrompt> build_multimodal_prompt(std::vector<int32_t>& ids, st
           mm.embed_row.push_back(embed++);
         }
     cur += std::max(gh, gw);
+    mm.image_end.push_back(static_cast<int64_t>(out.size()));
   }
   mm.length = static_cast<int64_t>(out.size());
   int64_t max_pos = -1;
@@ -74,6 +76,13 @@ Expected<MultimodalPrompt> build_multimodal_prompt(std::vector<int32_t>& ids, st
   mm.images = std::move(images);
   ids = std::move(out);
   return mm;
+}
+
+std::vector<uint64_t> MultimodalPrompt::image_hashes_in(int64_t begin, int64_t end) const {
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < image_hashes.size(); ++i)
+    if (image_begin[i] < end && image_end[i] > begin) out.push_back(image_hashes[i]);
+  return out;
 }
 
 }  // namespace sparkserve

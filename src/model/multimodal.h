@@ -21,8 +21,18 @@ struct MultimodalPrompt {
   int64_t rope_delta = 0;          // tokens after the prompt sit at position index + rope_delta
   std::vector<media::PatchedImage> images;  // pixels; dropped once encoded
   std::vector<uint64_t> image_hashes;       // PatchedImage::content_hash of each image, in order
+  std::vector<int64_t> image_begin;         // first prompt token of each image
+  std::vector<int64_t> image_end;           // one past its last token
   Buffer embeddings;                        // [image tokens, hidden] in backend memory once encoded
   bool encoded() const { return embeddings.tensor().data != nullptr; }
+
+  // PREFIX-CACHE HOOK: every image token has the same id, so a cache key made of token ids alone
+  // would let a prompt with one picture reuse the KV computed for another. The key of a cached
+  // span of prompt tokens [begin, end) (e.g. a KV block, chained over the blocks before it) must
+  // also cover these: the content hashes of the images with tokens in that span, in order.
+  // (content_hash is 64-bit FNV-1a: not collision-resistant, so a shared cache should hash the
+  // image with its keyed hash instead; see preprocess_image.)
+  std::vector<uint64_t> image_hashes_in(int64_t begin, int64_t end) const;
 };
 
 // Expands each occurrence of config.image_token_id in `ids` (one per image, in order) into that

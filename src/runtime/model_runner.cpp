@@ -1,5 +1,7 @@
 #include "runtime/model_runner.h"
 
+#include "runtime/sequence.h"
+
 namespace sparkserve {
 
 CacheGeometry Qwen35Runner::geometry() const {
@@ -23,8 +25,16 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
   if (!plan.chunks.empty()) {
     std::vector<ForwardSeq> batch;
     batch.reserve(plan.chunks.size());
-    for (const ScheduledChunk& c : plan.chunks)
-      batch.push_back(ForwardSeq{c.gdn_slot, c.block_table, c.start_pos, c.tokens, c.num_logits});
+    for (const ScheduledChunk& c : plan.chunks) {
+      ForwardSeq f{c.gdn_slot, c.block_table, c.start_pos, c.tokens, c.num_logits};
+      // A prompt with images: its chunks take their positions and image rows from mm; every later
+      // token (decode, or the output part of a recompute after preemption) sits at index + delta.
+      if (MultimodalPrompt* mm = c.seq ? c.seq->req->mm.get() : nullptr) {
+        if (c.start_pos < mm->length) f.mm = mm;
+        f.rope_delta = mm->rope_delta;
+      }
+      batch.push_back(f);
+    }
     SS_ASSIGN_OR_RETURN(out.logits, model_.forward(batch, state_.pools()));
   }
   run_ops(plan.after);

@@ -19,6 +19,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 void PostProcessor::end(EngineRequest& req, EngineEvent event) {
   event.finished = true;
   if (observer_) observer_->on_finished(event.finish_reason, seconds_between(req.arrival, Clock::now()));
+  req.mm.reset();  // the image embeddings are backend memory: freed here, on the engine thread
   req.out.push(std::move(event));
 }
 

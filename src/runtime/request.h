@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/multimodal.h"
 #include "runtime/sampler.h"
 #include "runtime/sampling_params.h"
 #include "runtime/token_constraint.h"
@@ -54,6 +55,11 @@ struct EngineRequest {
   uint64_t id = 0;
   std::vector<int32_t> prompt;
   SamplingParams params;
+  // The prompt's images (prompt already expanded: one image token per merged patch block) and its
+  // M-RoPE positions; null for text. The model runner hands it to every chunk that starts inside
+  // the prompt part it covers; once submitted only the engine thread touches it, and it is freed
+  // (with the image embeddings in backend memory) on that thread when the request ends.
+  std::shared_ptr<MultimodalPrompt> mm;
   // Constrained decoding (tool_choice required / named): masks every sampled token and sees
   // every token taken. Used only by the engine thread once submitted.
   std::shared_ptr<TokenConstraint> constraint;

@@ -23,6 +23,7 @@ void Scheduler::add(std::shared_ptr<EngineRequest> request) {
   auto s = std::make_unique<Sequence>();
   s->tokens = request->prompt;
   s->prompt_len = static_cast<int64_t>(request->prompt.size());
+  if (request->mm && !request->mm->image_begin.empty()) s->cacheable_len = request->mm->image_begin.front();
   s->req = std::move(request);
   waiting_.push_back(std::move(s));
 }
@@ -53,7 +54,7 @@ Scheduler::Hit Scheduler::lookup(Sequence& s) {
   Hit hit;
   const int64_t bs = geometry_.block_size;
   // The last token always runs: its logits give the next token.
-  const int64_t limit = static_cast<int64_t>(s.tokens.size()) - 1;
+  const int64_t limit = std::min(static_cast<int64_t>(s.tokens.size()) - 1, s.cacheable_len);
   if (!config_.prefix_caching || limit <= 0) return hit;
   std::vector<int32_t> found;
   for (int64_t q = 0; (q + 1) * bs <= limit; ++q) {
@@ -110,7 +111,8 @@ int64_t Scheduler::to_next_point(Sequence& s, int64_t want) {
 
 int32_t Scheduler::take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& ops, bool publish_now) {
   const int64_t pos = s.num_computed + n;
-  if (!config_.prefix_caching || snapshots_.capacity() == 0 || pos <= 0 || s.slot < 0) return -1;
+  if (!config_.prefix_caching || snapshots_.capacity() == 0 || pos <= 0 || pos > s.cacheable_len || s.slot < 0)
+    return -1;
   const int64_t bs = geometry_.block_size;
   Snapshot snap;
   snap.key = snapshot_key(s, pos);
@@ -130,7 +132,7 @@ int32_t Scheduler::take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& o
 
 void Scheduler::register_full_blocks(Sequence& s) {
   if (!config_.prefix_caching) return;
-  const int64_t full = s.num_computed / geometry_.block_size;
+  const int64_t full = std::min(s.num_computed, s.cacheable_len) / geometry_.block_size;
   for (; s.num_registered < full; ++s.num_registered)
     blocks_.register_hash(s.blocks[static_cast<size_t>(s.num_registered)], chain(s, s.num_registered + 1));
 }

@@ -31,6 +31,9 @@ struct Sequence {
   // block pool; the positions where its prefill chunks end and its state is saved.
   std::vector<PrefixHash> block_hashes;
   int64_t num_registered = 0;
+  // Tokens a cache key may cover: image placeholders share one token id, so a key of ids alone
+  // would hand one picture's KV to another; with images the cache stops at the first one.
+  int64_t cacheable_len = INT64_MAX;
   std::vector<int64_t> snapshot_points;  // ascending
 
   // Post-processing.

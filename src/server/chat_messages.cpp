@@ -10,7 +10,24 @@ ApiError type_error(const std::string& path, const char* expected, const Request
                      path);
 }
 
-// content: a string, null, or a list of text parts; refuses other modalities.
+// {"type": "image_url", "image_url": {"url": "...", "detail"?: "auto" | "low" | "high"}}: the shape
+// only; server/image_input.h reads the URL.
+std::optional<ApiError> check_image_url_part(const RequestJson& part, const std::string& p) {
+  auto iu = part.find("image_url");
+  if (iu == part.end() || !iu->is_object())
+    return bad_request("`" + p + ".image_url` must be an object such as {\"url\": \"data:image/png;base64,...\"}.",
+                       p + ".image_url");
+  auto url = iu->find("url");
+  if (url == iu->end() || !url->is_string())
+    return bad_request("`" + p + ".image_url.url` must be a string.", p + ".image_url.url");
+  if (auto d = iu->find("detail"); d != iu->end() && !d->is_null()) {
+    const bool known = d->is_string() && (*d == "auto" || *d == "low" || *d == "high");
+    if (!known) return bad_request("`" + p + ".image_url.detail` must be \"auto\", \"low\" or \"high\".", p + ".image_url.detail");
+  }
+  return std::nullopt;
+}
+
+// content: a string, null, or a list of text and image_url parts; refuses other modalities.
 std::optional<ApiError> check_content(const RequestJson& content, const std::string& path,
                                       bool null_allowed) {
   if (content.is_string()) return std::nullopt;
@@ -27,9 +44,13 @@ std::optional<ApiError> check_content(const RequestJson& content, const std::str
     if (type == part.end() || !type->is_string())
       return bad_request("`" + p + ".type` must be a string such as \"text\".", p + ".type");
     std::string t = type->get<std::string>();
+    if (t == "image_url") {
+      if (auto e = check_image_url_part(part, p)) return e;
+      continue;
+    }
     if (t != "text") {
       return bad_request("`" + p + ".type` is \"" + t +
-                             "\": only text content parts are supported by this server.",
+                             "\": only text and image_url content parts are supported by this server.",
                          p + ".type");
     }
     auto text = part.find("text");

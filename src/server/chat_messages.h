@@ -7,11 +7,12 @@
 namespace sparkserve {
 
 // messages: the request's "messages" value. Checks every message (role in system / user /
-// assistant / tool; content a string, null where allowed, or a list of text parts; tool_calls
+// assistant / tool; content a string, null where allowed, or a list of text and image_url parts
+// (their shape; server/image_input.h loads the images); tool_calls
 // with a function name and JSON arguments; string reasoning fields and tool_call_id) and
 // returns a copy where `reasoning` is mapped to `reasoning_content` (the template's name) and
 // tool-call arguments given as JSON text are parsed into objects (vLLM does the same; the
-// Qwen template iterates arguments|items). Text-only: image/audio/video parts are refused.
+// Qwen template iterates arguments|items). Audio / video parts are refused.
 ApiResult<RequestJson> normalize_chat_messages(const RequestJson& messages);
 
 // tools: the request's "tools" value: a list of {"type":"function","function":{"name",

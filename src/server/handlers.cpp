@@ -70,14 +70,24 @@ ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::
   return ids;
 }
 
+// A chat prompt: token ids (each image placeholder expanded to its image's token count) and the
+// images with their M-RoPE positions (null for text).
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  std::shared_ptr<MultimodalPrompt> mm;
+};
+
 // Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
-// tokenized. Errors are 400s on "messages". generation_prompt_start (optional): where the
-// template's generation prompt begins in the ids (-1 when there is none or it cannot be told), the
-// point from which the next turn of the conversation renders this turn's reply differently.
-ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
-                                            const RequestJson& tools, bool add_generation_prompt,
-                                            const RequestJson& chat_template_kwargs,
-                                            int64_t* generation_prompt_start = nullptr) {
+// tokenized; the messages' images decoded and their placeholders expanded. Errors are 400s on
+// "messages" (or the image part at fault). generation_prompt_start (optional): where the template's
+// generation prompt begins in the ids (-1 when there is none or it cannot be told), the point from
+// which the next turn of the conversation renders this turn's reply differently.
+ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& messages,
+                                  const RequestJson& tools, bool add_generation_prompt,
+                                  const RequestJson& chat_template_kwargs,
+                                  int64_t* generation_prompt_start = nullptr) {
+  auto images = load_chat_images(messages, ctx.image_input);
+  if (!images.ok()) return images.error();
   OrderedJson tmpl_req = OrderedJson::object();
   tmpl_req["messages"] = messages;
   if (!tools.is_null()) tmpl_req["tools"] = tools;
@@ -88,17 +98,26 @@ ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const Reque
   if (auto e = over_context_bytes(ctx, rendered->size(), "the rendered chat prompt", "messages")) return *e;
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
+  // Tokens of the generation prompt (the rendered suffix that add_generation_prompt appends).
+  int64_t suffix_tokens = -1;
   if (generation_prompt_start) {
-    *generation_prompt_start = -1;
     tmpl_req["add_generation_prompt"] = false;
     auto bare = add_generation_prompt ? render_chat_request(*ctx.chat_template, tmpl_req) : rendered;
     // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
     // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
     if (bare.ok() && rendered->size() > bare->size() && rendered->compare(0, bare->size(), *bare) == 0)
       if (auto suffix = ctx.tokenizer->encode(std::string_view(*rendered).substr(bare->size())); suffix.ok())
-        *generation_prompt_start = static_cast<int64_t>(ids->size()) - static_cast<int64_t>(suffix->size());
+        suffix_tokens = static_cast<int64_t>(suffix->size());
   }
-  return std::vector<int32_t>(ids->begin(), ids->end());
+  ChatPrompt p;
+  p.ids.assign(ids->begin(), ids->end());
+  auto mm = expand_image_tokens(p.ids, std::move(*images), ctx.image_input);
+  if (!mm.ok()) return mm.error();
+  p.mm = std::move(*mm);
+  // The suffix holds no image, so it ends the expanded ids too.
+  if (generation_prompt_start)
+    *generation_prompt_start = suffix_tokens >= 0 ? static_cast<int64_t>(p.ids.size()) - suffix_tokens : -1;
+  return p;
 }
 
 struct Prepared {
@@ -253,7 +272,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
   auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs,
                             &generation_prompt_start);
   if (!prompt.ok()) return send_error(*res, prompt.error());
-  auto prep = prepare(ctx, r, std::move(*prompt));
+  auto prep = prepare(ctx, r, std::move(prompt->ids));
   if (!prep.ok()) return send_error(*res, prep.error());
 
   auto et = r.chat_template_kwargs.find("enable_thinking");
@@ -264,6 +283,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
   std::shared_ptr<Generation> g = start_generation(ctx, r, std::move(*prep));
   g->er->constraint = std::move(*constraint);
   if (generation_prompt_start > 0) g->er->snapshot_hints.push_back(generation_prompt_start);
+  g->er->mm = std::move(prompt->mm);
   OutputParserOptions popt;
   popt.thinking_enabled = thinking;
   popt.parse_tools = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;
@@ -406,7 +426,7 @@ void handle_tokenize(ServeContext& ctx, const http::Request& req, ResponderPtr r
     if (!ctx.chat_template) return send_error(*res, no_chat_template(ctx));
     auto enc = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
     if (!enc.ok()) return send_error(*res, enc.error());
-    ids = std::move(*enc);
+    ids = std::move(enc->ids);
   } else {
     auto enc = encode_text(ctx, r.prompt.value_or(""), r.add_special_tokens, "prompt");
     if (!enc.ok()) return send_error(*res, enc.error());

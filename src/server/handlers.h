@@ -17,6 +17,7 @@
 #include "runtime/sampling_params.h"
 #include "runtime/token_constraint.h"
 #include "server/generation.h"
+#include "server/image_input.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "text/chat_template.h"
@@ -33,6 +34,7 @@ struct ServeContext {
   ServerMetrics* metrics = nullptr;
   GenerationJobs* jobs = nullptr;
   ServedModelInfo info;
+  ImageInputOptions image_input;         // what image parts may use, and the model's preprocessing
   std::string model_root;                // /v1/models "root"
   GenerationDefaults defaults;           // eos ids already merged with the tokenizer's
   std::string api_key;                   // empty: no authentication

@@ -4,10 +4,10 @@
 # 1. gpu_ops: every CUDA op vs the CPU backend on fresh random inputs, and the fixture model checks
 #    (logits vs transformers and vs CPU, cached decode, prefill+decode == recompute, batched == alone).
 # 2. The CLI end to end: `sparkserve logits --device cuda` vs `--device cpu` vs the reference .npy for
-#    every fixture prompt with the float32 KV cache (bound max|d|/max|ref| <= 1e-4,
-#    tests/python/test_model_reference.py's fp32 bound), `generate --device cuda` reproducing the
-#    reference greedy ids exactly, and the CUDA default (bf16) KV cache within 1e-2 of the reference
-#    (tests/python/model/test_kv_cache_dtype.py's bf16 bound).
+#    every fixture prompt (the vl-* fixtures with their images: vision tower, M-RoPE) with the float32 KV
+#    cache (bound max|d|/max|ref| <= 1e-4, tests/python/test_model_reference.py's fp32 bound),
+#    `generate --device cuda` reproducing the reference greedy ids exactly, and the CUDA default (bf16)
+#    KV cache within 1e-2 of the reference (tests/python/model/test_kv_cache_dtype.py's bf16 bound).
 # 3. `bench --synth` on CUDA: for every layout, the weights the device kernel generates
 #    (backend/cuda/synth_fill.cu) hash to the same digest as `synth --like tiny` written to disk and
 #    loaded onto the GPU, and as the CPU generator; and a short bench of each layout on CUDA gives
@@ -33,22 +33,26 @@ worst_ref = worst_cpu = 0.0
 n = 0
 def rel(a, b):
     return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
-def logits(fx, ids, dev, kv="float32"):
+def image_args(pr):  # vl-* fixtures: the prompt's images (--image, in order)
+    return [a for im in pr.get("images", []) for a in ("--image", f"tests/fixtures/vision-images/{im}")]
+def logits(fx, pr, dev, kv="float32"):
     out = tmp / f"{dev}.npy"
-    p = subprocess.run([bin_, "logits", "--model", str(fx), "--prompt-ids", ",".join(map(str, ids)),
-                        "--out", str(out), "--device", dev, "--kv-cache-dtype", kv], capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run([bin_, "logits", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
+                        "--out", str(out), "--device", dev, "--kv-cache-dtype", kv] + image_args(pr),
+                       capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         print(p.stderr); return None
     return np.load(out)
-for fx in sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json")):
+fixtures = sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json")) + \
+    sorted(pathlib.Path("tests/fixtures").glob("vl-qwen35-*/reference.json"))
+for fx in fixtures:
     fx = fx.parent
     ref = json.loads((fx / "reference.json").read_text())
     for pr in ref["prompts"]:
         n += 1
         r = np.load(fx / pr["logits_file"])
-        g = logits(fx, pr["prompt_ids"], "cuda")
-        c = logits(fx, pr["prompt_ids"], "cpu")
+        g = logits(fx, pr, "cuda")
+        c = logits(fx, pr, "cpu")
         if g is None or c is None or g.shape != r.shape:
             fails += 1; print("FAIL", fx.name, pr["name"], "logits run"); continue
         if "quant" in fx.name:
@@ -65,11 +69,11 @@ for fx in sorted(pathlib.Path("tests/fixtures").glob("qwen35-*/reference.json"))
         worst_ref, worst_cpu = max(worst_ref, e_ref), max(worst_cpu, e_cpu)
         p = subprocess.run([bin_, "generate", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
                             "--max-tokens", str(len(pr["greedy_ids"])), "--ignore-eos", "--json", "--device", "cuda",
-                            "--kv-cache-dtype", "float32"],
+                            "--kv-cache-dtype", "float32"] + image_args(pr),
                            capture_output=True, text=True, timeout=600)
         ok_gen = p.returncode == 0 and json.loads(p.stdout)["output_ids"] == pr["greedy_ids"]
         # The CUDA default KV cache (bf16) within tests/python/model/test_kv_cache_dtype.py's bf16 bound.
-        gb = logits(fx, pr["prompt_ids"], "cuda", "auto")
+        gb = logits(fx, pr, "cuda", "auto")
         e_bf16 = rel(gb, r) if gb is not None else float("inf")
         ok = e_ref <= 1e-4 and e_cpu <= 1e-4 and ok_gen and e_bf16 <= 1e-2
         fails += not ok

@@ -1,9 +1,6 @@
-// The vision tower's ops (ops.h "vision tower") on CUDA, each computing the CPU spec's function
-// (backend/cpu/vision_ops.cpp) with fp32 arithmetic.
-//
-// attention_segments is the plain form: one warp per (query, head) streaming over its segment's keys
-// with an online softmax, lanes splitting the head dims. Correct for any head size up to 128; it runs
-// on CUDA cores (no tensor cores), which is what limits the tower's speed on large images.
+// The vision tower's elementwise ops and norms (ops.h "vision tower") on CUDA, each computing the
+// CPU spec's function (backend/cpu/vision_ops.cpp) with fp32 arithmetic. attention_segments is in
+// vision_attention.cu.
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -81,52 +78,6 @@ __global__ void rope_axes_kernel(float* x, const int32_t* pos, const int32_t* ax
   v[p + P] = x2 * c + x1 * s;
 }
 
-constexpr int kMaxDimsPerLane = 4;  // head size <= 128
-
-// One warp per (query row, head): online softmax over the rows of the query's segment.
-__global__ void attention_segments_kernel(float* out, const float* q, const float* k, const float* v,
-                                          const int64_t* seg_begin, const int64_t* seg_len, int64_t N, int64_t H,
-                                          int64_t hd, float scale) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (warp >= N * H) return;
-  const int64_t n = warp / H, h = warp % H;
-  const int64_t b = seg_begin[n], L = seg_len[n];
-  float qv[kMaxDimsPerLane], acc[kMaxDimsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerLane; ++j) {
-    const int64_t d = lane + 32 * j;
-    qv[j] = d < hd ? q[(n * H + h) * hd + d] : 0.0f;
-    acc[j] = 0.0f;
-  }
-  float mx = -INFINITY, sum = 0.0f;
-  for (int64_t j = 0; j < L; ++j) {
-    const float* kj = k + ((b + j) * H + h) * hd;
-    float s = 0;
-#pragma unroll
-    for (int u = 0; u < kMaxDimsPerLane; ++u) {
-      const int64_t d = lane + 32 * u;
-      if (d < hd) s += qv[u] * kj[d];
-    }
-    s = warp_sum(s) * scale;
-    const float nm = fmaxf(mx, s);
-    const float corr = expf(mx - nm), p = expf(s - nm);
-    sum = sum * corr + p;
-    const float* vj = v + ((b + j) * H + h) * hd;
-#pragma unroll
-    for (int u = 0; u < kMaxDimsPerLane; ++u) {
-      const int64_t d = lane + 32 * u;
-      if (d < hd) acc[u] = acc[u] * corr + p * vj[d];
-    }
-    mx = nm;
-  }
-#pragma unroll
-  for (int u = 0; u < kMaxDimsPerLane; ++u) {
-    const int64_t d = lane + 32 * u;
-    if (d < hd) out[(n * H + h) * hd + d] = acc[u] / sum;
-  }
-}
-
 }  // namespace
 
 void CudaBackend::layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
@@ -172,32 +123,6 @@ void CudaBackend::rope_axes(const Tensor& x, const Tensor& positions, const Tens
   rope_axes_kernel<<<blocks_for(T * P * heads, kThreads), kThreads, 0, stream_>>>(
       x.ptr<float>(), positions.ptr<const int32_t>(), axis.ptr<const int32_t>(), inv_freq.ptr<const float>(), T,
       heads, hd, P, A);
-  CUDA_CHECK_LAUNCH();
-}
-
-void CudaBackend::attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const std::vector<int64_t>& segment_lengths, float scale) {
-  const int64_t N = q.dim(0), H = q.dim(1), hd = q.dim(2);
-  CHECK(k.numel() == q.numel() && v.numel() == q.numel() && out.numel() == q.numel());
-  CHECK_MSG(hd <= 32 * kMaxDimsPerLane, "attention_segments: head size above 128");
-  if (N == 0) return;
-  // Per row: its segment's first row and length (host-built, one upload).
-  std::vector<int64_t> meta(static_cast<size_t>(2 * N));
-  int64_t row = 0;
-  for (int64_t len : segment_lengths) {
-    CHECK(len > 0 && row + len <= N);
-    for (int64_t i = 0; i < len; ++i) {
-      meta[static_cast<size_t>(row + i)] = row;
-      meta[static_cast<size_t>(N + row + i)] = len;
-    }
-    row += len;
-  }
-  CHECK_MSG(row == N, "segment lengths must sum to the number of rows");
-  Buffer dev(this, DType::kI64, {2 * N});
-  upload(dev, meta.data());
-  const int64_t* m = dev.tensor().ptr<const int64_t>();
-  attention_segments_kernel<<<blocks_for(N * H * 32, kThreads), kThreads, 0, stream_>>>(
-      out.ptr<float>(), q.ptr<const float>(), k.ptr<const float>(), v.ptr<const float>(), m, m + N, N, H, hd, scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -201,8 +201,12 @@ TEST(ChatRequestErrors, MessagesProblems) {
                "must not be null");
   expect_error(R"({"messages": [{"role": "user", "content": 7}]})", 400, "messages[0].content",
                "a string or a list of content parts");
+  expect_error(R"({"messages": [{"role": "user", "content": [{"type": "input_audio",
+      "input_audio": {"data": "", "format": "wav"}}]}]})", 400, "messages[0].content[0].type", "only text and image_url");
+  expect_error(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "http://x"}]}]})", 400,
+               "messages[0].content[0].image_url", "must be an object");
   expect_error(R"({"messages": [{"role": "user", "content": [{"type": "image_url",
-      "image_url": {"url": "http://x"}}]}]})", 400, "messages[0].content[0].type", "only text");
+      "image_url": {"url": "data:,", "detail": "ultra"}}]}]})", 400, "messages[0].content[0].image_url.detail", "auto");
   expect_error(R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", 400,
                "messages[0].content[0].text", "must be a string");
   expect_error(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", 400,
