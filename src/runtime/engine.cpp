@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <chrono>
+
 namespace sparkserve {
 namespace {
 
@@ -85,11 +87,21 @@ bool Engine::step() {
     publish(nullptr);
     return false;
   }
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   const StepPlan plan = scheduler_.schedule();
+  const auto t1 = Clock::now();
   const Expected<StepOutput> out = runner_.execute(plan);
   scheduler_.commit(plan, out.ok());
+  const auto t2 = Clock::now();
   post_.run(plan, out, scheduler_);
+  const auto t3 = Clock::now();
   publish(&plan);
+  if (observer_) {
+    auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    observer_->on_step(StepTiming{secs(t0, t1), secs(t1, t2), secs(t2, t3), plan.num_tokens(),
+                                  static_cast<int64_t>(plan.chunks.size())});
+  }
   return true;
 }
 

@@ -13,6 +13,13 @@ struct EngineGauges {
   double state_slots_usage = 0;  // [0, 1]: GDN state slots held by running sequences
 };
 
+// Where one engine step's wall time went (seconds, engine thread): planning, the model runner
+// (forward, including the logits download), post-processing (sampling, stop checks, events).
+struct StepTiming {
+  double schedule_s = 0, execute_s = 0, postprocess_s = 0;
+  int64_t tokens = 0, seqs = 0;
+};
+
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
@@ -27,6 +34,7 @@ class EngineObserver {
   virtual void on_nonfinite_logits() {}
   // After every step.
   virtual void on_gauges(const EngineGauges& gauges) = 0;
+  virtual void on_step(const StepTiming&) {}
 };
 
 }  // namespace sparkserve

@@ -116,6 +116,16 @@ void ServerMetrics::on_gauges(const EngineGauges& g) {
   slots_usage_ = g.state_slots_usage;
 }
 
+void ServerMetrics::on_step(const StepTiming& t) {
+  std::lock_guard l(mu_);
+  steps_++;
+  step_tokens_ += static_cast<uint64_t>(t.tokens);
+  step_seqs_ += static_cast<uint64_t>(t.seqs);
+  step_schedule_s_ += t.schedule_s;
+  step_execute_s_ += t.execute_s;
+  step_postprocess_s_ += t.postprocess_s;
+}
+
 void ServerMetrics::count_finished_request(std::string_view reason) {
   std::lock_guard l(mu_);
   auto it = finished_.find(reason);
@@ -184,6 +194,19 @@ std::string ServerMetrics::render() const {
   sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
   header(out, p + "nonfinite_logits_total", "counter", "Requests failed because the model produced NaN/Inf logits.");
   sample(out, p + "nonfinite_logits_total", label_, static_cast<double>(nonfinite_logits_));
+
+  header(out, p + "engine_steps_total", "counter", "Engine steps run.");
+  sample(out, p + "engine_steps_total", label_, static_cast<double>(steps_));
+  header(out, p + "engine_step_tokens_total", "counter", "Tokens run through the model, summed over steps.");
+  sample(out, p + "engine_step_tokens_total", label_, static_cast<double>(step_tokens_));
+  header(out, p + "engine_step_sequences_total", "counter", "Sequences in the batch, summed over steps.");
+  sample(out, p + "engine_step_sequences_total", label_, static_cast<double>(step_seqs_));
+  header(out, p + "engine_step_seconds_total", "counter",
+         "Engine thread time by step phase: schedule (planning), execute (forward incl. logits download), "
+         "postprocess (sampling, stop checks, events).");
+  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"schedule\"", step_schedule_s_);
+  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"execute\"", step_execute_s_);
+  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"postprocess\"", step_postprocess_s_);
 
   histogram(out, p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
             label_, ttft_);

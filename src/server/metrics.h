@@ -49,6 +49,7 @@ class ServerMetrics final : public EngineObserver {
   void on_preemption() override { count_preemption(); }
   void on_nonfinite_logits() override { count_nonfinite_logits(); }
   void on_gauges(const EngineGauges& g) override;
+  void on_step(const StepTiming& t) override;
 
   // Gauges, set by the engine after each step.
   void set_requests_running(int64_t n);
@@ -78,6 +79,8 @@ class ServerMetrics final : public EngineObserver {
   double kv_usage_ = 0.0, slots_usage_ = 0.0;
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, nonfinite_logits_ = 0;
   uint64_t prefix_cache_queries_ = 0, prefix_cache_hits_ = 0;  // tokens
+  uint64_t steps_ = 0, step_tokens_ = 0, step_seqs_ = 0;
+  double step_schedule_s_ = 0, step_execute_s_ = 0, step_postprocess_s_ = 0;
   std::map<std::string, uint64_t, std::less<>> finished_;
   Histogram ttft_, itl_, e2e_;
 };

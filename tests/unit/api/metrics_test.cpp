@@ -88,6 +88,20 @@ TEST(Metrics, ExactSamples) {
 // Every line is a comment (# HELP / # TYPE name ...) or `name{labels} value` with a valid
 // metric name, label syntax and number; each family's TYPE precedes its samples; bucket counts
 // never decrease within a histogram.
+TEST(Metrics, StepPhasesAreSummed) {
+  ServerMetrics m("m");
+  m.on_step(StepTiming{0.25, 1.5, 0.125, 64, 64});
+  m.on_step(StepTiming{0.25, 0.5, 0.375, 512, 3});
+  const std::string t = m.render();
+  const std::string L = R"(model_name="m")";
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_steps_total{" + L + "} 2"));
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_step_tokens_total{" + L + "} 576"));
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_step_sequences_total{" + L + "} 67"));
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_step_seconds_total{" + L + ",phase=\"schedule\"} 0.5"));
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_step_seconds_total{" + L + ",phase=\"execute\"} 2"));
+  EXPECT_TRUE(has_line(t, "sparkserve:engine_step_seconds_total{" + L + ",phase=\"postprocess\"} 0.5"));
+}
+
 TEST(Metrics, EveryLineIsValidExposition) {
   ServerMetrics m("we\"ird\\name\n");
   for (int i = 0; i < 50; ++i) m.observe_inter_token_latency(0.001 * i);
