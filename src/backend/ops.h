@@ -127,6 +127,12 @@ class Recording {
   virtual int64_t kernel_nodes() const { return -1; }
 };
 
+struct RowArgmax {
+  int32_t id = 0;
+  int32_t nonfinite = -1;
+  bool operator==(const RowArgmax& o) const { return id == o.id && nonfinite == o.nonfinite; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -172,8 +178,11 @@ class Backend {
   virtual void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) = 0;
   // Copies rows: out[i] = x[rows[i]]. x: [T, D] f32, rows: host indices -> out: [R, D] f32.
   virtual void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) = 0;
-  // logits: [R, V] f32 -> ids: host [R], lowest index among equal maxima.
-  virtual std::vector<int32_t> argmax(const Tensor& logits) = 0;
+  // The greedy choice of each row over its first `vocab` columns (vocab <= V), as the CPU sampler
+  // makes it: the lowest index among equal maxima (-inf counts, NaN never wins); `nonfinite` is the
+  // first index holding NaN or +Inf (-1: none), which the sampler refuses instead of sampling.
+  // logits: [R, V] f32 -> host [R].
+  virtual std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab) = 0;
 
   // ---- gated attention (model-qwen35.md §2.5, §2.6) --------------------------------------------
   // qg: [T, nh, 2*hd] (per head: query then gate) -> q: [T, nh, hd], gate: [T, nh, hd].

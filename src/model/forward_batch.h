@@ -29,14 +29,24 @@ struct ForwardSeq {
   // mm is null, sit at rotary position index + rope_delta.
   MultimodalPrompt* mm = nullptr;
   int64_t rope_delta = 0;  // the sequence's M-RoPE offset (mm->rope_delta once its prompt had images)
+  // > 0: the caller needs only the greedy choice over the first argmax_vocab columns (at most all) of this
+  // sequence's logits rows (Backend::argmax, taken where the logits are); 0: the whole rows. A
+  // served greedy step then downloads a few ids instead of [rows, vocab] floats.
+  int64_t argmax_vocab = 0;
 };
 
 // Logits rows in batch order: for each sequence, its num_logits rows in position order.
 struct Logits {
   int64_t rows = 0;
   int64_t vocab = 0;
-  std::vector<float> data;  // [rows, vocab]
-  const float* row(int64_t r) const { return data.data() + r * vocab; }
+  std::vector<float> data;        // [rows whose values came back, vocab]
+  std::vector<int64_t> data_row;  // [rows]: row r's place in data, -1 where only its argmax came back;
+                                  // empty: every row is in data, in order
+  std::vector<RowArgmax> argmax;  // [rows] when some row asked for argmax_vocab, else empty
+  bool has_values(int64_t r) const { return data_row.empty() || data_row[static_cast<size_t>(r)] >= 0; }
+  const float* row(int64_t r) const {
+    return data.data() + (data_row.empty() ? r : data_row[static_cast<size_t>(r)]) * vocab;
+  }
 };
 
 // The state pools a forward reads and writes (views; the owner keeps the memory).

@@ -136,6 +136,9 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
       if (id < 0 || id >= c.vocab_size)
         return make_error("token id " + std::to_string(id) + " is out of range [0, " +
                           std::to_string(c.vocab_size) + ")");
+    if (in.argmax_vocab < 0)
+      return make_error("sequence " + std::to_string(s) + " asks for an argmax over " +
+                        std::to_string(in.argmax_vocab) + " columns");
     T += static_cast<int64_t>(in.tokens.size());
     if (in.mm) SS_RETURN_IF_ERROR(encode_images(*in.mm));
   }
@@ -149,7 +152,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
   Layout layout;
   bool decode_only = true;
   std::vector<int32_t> ids, pos, pos3;
-  std::vector<int64_t> logit_rows;
+  std::vector<int64_t> logit_rows, row_argmax;  // row_argmax: each logits row's argmax_vocab
   for (const ForwardSeq& in : batch) {
     const int64_t rope_delta = in.mm ? in.mm->rope_delta : in.rope_delta;
     Layout::ImageRows images{in.mm, {}, {}};
@@ -177,7 +180,10 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
         pos3.insert(pos3.end(), {q, q, q});
       }
       pos.push_back(pos3.back());
-      if (i >= span.num_tokens - in.num_logits) logit_rows.push_back(span.row_begin + i);
+      if (i >= span.num_tokens - in.num_logits) {
+        logit_rows.push_back(span.row_begin + i);
+        row_argmax.push_back(std::min<int64_t>(in.argmax_vocab, c.vocab_size));
+      }
     }
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
     layout.all.seqs.push_back(span);
@@ -187,7 +193,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
   layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
 
   if (decode_only && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
-    std::optional<Logits> out = forward_recorded(layout, ids, pos, state);
+    std::optional<Logits> out = forward_recorded(layout, ids, pos, state, row_argmax);
     if (out) return std::move(*out);
   }
 
@@ -207,7 +213,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
 
   Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), c.hidden_size});
   backend_.gather_rows(last, h, logit_rows);
-  return lm_head(last);
+  return lm_head(last, row_argmax);
 }
 
 void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state) {
@@ -256,7 +262,8 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
 }
 
 std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                                    const std::vector<int32_t>& pos, const StatePools& state) {
+                                                    const std::vector<int32_t>& pos, const StatePools& state,
+                                                    const std::vector<int64_t>& row_argmax) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), V = c.vocab_size;
 
@@ -343,7 +350,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
   }
   g->recording->replay();
   ++graph_stats_.replayed;
-  return download_logits(logits);
+  return download_logits(logits, row_argmax);
 }
 
 void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,
@@ -478,19 +485,46 @@ void Qwen35Model::mlp(const Tensor& out, const Tensor& h, const MlpWeights& w) {
   backend_.linear(out, act, w.down);
 }
 
-Logits Qwen35Model::lm_head(const Tensor& hidden) {
+Logits Qwen35Model::lm_head(const Tensor& hidden, const std::vector<int64_t>& row_argmax) {
   const int64_t R = hidden.dim(0), V = config_.vocab_size;
   Buffer logits = buffer({R, V});
   backend_.linear(logits, hidden, w_.lm_head);
-  return download_logits(logits);
+  return download_logits(logits, row_argmax);
 }
 
-Logits Qwen35Model::download_logits(const Tensor& logits) {
+Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<int64_t>& row_argmax) {
   Logits out;
   out.rows = logits.dim(0);
   out.vocab = logits.dim(1);
-  out.data.resize(static_cast<size_t>(out.rows * out.vocab));
-  backend_.download(out.data.data(), logits);
+  const auto wants_argmax = [&](int64_t r) { return !row_argmax.empty() && row_argmax[static_cast<size_t>(r)] > 0; };
+  int64_t full = 0;
+  for (int64_t r = 0; r < out.rows; ++r) full += !wants_argmax(r);
+  if (full == out.rows) {
+    out.data.resize(static_cast<size_t>(out.rows * out.vocab));
+    backend_.download(out.data.data(), logits);
+    return out;
+  }
+  // The argmax of every row in one pass (rows under one limit share it; a mixed batch, rare, takes
+  // one pass per distinct limit), then the values of only the rows that need them.
+  out.argmax.resize(static_cast<size_t>(out.rows));
+  std::vector<int64_t> limits;
+  for (int64_t r = 0; r < out.rows; ++r)
+    if (wants_argmax(r)) limits.push_back(row_argmax[static_cast<size_t>(r)]);
+  std::sort(limits.begin(), limits.end());
+  limits.erase(std::unique(limits.begin(), limits.end()), limits.end());
+  for (int64_t limit : limits) {
+    const std::vector<RowArgmax> a = backend_.argmax(logits, limit);
+    for (int64_t r = 0; r < out.rows; ++r)
+      if (row_argmax[static_cast<size_t>(r)] == limit) out.argmax[static_cast<size_t>(r)] = a[static_cast<size_t>(r)];
+  }
+  out.data_row.assign(static_cast<size_t>(out.rows), -1);
+  out.data.resize(static_cast<size_t>(full * out.vocab));
+  int64_t at = 0;
+  for (int64_t r = 0; r < out.rows; ++r) {
+    if (wants_argmax(r)) continue;
+    backend_.download(out.data.data() + at * out.vocab, logits.rows(r, 1));
+    out.data_row[static_cast<size_t>(r)] = at++;
+  }
   return out;
 }
 

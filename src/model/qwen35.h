@@ -73,7 +73,8 @@ class Qwen35Model {
   // step has to run op by op (first sight of this batch size, or the backend could not record).
   // ids, pos: the batch's token ids and positions, one per span.
   std::optional<Logits> forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                         const std::vector<int32_t>& pos, const StatePools& state);
+                                         const std::vector<int32_t>& pos, const StatePools& state,
+                                         const std::vector<int64_t>& row_argmax);
   void drop_graphs();
 
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
@@ -90,10 +91,11 @@ class Qwen35Model {
   // h = rmsnorm(residual) with next_norm. residual: [T, H], next_norm: [H].
   void moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual, const Tensor& next_norm);
   void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
-  // hidden: [R, H] final-normalised rows -> [R, V] logits on the host.
-  Logits lm_head(const Tensor& hidden);
-  // logits: [R, V] f32 in backend memory -> host copy.
-  Logits download_logits(const Tensor& logits);
+  // hidden: [R, H] final-normalised rows -> [R, V] logits on the host (see download_logits).
+  Logits lm_head(const Tensor& hidden, const std::vector<int64_t>& row_argmax = {});
+  // logits: [R, V] f32 in backend memory -> host copy of the rows whose row_argmax is 0 (or every
+  // row when row_argmax is empty), and the argmax over the first row_argmax[r] columns of the others.
+  Logits download_logits(const Tensor& logits, const std::vector<int64_t>& row_argmax = {});
 
   Buffer buffer(std::vector<int64_t> shape, DType dtype = DType::kF32) {
     return Buffer(&backend_, dtype, std::move(shape));

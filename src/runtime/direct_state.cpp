@@ -81,6 +81,7 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     f.tokens = in.tokens;
     f.num_logits = in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
     f.mm = in.mm;
+    f.argmax_vocab = in.argmax_vocab;
     f.rope_delta = in.state->rope_delta;
     fwd.push_back(f);
   }

@@ -29,6 +29,7 @@ struct SequenceInput {
   std::vector<int32_t> tokens;
   bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
   MultimodalPrompt* mm = nullptr;  // the prompt's images (model/multimodal.h), for its prefill chunks
+  int64_t argmax_vocab = 0;        // ForwardSeq::argmax_vocab
 };
 
 class DirectState {

@@ -89,7 +89,8 @@ bool Engine::step() {
   }
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const StepPlan plan = scheduler_.schedule();
+  StepPlan plan = scheduler_.schedule();
+  post_.mark_argmax_rows(plan);
   const auto t1 = Clock::now();
   const Expected<StepOutput> out = runner_.execute(plan);
   scheduler_.commit(plan, out.ok());

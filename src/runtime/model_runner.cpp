@@ -27,6 +27,7 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
     batch.reserve(plan.chunks.size());
     for (const ScheduledChunk& c : plan.chunks) {
       ForwardSeq f{c.gdn_slot, c.block_table, c.start_pos, c.tokens, c.num_logits};
+      f.argmax_vocab = c.argmax_vocab;
       // A prompt with images: its chunks take their positions and image rows from mm; every later
       // token (decode, or the output part of a recompute after preemption) sits at index + delta.
       if (MultimodalPrompt* mm = c.seq ? c.seq->req->mm.get() : nullptr) {

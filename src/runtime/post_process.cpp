@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -45,11 +46,24 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
     row += c.num_logits;
-    sample(*c.seq, logits.row(row - 1), logits.vocab, scheduler);
+    const bool values = logits.has_values(row - 1);
+    sample(*c.seq, values ? logits.row(row - 1) : nullptr,
+           values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], logits.vocab, scheduler);
   }
 }
 
-void PostProcessor::sample(Sequence& s, const float* row, int64_t logits_vocab, Scheduler& scheduler) {
+void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
+  // The model caps the limit at its own vocabulary, as sample() caps the row.
+  const int64_t vocab = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int64_t>::max();
+  for (ScheduledChunk& c : plan.chunks) {
+    const EngineRequest& r = *c.seq->req;
+    if (c.num_logits > 0 && argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
+      c.argmax_vocab = vocab;
+  }
+}
+
+void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argmax, int64_t logits_vocab,
+                           Scheduler& scheduler) {
   const EngineRequest& r = *s.req;
   const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
   std::span<const uint8_t> allowed;
@@ -59,8 +73,13 @@ void PostProcessor::sample(Sequence& s, const float* row, int64_t logits_vocab, 
     allowed = mask_;
   }
   EngineEvent ev;
-  ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(), s.output(),
-                           allowed);
+  if (argmax) {  // what sample_token decides for this row (mark_argmax_rows): the row's argmax
+    if (argmax->nonfinite >= 0) ev.sample.nonfinite_logit = argmax->nonfinite;
+    else ev.sample.token = argmax->id;
+  } else {
+    ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(),
+                             s.output(), allowed);
+  }
   if (ev.sample.nonfinite_logit) {  // broken model output: the request fails, never serves garbage
     EngineEvent err;
     err.finish_reason = "error";

@@ -22,12 +22,16 @@ class PostProcessor {
   PostProcessor(int64_t vocab_size, int64_t max_model_len, EngineObserver* observer)
       : vocab_size_(vocab_size), max_model_len_(max_model_len), observer_(observer) {}
 
+  // Marks the chunks whose next token the argmax of their logits row decides (argmax_decides), so
+  // the runner brings back only that choice.
+  void mark_argmax_rows(StepPlan& plan) const;
   void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler);
   // The final event of a request that will not run any further.
   void end(EngineRequest& req, EngineEvent event);
 
  private:
-  void sample(Sequence& s, const float* logits, int64_t vocab, Scheduler& scheduler);
+  // logits: the row's values, or null when only `argmax` came back.
+  void sample(Sequence& s, const float* logits, const RowArgmax* argmax, int64_t vocab, Scheduler& scheduler);
 
   int64_t vocab_size_;
   int64_t max_model_len_;

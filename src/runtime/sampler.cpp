@@ -108,6 +108,12 @@ void apply_logits_processors(std::span<float> logits, const SamplingParams& para
                   params.presence_penalty, prompt, output);
 }
 
+bool argmax_decides(const SamplingParams& p, bool constrained, int64_t num_generated) {
+  return p.greedy() && !constrained && p.num_logprobs < 0 && !p.allowed_token_ids && p.logit_bias.empty() &&
+         num_generated >= p.min_tokens && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+         p.presence_penalty == 0.0f;
+}
+
 int32_t argmax_lowest(std::span<const float> logits) {
   int32_t best = 0;
   float best_v = kNegInf;

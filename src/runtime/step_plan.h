@@ -40,6 +40,7 @@ struct ScheduledChunk {
   int64_t start_pos = 0;
   std::span<const int32_t> tokens;
   int64_t num_logits = 0;  // rows wanted for the last num_logits tokens (1: sample after this chunk)
+  int64_t argmax_vocab = 0;  // > 0: only the greedy choice over these columns is needed (ForwardSeq)
 };
 
 // A request the scheduler ended without running it further (cancelled, impossible to serve).

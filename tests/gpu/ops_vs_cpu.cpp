@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -115,19 +116,26 @@ void test_dense(Harness& h) {
     h.gpu->gather_rows(gth.gpu(), s.gpu(), rows);
     record("gather_rows", sz({T, I}), h.err(gth), kExact);
   }
-  for (auto [R, V] : std::vector<std::array<int64_t, 2>>{{1, 1000}, {9, 248320}}) {
+  // Rows with a tie for the maximum (the lower index must win), all -inf but one column, NaN and
+  // +Inf (reported at their first index; NaN never chosen), and a vocabulary limit below V.
+  for (auto [R, V, vocab] : std::vector<std::array<int64_t, 3>>{{1, 1000, 1000}, {9, 248320, 248320}, {64, 248320, 248077}}) {
     auto v = randn(R * V);
-    for (int64_t r = 0; r < R; ++r) {  // a tie for the maximum: the lower index must win
+    for (int64_t r = 0; r < R; ++r) {
       auto* row = v.data() + r * V;
-      const int64_t at = static_cast<int64_t>(std::max_element(row, row + V) - row);
-      const int64_t other = (at * 7 + 13 + r) % V;
+      const int64_t at = static_cast<int64_t>(std::max_element(row, row + vocab) - row);
+      const int64_t other = (at * 7 + 13 + r) % vocab;
       row[std::min(at, other)] = row[std::max(at, other)] = row[at] + 1.0f;
+      if (r % 4 == 1) row[(r * 977) % vocab] = std::numeric_limits<float>::quiet_NaN();
+      if (r % 4 == 2) row[(r * 331) % vocab] = std::numeric_limits<float>::infinity();
+      if (r % 4 == 3) std::fill(row, row + V, -std::numeric_limits<float>::infinity()), row[(r * 53) % vocab] = -3.0f;
+      if (vocab < V) row[vocab] = 1e30f;  // beyond the limit: never chosen
     }
     Pair l = h.f32({R, V}, v);
-    auto a = h.cpu->argmax(l.cpu()), b = h.gpu->argmax(l.gpu());
+    auto a = h.cpu->argmax(l.cpu(), vocab), b = h.gpu->argmax(l.gpu(), vocab);
     int64_t bad = 0;
-    for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
-    record("argmax", "ties " + sz({R, V}), b.size() == a.size() ? static_cast<double>(bad) : INFINITY, kExact);
+    for (size_t i = 0; i < a.size(); ++i) bad += !(a[i] == b[i]);
+    record("argmax", "ties, NaN, +Inf, -inf rows " + sz({R, V}) + " vocab " + std::to_string(vocab),
+           b.size() == a.size() ? static_cast<double>(bad) : INFINITY, kExact);
   }
 }
 

@@ -1,5 +1,7 @@
 // Embedding lookup, elementwise activations and gates, row gathers, argmax.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
@@ -65,14 +67,27 @@ void CpuBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vect
   }
 }
 
-std::vector<int32_t> CpuBackend::argmax(const Tensor& logits) {
+std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
-  std::vector<int32_t> ids(static_cast<size_t>(R));
+  CHECK(vocab >= 1 && vocab <= V);
+  std::vector<RowArgmax> out(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
     const float* row = logits.ptr<const float>() + r * V;
-    ids[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    RowArgmax& a = out[static_cast<size_t>(r)];
+    bool found = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float v = row[i];
+      if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
+        if (a.nonfinite < 0) a.nonfinite = static_cast<int32_t>(i);
+        if (std::isnan(v)) continue;
+      }
+      if (!found || v > row[a.id]) {
+        a.id = static_cast<int32_t>(i);
+        found = true;
+      }
+    }
   }
-  return ids;
+  return out;
 }
 
 }  // namespace sparkserve

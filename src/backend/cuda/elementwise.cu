@@ -43,38 +43,46 @@ __global__ void gather_rows_kernel(float* out, const float* x, const int64_t* ro
   out[i] = x[rows[i / D] * D + i % D];
 }
 
-// One block per row: (value, index) reduction keeping the lowest index among equal maxima, as
-// std::max_element does.
-__global__ void argmax_kernel(int32_t* ids, const float* logits, int64_t V) {
+// One block per row over its first `vocab` columns: the greatest value, lowest index among equal
+// maxima, NaN skipped (as the CPU's argmax); and the first NaN / +Inf index. A 64-bit key per
+// thread orders (value, index) in one integer compare: the value's bits made monotonic in the high
+// word, the inverted index in the low word.
+__device__ __forceinline__ uint64_t argmax_key(float v, int32_t i) {
+  uint32_t b = __float_as_uint(v);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // order-preserving map of floats to unsigned
+  return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(0x7fffffff - i);
+}
+
+__global__ void argmax_kernel(RowArgmax* out, const float* logits, int64_t V, int64_t vocab) {
   const float* row = logits + blockIdx.x * V;
-  float best = -INFINITY;
-  int32_t best_i = -1;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+  uint64_t best = 0;  // below every key of a real column
+  int32_t bad = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     const float v = row[i];
-    if (best_i < 0 || v > best) {
-      best = v;
-      best_i = static_cast<int32_t>(i);
+    if (isnan(v) || v == INFINITY) bad = min(bad, static_cast<int32_t>(i));
+    if (!isnan(v)) {
+      const uint64_t k = argmax_key(v, static_cast<int32_t>(i));
+      if (k > best) best = k;
     }
   }
-  __shared__ float sv[kThreads];
-  __shared__ int32_t si[kThreads];
-  sv[threadIdx.x] = best;
-  si[threadIdx.x] = best_i;
+  __shared__ uint64_t sk[kThreads];
+  __shared__ int32_t sb[kThreads];
+  sk[threadIdx.x] = best;
+  sb[threadIdx.x] = bad;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
-      const float ov = sv[threadIdx.x + s];
-      const int32_t oi = si[threadIdx.x + s];
-      const bool take = oi >= 0 && (si[threadIdx.x] < 0 || ov > sv[threadIdx.x] ||
-                                    (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
-      if (take) {
-        sv[threadIdx.x] = ov;
-        si[threadIdx.x] = oi;
-      }
+      sk[threadIdx.x] = max(sk[threadIdx.x], sk[threadIdx.x + s]);
+      sb[threadIdx.x] = min(sb[threadIdx.x], sb[threadIdx.x + s]);
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) ids[blockIdx.x] = si[0] < 0 ? 0 : si[0];
+  if (threadIdx.x == 0) {
+    RowArgmax r;
+    r.id = sk[0] == 0 ? 0 : 0x7fffffff - static_cast<int32_t>(sk[0] & 0xffffffffu);
+    r.nonfinite = sb[0] == 0x7fffffff ? -1 : sb[0];
+    out[blockIdx.x] = r;
+  }
 }
 
 }  // namespace
@@ -134,16 +142,18 @@ void CudaBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vec
   CUDA_CHECK_LAUNCH();
 }
 
-std::vector<int32_t> CudaBackend::argmax(const Tensor& logits) {
+std::vector<RowArgmax> CudaBackend::argmax(const Tensor& logits, int64_t vocab) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
-  std::vector<int32_t> ids(static_cast<size_t>(R));
-  if (R == 0) return ids;
-  Scratch dev(this, static_cast<size_t>(R) * sizeof(int32_t));
-  argmax_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(dev.as<int32_t>(), logits.ptr<const float>(), V);
+  CHECK(vocab >= 1 && vocab <= V);
+  std::vector<RowArgmax> out(static_cast<size_t>(R));
+  if (R == 0) return out;
+  Scratch dev(this, out.size() * sizeof(RowArgmax));
+  argmax_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(dev.as<RowArgmax>(), logits.ptr<const float>(), V,
+                                                                     vocab);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaMemcpyAsync(ids.data(), dev.ptr, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(out.data(), dev.ptr, out.size() * sizeof(RowArgmax), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return ids;
+  return out;
 }
 
 }  // namespace sparkserve

@@ -3,6 +3,7 @@
 // of the sums here, <= a few hundred terms, with margin); linear layers are bounded relative to
 // sum|x_k w_k| (the scale of the rounding error of an fp32 dot product), not to the result.
 #include <algorithm>
+#include <limits>
 
 #include "op_test_util.h"
 
@@ -148,7 +149,17 @@ TEST(CpuOps, GatherRowsAndArgmax) {
   HostTensor l(DType::kF32, {2, 4});
   float v[8] = {1, 3, 3, 2, -5, -1, -7, -1};
   std::copy(v, v + 8, l.f());
-  EXPECT_EQ(backend().argmax(l), (std::vector<int32_t>{1, 1}));  // first of equal maxima
+  auto a = backend().argmax(l, 4);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0], (RowArgmax{1, -1}));  // first of equal maxima
+  EXPECT_EQ(a[1], (RowArgmax{1, -1}));
+  EXPECT_EQ(backend().argmax(l, 1)[1], (RowArgmax{0, -1}));  // only the first column counts
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  float w[8] = {-inf, -inf, -inf, -inf, nan, 2, inf, nan};
+  std::copy(w, w + 8, l.f());
+  a = backend().argmax(l, 4);
+  EXPECT_EQ(a[0], (RowArgmax{0, -1}));  // all -inf: the first column
+  EXPECT_EQ(a[1], (RowArgmax{2, 0}));   // NaN never wins; +Inf does, and both are reported at the first
 }
 
 }  // namespace

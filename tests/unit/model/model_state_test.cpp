@@ -15,6 +15,7 @@
 #include "tiny_checkpoint.h"
 #include "runtime/block_pool.h"
 #include "runtime/direct_state.h"
+#include "runtime/sampler.h"
 
 namespace sparkserve::test {
 namespace {
@@ -223,6 +224,43 @@ TEST_P(FixtureModel, BatchedSequencesEqualEachAloneBitwise) {
   auto s4 = st.forward(*l.model, b);
   ASSERT_TRUE(s4.ok());
   same(*s4, 0, A[3]);
+}
+
+TEST_P(FixtureModel, ArgmaxRowsMatchTheSamplersArgmaxOfTheFullRows) {
+  // A batch where one sequence asks only for its greedy choice (over all columns, then over fewer)
+  // and the other for its values: the choice equals the CPU sampler's argmax of the full row, and the
+  // other row's values are the ones a full download gives.
+  Loaded l = load(fixture_dir(GetParam()));
+  ASSERT_TRUE(l.model);
+  std::vector<int32_t> a = prompt_ids(GetParam(), "medium"), c = prompt_ids(GetParam(), "short");
+  for (int64_t limit : {int64_t{1} << 40, int64_t{700}}) {
+    std::vector<Logits> outs;
+    for (bool argmax : {false, true}) {
+      DirectState st(*l.backend, l.model->config(), limits(2, 32));
+      auto sa = st.open_sequence(), sc = st.open_sequence();
+      ASSERT_TRUE(sa.ok() && sc.ok());
+      std::vector<SequenceInput> b(2);
+      b[0].state = &*sa;
+      b[0].tokens = a;
+      b[0].argmax_vocab = argmax ? limit : 0;
+      b[1].state = &*sc;
+      b[1].tokens = c;
+      auto o = st.forward(*l.model, b);
+      ASSERT_TRUE(o.ok()) << o.message();
+      outs.push_back(std::move(*o));
+    }
+    const Logits &full = outs[0], &mixed = outs[1];
+    const int64_t V = full.vocab;
+    ASSERT_TRUE(full.argmax.empty());
+    ASSERT_EQ(mixed.rows, 2);
+    ASSERT_EQ(mixed.argmax.size(), 2u);
+    EXPECT_FALSE(mixed.has_values(0));
+    EXPECT_TRUE(mixed.has_values(1));
+    const int64_t n = std::min(limit, V);
+    EXPECT_EQ(mixed.argmax[0].id, argmax_lowest(std::span<const float>(full.row(0), static_cast<size_t>(n))));
+    EXPECT_EQ(mixed.argmax[0].nonfinite, -1);
+    for (int64_t i = 0; i < V; ++i) ASSERT_EQ(mixed.row(1)[i], full.row(1)[i]) << "vocab " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel,
