@@ -66,7 +66,7 @@ class CheckpointRunner final : public ModelRunner {
     for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
     StateLimits limits = requested;
     SS_ASSIGN_OR_RETURN(limits.num_kv_blocks,
-                        serve_kv_blocks(**backend, c, requested, o.gpu_memory_utilization, o.max_num_batched_tokens));
+                        serve_kv_blocks(**backend, c, requested, o.gpu_memory_utilization, step_token_budget(o)));
     return std::unique_ptr<ModelRunner>(new CheckpointRunner(std::move(*backend), std::move(*model), limits));
   }
   CacheGeometry geometry() const override { return runner_.geometry(); }
@@ -88,7 +88,7 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   namespace fs = std::filesystem;
   if (o.port < 0 || o.port > 65535) return fail("--port must be in [0, 65535]");
   if (o.max_num_seqs < 1) return fail("--max-num-seqs must be >= 1");
-  if (o.max_num_batched_tokens < 1) return fail("--max-num-batched-tokens must be >= 1");
+  if (o.max_num_batched_tokens < 0) return fail("--max-num-batched-tokens must be >= 1 (0: 8192 on cuda, 2048 on cpu)");
   if (o.block_size < 1 || o.block_size > 1024) return fail("--block-size must be in [1, 1024]");
   if (o.kv_blocks < 0 || o.kv_blocks > (1 << 30)) return fail("--kv-blocks must be in [1, 2^30] (0: from --kv-cache-mb)");
   if (o.kv_cache_mb < 0) return fail("--kv-cache-mb must be >= 1 (0: from --gpu-memory-utilization)");
@@ -212,9 +212,10 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   ServerMetrics metrics(name);
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;
-  ec.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.max_num_batched_tokens = step_token_budget(o);
   ec.max_model_len = max_model_len;
   ec.vocab_size = static_cast<int64_t>(tokenizer->vocab_size());
+  ec.sampling_threads = std::min(8, default_thread_count());
   ec.enable_prefix_caching = !o.no_prefix_caching;
   ec.snapshot_interval = o.prefix_cache_snapshot_interval;
   Engine engine(**runner, ec, &metrics);
@@ -303,7 +304,7 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--served-model-name", o->served_model_name, "Model name clients send (default: --model)");
   cmd->add_option("--max-model-len", o->max_model_len, "Context length (default: max_position_embeddings, capped by the KV cache)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once (GDN state slots)")->default_val(64);
-  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step")->default_val(2048);
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step (0: 8192 on cuda, where a larger prefill chunk reads each expert for more tokens; 2048 on cpu)")->default_val(0);
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks (default: from --kv-cache-mb)");
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb,
                   "KV cache budget in MiB (default: what --gpu-memory-utilization leaves on cuda, 256 on cpu)");

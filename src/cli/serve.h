@@ -26,7 +26,7 @@ struct ServeOptions {
   std::string served_model_name;
   int64_t max_model_len = 0;
   int max_num_seqs = 64;
-  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_batched_tokens = 0;  // 0: by device (run_serve)
   int64_t kv_blocks = 0;
   int64_t kv_cache_mb = 0;  // 0: from --gpu-memory-utilization (cuda) or 256 MiB (cpu)
   std::string kv_cache_dtype = "auto";
@@ -49,6 +49,11 @@ struct ServeOptions {
 };
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);
+// --max-num-batched-tokens, or when 0 the device's default: 8192 on cuda (a larger prefill chunk
+// reads each expert for more tokens), 2048 on cpu.
+inline int64_t step_token_budget(const ServeOptions& o) {
+  return o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens : o.device == "cuda" ? 8192 : 2048;
+}
 
 // The runner requests execute on, over state storage of `limits` (KV blocks, GDN slots) for a
 // model of `config` (config.json of --model). limits.num_kv_blocks 0: as many as fit on the device

@@ -20,7 +20,7 @@ Engine::Engine(ModelRunner& runner, EngineConfig config, EngineObserver* observe
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching,
                                  config.snapshot_interval},
                  runner.geometry(), observer),
-      post_(config.vocab_size, config.max_model_len, observer) {
+      post_(config.vocab_size, config.max_model_len, observer, config.sampling_threads) {
   stats_.total_blocks = scheduler_.geometry().num_blocks;
   stats_.total_slots = scheduler_.geometry().num_slots;
   publish(nullptr);

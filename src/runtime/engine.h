@@ -28,6 +28,9 @@ struct EngineConfig {
   // Prefix cache (scheduler.h): shared KV blocks + GDN state snapshots in the runner's snapshot rows.
   bool enable_prefix_caching = true;
   int64_t snapshot_interval = 2048;  // tokens between snapshots of a long prompt
+  // Threads drawing a step's tokens from full logits rows (each row is ~1 ms of CPU work at Qwen3.5's
+  // 248K vocabulary; greedy rows come back as argmaxes and need none).
+  int sampling_threads = 1;
 };
 
 // Counts for tests and /metrics.

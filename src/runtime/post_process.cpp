@@ -41,14 +41,47 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
     }
     return;
   }
+  // Draw every row's token first: sample_token is a pure function of the row and the sequence, so
+  // the rows without a constraint (whose matcher state is the engine thread's) are drawn on the
+  // pool; then each sequence takes its token in plan order, exactly as if drawn one by one.
   const Logits& logits = out->logits;
+  struct Draw {
+    Sequence* seq;
+    const float* row;         // null when only the argmax came back
+    const RowArgmax* argmax;  // else null
+    SampleResult result;
+  };
+  std::vector<Draw> draws;
   int64_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
     row += c.num_logits;
     const bool values = logits.has_values(row - 1);
-    sample(*c.seq, values ? logits.row(row - 1) : nullptr,
-           values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], logits.vocab, scheduler);
+    draws.push_back(Draw{c.seq, values ? logits.row(row - 1) : nullptr,
+                         values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], {}});
+  }
+  const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits.vocab, logits.vocab);
+  auto free_draw = [&](Draw& d) {
+    if (d.argmax) {  // what sample_token decides for this row (mark_argmax_rows): its argmax
+      if (d.argmax->nonfinite >= 0) d.result.nonfinite_logit = d.argmax->nonfinite;
+      else d.result.token = d.argmax->id;
+    } else {
+      d.result = sample_token(std::span<const float>(d.row, static_cast<size_t>(vocab)), d.seq->req->params,
+                              d.seq->prompt(), d.seq->output());
+    }
+  };
+  pool_.parallel_for(static_cast<int64_t>(draws.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (!draws[static_cast<size_t>(i)].seq->req->constraint) free_draw(draws[static_cast<size_t>(i)]);
+  });
+  for (Draw& d : draws) {
+    if (const auto& constraint = d.seq->req->constraint) {
+      mask_.resize(static_cast<size_t>(vocab));
+      constraint->allowed_tokens(mask_);
+      d.result = sample_token(std::span<const float>(d.row, static_cast<size_t>(vocab)), d.seq->req->params,
+                              d.seq->prompt(), d.seq->output(), mask_);
+    }
+    emit(*d.seq, std::move(d.result), scheduler);
   }
 }
 
@@ -62,24 +95,10 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
   }
 }
 
-void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argmax, int64_t logits_vocab,
-                           Scheduler& scheduler) {
+void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler) {
   const EngineRequest& r = *s.req;
-  const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
-  std::span<const uint8_t> allowed;
-  if (r.constraint) {
-    mask_.resize(static_cast<size_t>(vocab));
-    r.constraint->allowed_tokens(mask_);
-    allowed = mask_;
-  }
   EngineEvent ev;
-  if (argmax) {  // what sample_token decides for this row (mark_argmax_rows): the row's argmax
-    if (argmax->nonfinite >= 0) ev.sample.nonfinite_logit = argmax->nonfinite;
-    else ev.sample.token = argmax->id;
-  } else {
-    ev.sample = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), r.params, s.prompt(),
-                             s.output(), allowed);
-  }
+  ev.sample = std::move(sample);
   if (ev.sample.nonfinite_logit) {  // broken model output: the request fails, never serves garbage
     EngineEvent err;
     err.finish_reason = "error";

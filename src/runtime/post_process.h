@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "runtime/engine_observer.h"
 #include "runtime/model_runner.h"
 #include "runtime/scheduler.h"
@@ -19,8 +20,9 @@ namespace sparkserve {
 class PostProcessor {
  public:
   // vocab_size: logits columns the sampler sees (the tokenizer's vocabulary; 0: all columns).
-  PostProcessor(int64_t vocab_size, int64_t max_model_len, EngineObserver* observer)
-      : vocab_size_(vocab_size), max_model_len_(max_model_len), observer_(observer) {}
+  // sampling_threads: threads that draw the rows of a step (1: the engine thread alone).
+  PostProcessor(int64_t vocab_size, int64_t max_model_len, EngineObserver* observer, int sampling_threads = 1)
+      : vocab_size_(vocab_size), max_model_len_(max_model_len), observer_(observer), pool_(sampling_threads) {}
 
   // Marks the chunks whose next token the argmax of their logits row decides (argmax_decides), so
   // the runner brings back only that choice.
@@ -30,13 +32,15 @@ class PostProcessor {
   void end(EngineRequest& req, EngineEvent event);
 
  private:
-  // logits: the row's values, or null when only `argmax` came back.
-  void sample(Sequence& s, const float* logits, const RowArgmax* argmax, int64_t vocab, Scheduler& scheduler);
+  // Appends the drawn token (or fails the request on a non-finite row), checks the stops, pushes the
+  // event, reports to the observer.
+  void emit(Sequence& s, SampleResult sample, Scheduler& scheduler);
 
   int64_t vocab_size_;
   int64_t max_model_len_;
   EngineObserver* observer_;
   std::vector<uint8_t> mask_;  // a constrained request's allowed tokens, reused per sample
+  ThreadPool pool_;
 };
 
 }  // namespace sparkserve
