@@ -92,9 +92,13 @@ void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
     if (p > from && p <= end) s.snapshot_points.push_back(p);
   };
   add(end);
-  add(end / bs * bs);           // the block boundary before it (a re-rendered last turn diverges there)
+  // Where the next request of the conversation may diverge: the HTTP side's hints (e.g. where the
+  // chat template's generation prompt begins: the next turn renders this reply differently from
+  // there), else the block boundary before the end. Every point is a chunk boundary, i.e. a
+  // forward of its own, so a hint replaces the guess instead of adding to it.
+  if (s.req->snapshot_hints.empty()) add(end / bs * bs);
+  for (int64_t p : s.req->snapshot_hints) add(p);
   add(matched_blocks * bs);     // a prefix other requests share
-  for (int64_t p : s.req->snapshot_hints) add(p);  // e.g. before the generation prompt
   if (config_.snapshot_interval > 0)
     for (int64_t p = (from / config_.snapshot_interval + 1) * config_.snapshot_interval; p < end;
          p += config_.snapshot_interval)
