@@ -91,12 +91,16 @@ void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
   auto add = [&](int64_t p) {
     if (p > from && p <= end) s.snapshot_points.push_back(p);
   };
-  add(end);
-  // Where the next request of the conversation may diverge: the HTTP side's hints (e.g. where the
-  // chat template's generation prompt begins: the next turn renders this reply differently from
-  // there), else the block boundary before the end. Every point is a chunk boundary, i.e. a
-  // forward of its own, so a hint replaces the guess instead of adding to it.
-  if (s.req->snapshot_hints.empty()) add(end / bs * bs);
+  // Where the next request may resume: the HTTP side's hints (e.g. where the chat template's
+  // generation prompt begins: the next turn of the conversation renders this reply differently
+  // from there, and a repeat of this request recomputes only the few tokens after it); without a
+  // hint, the prompt's last position (a repeat) and the block boundary before it (a re-rendered
+  // last turn diverges there). Every point is a chunk boundary, i.e. one more forward, so a hint
+  // replaces both guesses.
+  if (s.req->snapshot_hints.empty()) {
+    add(end);
+    add(end / bs * bs);
+  }
   for (int64_t p : s.req->snapshot_hints) add(p);
   add(matched_blocks * bs);     // a prefix other requests share
   if (config_.snapshot_interval > 0)
