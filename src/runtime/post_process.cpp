@@ -45,10 +45,21 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
   int64_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
+    const int64_t first_row = row;
     row += c.num_logits;
+    Sequence& s = *c.seq;
+    if (s.req->prompt_logprobs >= 0) report_prompt_logprobs(c, logits, first_row);
+    if (s.remaining() != 0) continue;  // committed: a prompt chunk short of the end (rows for logprobs only)
+    if (s.req->prompt_only && s.num_generated() == 0) {  // echo with max_tokens 0: the prompt was all
+      EngineEvent e;
+      e.finish_reason = "length";
+      end(*s.req, std::move(e));
+      scheduler.finish(&s);
+      continue;
+    }
     const bool values = logits.has_values(row - 1);
-    sample(*c.seq, values ? logits.row(row - 1) : nullptr,
-           values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], logits.vocab, scheduler);
+    sample(s, values ? logits.row(row - 1) : nullptr, values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)],
+           logits.vocab, scheduler);
   }
 }
 
@@ -57,15 +68,41 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
   const int64_t vocab = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int64_t>::max();
   for (ScheduledChunk& c : plan.chunks) {
     const EngineRequest& r = *c.seq->req;
-    if (c.num_logits > 0 && argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
+    // Rows that report prompt logprobs need their values.
+    if (c.num_logits > 0 && r.prompt_logprobs < 0 &&
+        argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
       c.argmax_vocab = vocab;
   }
+}
+
+int64_t PostProcessor::vocab_of(int64_t logits_vocab) const {
+  return std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
+}
+
+void PostProcessor::report_prompt_logprobs(const ScheduledChunk& c, const Logits& logits, int64_t first_row) {
+  Sequence& s = *c.seq;
+  const int64_t vocab = vocab_of(logits.vocab);
+  // Row r holds the distribution of the token after position first_pos + r.
+  const int64_t first_pos = c.start_pos + static_cast<int64_t>(c.tokens.size()) - c.num_logits;
+  EngineEvent ev;
+  for (int64_t r = 0; r < c.num_logits; ++r) {
+    const int64_t pos = first_pos + r + 1;
+    if (pos >= s.prompt_len) break;
+    if (pos < s.prompt_logprobs_sent) continue;  // already sent before a preemption
+    PromptLogprob p;
+    p.position = static_cast<int32_t>(pos);
+    p.lp = token_logprobs(std::span<const float>(logits.row(first_row + r), static_cast<size_t>(vocab)),
+                          s.tokens[static_cast<size_t>(pos)], s.req->prompt_logprobs);
+    ev.prompt.push_back(std::move(p));
+    s.prompt_logprobs_sent = pos + 1;
+  }
+  if (!ev.prompt.empty()) s.req->out.push(std::move(ev));
 }
 
 void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argmax, int64_t logits_vocab,
                            Scheduler& scheduler) {
   const EngineRequest& r = *s.req;
-  const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
+  const int64_t vocab = vocab_of(logits_vocab);
   std::span<const uint8_t> allowed;
   if (r.constraint) {
     mask_.resize(static_cast<size_t>(vocab));

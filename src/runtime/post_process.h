@@ -1,4 +1,5 @@
-// The step after the forward: for every chunk that asked for logits, sample the next token
+// The step after the forward: for every chunk that asked for logits, report the prompt logprobs
+// its rows give (EngineRequest::prompt_logprobs), and once a sequence's tokens all ran sample the next token
 // (constraint mask, sampling parameters), append it to the sequence, check the token stops
 // (min_tokens, EOS, stop ids, max_tokens, context), push the events, report to the observer, and
 // tell the scheduler which sequences are done. Also the final event of every request the scheduler
@@ -30,6 +31,10 @@ class PostProcessor {
   void end(EngineRequest& req, EngineEvent event);
 
  private:
+  // Logits columns the sampler sees of rows `logits_vocab` wide.
+  int64_t vocab_of(int64_t logits_vocab) const;
+  // The prompt logprobs of chunk c's rows (the first at logits row `first_row`) not yet reported.
+  void report_prompt_logprobs(const ScheduledChunk& c, const Logits& logits, int64_t first_row);
   // logits: the row's values, or null when only `argmax` came back.
   void sample(Sequence& s, const float* logits, const RowArgmax* argmax, int64_t vocab, Scheduler& scheduler);
 

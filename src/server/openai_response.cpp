@@ -124,6 +124,60 @@ ResponseJson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
   return j;
 }
 
+ResponseJson echo_logprobs_json(const std::vector<std::string>& prompt_tokens,
+                                const std::vector<TokenLogprobs>& prompt_lps,
+                                const std::vector<TokenLogprobs>& generated, int64_t text_offset_start) {
+  ResponseJson offsets = ResponseJson::array(), lps = ResponseJson::array(), toks = ResponseJson::array(),
+               tops = ResponseJson::array();
+  int64_t offset = text_offset_start;
+  for (size_t i = 0; i < prompt_tokens.size(); ++i) {
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(prompt_tokens[i].size());
+    toks.push_back(prompt_tokens[i]);
+    if (i == 0 || i - 1 >= prompt_lps.size()) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    const TokenLogprobs& t = prompt_lps[i - 1];
+    lps.push_back(finite_logprob(t.chosen.logprob));
+    ResponseJson top = ResponseJson::object();
+    for (const LogprobToken& x : t.top) top[x.text] = finite_logprob(x.logprob);
+    top[t.chosen.text] = finite_logprob(t.chosen.logprob);
+    tops.push_back(std::move(top));
+  }
+  ResponseJson gen = completion_logprobs_json(generated, offset);
+  for (auto& x : gen["text_offset"]) offsets.push_back(x);
+  for (auto& x : gen["token_logprobs"]) lps.push_back(x);
+  for (auto& x : gen["tokens"]) toks.push_back(x);
+  for (auto& x : gen["top_logprobs"]) tops.push_back(x);
+  ResponseJson j = ResponseJson::object();
+  j["text_offset"] = std::move(offsets);
+  j["token_logprobs"] = std::move(lps);
+  j["tokens"] = std::move(toks);
+  j["top_logprobs"] = std::move(tops);
+  return j;
+}
+
+ResponseJson merge_choices(std::vector<ResponseJson> responses, const UsageInfo& usage) {
+  ResponseJson out = std::move(responses.front());
+  ResponseJson choices = ResponseJson::array();
+  for (size_t i = 0; i < responses.size(); ++i) {
+    ResponseJson& r = i == 0 ? out : responses[i];
+    ResponseJson c = std::move(r["choices"][0]);
+    c["index"] = i;
+    choices.push_back(std::move(c));
+  }
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ResponseJson with_choice_index(ResponseJson chunk, size_t index) {
+  if (chunk.contains("choices") && !chunk["choices"].empty()) chunk["choices"][0]["index"] = index;
+  return chunk;
+}
+
 namespace {
 
 // {"index": 0, <key>: body, "logprobs", "finish_reason", "stop_reason", ["prompt_token_ids"],
