@@ -17,9 +17,21 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-void PostProcessor::end(EngineRequest& req, EngineEvent event) {
+void PostProcessor::end(EngineRequest& req, EngineEvent event, int64_t num_generated, const RequestTimeline& timeline) {
   event.finished = true;
-  if (observer_) observer_->on_finished(event.finish_reason, seconds_between(req.arrival, Clock::now()));
+  if (observer_) {
+    const auto now = Clock::now();
+    const auto admitted = timeline.admitted.value_or(now), first = timeline.first_token.value_or(now);
+    FinishedRequest f;
+    f.finish_reason = event.finish_reason;
+    f.e2e_s = seconds_between(req.arrival, now);
+    f.queue_s = seconds_between(req.arrival, admitted);
+    f.prefill_s = seconds_between(admitted, first);
+    f.decode_s = seconds_between(first, now);
+    f.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    f.generation_tokens = num_generated;
+    observer_->on_finished(f);
+  }
   req.mm.reset();  // the image embeddings are backend memory: freed here, on the engine thread
   req.out.push(std::move(event));
 }
@@ -29,14 +41,14 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
     EngineEvent ev;
     ev.finish_reason = e.finish_reason;
     ev.error = e.error;
-    end(*e.req, std::move(ev));
+    end(*e.req, std::move(ev), e.num_generated, e.timeline);
   }
   if (!out.ok()) {
     for (const ScheduledChunk& c : plan.chunks) {
       EngineEvent err;
       err.finish_reason = "error";
       err.error = out.message();
-      end(*c.seq->req, std::move(err));
+      end(*c.seq->req, std::move(err), c.seq->num_generated(), c.seq->timeline);
       scheduler.finish(c.seq);
     }
     return;
@@ -53,7 +65,7 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
     if (s.req->prompt_only && s.num_generated() == 0) {  // echo with max_tokens 0: the prompt was all
       EngineEvent e;
       e.finish_reason = "length";
-      end(*s.req, std::move(e));
+      end(*s.req, std::move(e), 0, s.timeline);
       scheduler.finish(&s);
       continue;
     }
@@ -123,7 +135,7 @@ void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argma
     err.error = "the model produced a non-finite logit (NaN or Inf, token " + std::to_string(*ev.sample.nonfinite_logit) +
                 "); the weights or the computation are broken";
     if (observer_) observer_->on_nonfinite_logits();
-    end(*s.req, std::move(err));
+    end(*s.req, std::move(err), s.num_generated(), s.timeline);
     scheduler.finish(&s);
     return;
   }
@@ -138,6 +150,7 @@ void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argma
   if (observer_)
     observer_->on_token(!s.first_token_sent,
                         seconds_between(s.first_token_sent ? s.last_token_time : r.arrival, now));
+  if (!s.timeline.first_token) s.timeline.first_token = now;
   s.first_token_sent = true;
   s.last_token_time = now;
   s.req->out.push(std::move(ev));
@@ -145,7 +158,7 @@ void PostProcessor::sample(Sequence& s, const float* row, const RowArgmax* argma
     EngineEvent e;
     e.finish_reason = stop->finish_reason;
     e.stop_token = stop->stop_token;
-    end(*s.req, std::move(e));
+    end(*s.req, std::move(e), s.num_generated(), s.timeline);
     scheduler.finish(&s);
   }
 }

@@ -27,8 +27,8 @@ class PostProcessor {
   // the runner brings back only that choice.
   void mark_argmax_rows(StepPlan& plan) const;
   void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler);
-  // The final event of a request that will not run any further.
-  void end(EngineRequest& req, EngineEvent event);
+  // The final event of a request that will not run any further (it generated num_generated tokens).
+  void end(EngineRequest& req, EngineEvent event, int64_t num_generated = 0, const RequestTimeline& timeline = {});
 
  private:
   // Logits columns the sampler sees of rows `logits_vocab` wide.

@@ -58,6 +58,11 @@ class OutputChannel {
   std::function<void()> on_push_;
 };
 
+// When the engine first admitted a request and when it produced its first token (metrics).
+struct RequestTimeline {
+  std::optional<std::chrono::steady_clock::time_point> admitted, first_token;
+};
+
 struct EngineRequest {
   uint64_t id = 0;
   std::vector<int32_t> prompt;

@@ -177,7 +177,8 @@ void Scheduler::finish(Sequence* seq) {
 
 void Scheduler::end_sequence(std::unique_ptr<Sequence> s, StepPlan& plan, std::string reason, std::string error) {
   release_state(*s, plan.before);
-  plan.ended.push_back(EndedRequest{std::move(s->req), std::move(reason), std::move(error), s->num_generated()});
+  plan.ended.push_back(
+      EndedRequest{std::move(s->req), std::move(reason), std::move(error), s->num_generated(), s->timeline});
 }
 
 std::vector<EndedRequest> Scheduler::take_all(const std::string& finish_reason) {
@@ -270,6 +271,7 @@ bool Scheduler::admit(Sequence& s, int64_t& budget, StepPlan& plan, int64_t& chu
     plan.before.push_back(StateOp{StateOp::Kind::kZeroState, -1, s.slot});
   }
   if (first) {
+    s.timeline.admitted = std::chrono::steady_clock::now();
     s.num_cached_tokens = hit.tokens;
     queries_ += static_cast<uint64_t>(s.prompt_len);
     hits_ += static_cast<uint64_t>(hit.tokens);

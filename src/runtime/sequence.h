@@ -40,6 +40,7 @@ struct Sequence {
   bool first_token_sent = false;
   std::chrono::steady_clock::time_point last_token_time;
   int64_t prompt_logprobs_sent = 1;  // prompt positions reported (kept across a preemption)
+  RequestTimeline timeline;
 
   std::span<const int32_t> prompt() const { return std::span(tokens).first(static_cast<size_t>(prompt_len)); }
   std::span<const int32_t> output() const { return std::span(tokens).subspan(static_cast<size_t>(prompt_len)); }

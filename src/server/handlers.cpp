@@ -5,10 +5,12 @@
 #include <memory>
 
 #include "server/api_error.h"
+#include "server/anthropic_api.h"
 #include "server/api_key.h"
 #include "server/openai_response.h"
 #include "server/request_log.h"
 #include "server/route_util.h"
+#include "server/routes.h"
 #include "server/sse.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
@@ -275,12 +277,21 @@ std::string transport_error_body(int status, std::string_view message) {
 http::Router make_router(ServeContext& ctx) {
   http::Router router;
   router.set_filter([&ctx](const http::Request& req, Responder& res) {
-    const bool open_route = req.path == "/health" || req.path == "/metrics";
+    if (apply_cors(ctx.cors, req, res)) return true;  // a preflight, answered
+    const bool open_route = req.path == "/health" || req.path == "/metrics" || req.path == "/";
     if (!ctx.api_key.empty() && !open_route && !api_key_matches(req.header("Authorization"), ctx.api_key)) {
-      send_error(res, ApiError{401, "AuthenticationError",
-                               "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                               std::nullopt});
-      return true;
+      // Anthropic clients send the key as x-api-key.
+      const auto x = req.header("x-api-key");
+      if (!x || !constant_time_equals(*x, ctx.api_key)) {
+        const ApiError e{401, "AuthenticationError",
+                         "missing or invalid API key: send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                         std::nullopt};
+        if (req.path.rfind("/v1/messages", 0) == 0)
+          res.send(401, "application/json", serialize_json(anthropic_error_json(e)));
+        else
+          send_error(res, e);
+        return true;
+      }
     }
     if (ctx.shutting_down.load() && req.path != "/metrics") {
       send_error(res, shutdown_error());
@@ -310,6 +321,12 @@ http::Router make_router(ServeContext& ctx) {
   add("POST", "/v1/completions", [&ctx](const http::Request& req, ResponderPtr res) { handle_completion(ctx, req, std::move(res)); });
   add("POST", "/tokenize", [&ctx](const http::Request& req, ResponderPtr res) { handle_tokenize(ctx, req, std::move(res)); });
   add("POST", "/detokenize", [&ctx](const http::Request& req, ResponderPtr res) { handle_detokenize(ctx, req, std::move(res)); });
+  const AddRoute add_route = [&add](const char* method, const char* path, http::Handler h, Run run) {
+    add(method, path, std::move(h), run);
+  };
+  add_anthropic_routes(ctx, add_route);
+  add_responses_routes(ctx, add_route);
+  add_browser_routes(ctx, add_route);
   return router;
 }
 

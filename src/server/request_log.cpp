@@ -1,10 +1,16 @@
 #include "server/request_log.h"
 
+#include <atomic>
 #include <cstdio>
 
 #include "core/log.h"
 
 namespace sparkserve {
+namespace {
+std::atomic<bool> g_log_requests{true};
+}  // namespace
+
+void set_request_logging(bool on) { g_log_requests.store(on); }
 
 LoggedResponder::LoggedResponder(std::shared_ptr<http::Responder> inner, std::string method, std::string path)
     : inner_(std::move(inner)), method_(std::move(method)), path_(std::move(path)) {}
@@ -16,7 +22,7 @@ LoggedResponder::~LoggedResponder() {
 
 void LoggedResponder::send(int status, std::string_view content_type, std::string body, std::vector<http::Header> extra) {
   inner_->send(status, content_type, std::move(body), std::move(extra));
-  log_once(status, inner_->gone() ? "client gone" : nullptr);
+  log_once(status, nullptr);
 }
 
 void LoggedResponder::start_stream(std::string_view content_type, std::vector<http::Header> extra) {
@@ -29,7 +35,7 @@ void LoggedResponder::start_stream(std::string_view content_type, std::vector<ht
 
 void LoggedResponder::end() {
   inner_->end();
-  log_once(200, inner_->gone() ? "client gone" : nullptr);
+  log_once(200, nullptr);
 }
 
 void LoggedResponder::update(const std::function<void(RequestRecord&)>& fn) {
@@ -45,7 +51,7 @@ void LoggedResponder::log_once(int status, const char* how) {
     logged_ = true;
     r = rec_;
   }
-  if (!log_enabled(LogLevel::kInfo)) return;
+  if (!g_log_requests.load() || !log_enabled(LogLevel::kInfo)) return;
   const double dur = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   char times[96];
   if (r.ttft_s) std::snprintf(times, sizeof times, "ttft=%.3fs duration=%.3fs", *r.ttft_s, dur);

@@ -52,6 +52,9 @@ class LoggedResponder : public http::Responder {
 // The handler with its responder wrapped, so the request is logged when it is answered.
 http::Handler logged_handler(std::string method, std::string path, http::Handler handler);
 
+// serve --disable-log-requests turns the lines off.
+void set_request_logging(bool on);
+
 // The record of a logged request (nullptr for a responder that is not a LoggedResponder).
 LoggedResponder* request_log(http::Responder& res);
 
