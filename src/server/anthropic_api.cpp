@@ -100,6 +100,8 @@ std::optional<ApiError> translate_message(const RequestJson& m, const std::strin
   return std::nullopt;
 }
 
+bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
 std::string error_type(int status) {
   switch (status) {
     case 400: return "invalid_request_error";
@@ -195,15 +197,39 @@ ApiResult<AnthropicRequest> parse_anthropic_request(std::string_view body, const
     if (!th.is_object() || !th.contains("type") || !th["type"].is_string())
       return field_error("thinking", "must be {\"type\": \"enabled\" | \"disabled\" | \"adaptive\", ...}");
     const std::string type = th["type"].get<std::string>();
-    if (type == "enabled" || type == "adaptive") out.thinking = true;
+    if (type == "enabled" || type == "adaptive" || type == "between_tools") out.thinking = true;
     else if (type != "disabled")
-      return field_error("thinking.type", "must be \"enabled\", \"disabled\" or \"adaptive\", got \"" + type + "\"");
+      return field_error("thinking.type", "must be \"enabled\", \"adaptive\", \"between_tools\" or \"disabled\", got \"" +
+                                              type + "\"");
+    out.omit_thinking = th.value("display", "") == "omitted";
   }
   oa["chat_template_kwargs"] = {{"enable_thinking", out.thinking}};
+  // Structured outputs: output_config.format (or the older output_format), {"type": "json_schema", "schema"}.
+  std::string format_param;
+  const RequestJson* format = nullptr;
+  if (j.contains("output_config") && j["output_config"].is_object() && j["output_config"].contains("format") &&
+      !j["output_config"]["format"].is_null()) {
+    format = &j["output_config"]["format"];
+    format_param = "output_config.format";
+  } else if (j.contains("output_format") && !j["output_format"].is_null()) {
+    format = &j["output_format"];
+    format_param = "output_format";
+  }
+  if (format) {
+    if (!format->is_object() || format->value("type", "") != "json_schema" || !format->contains("schema"))
+      return field_error(format_param, "must be {\"type\": \"json_schema\", \"schema\": {...}}");
+    oa["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", (*format)["schema"]}}}};
+  }
 
   auto chat = parse_chat_request(serialize_json(oa), model);
-  if (!chat.ok()) return chat.error();
+  if (!chat.ok()) {
+    ApiError e = chat.error();
+    if (e.param && e.param->rfind("response_format", 0) == 0) e.param = format_param + ".schema";
+    if (e.param && *e.param == "stop") e.param = "stop_sequences";
+    return e;
+  }
   out.chat = std::move(*chat);
+  out.chat.clamp_max_tokens = true;
   return out;
 }
 
@@ -228,7 +254,7 @@ ResponseJson anthropic_message_json(const std::string& id, const std::string& mo
   ResponseJson content = ResponseJson::array();
   if (include_thinking && out.reasoning)
     content.push_back({{"type", "thinking"}, {"thinking", *out.reasoning}, {"signature", ""}});
-  if (out.content) content.push_back({{"type", "text"}, {"text", *out.content}});
+  if (out.content && !is_blank(*out.content)) content.push_back({{"type", "text"}, {"text", *out.content}});
   for (const ToolCall& c : out.tool_calls) {
     OrderedJson input = OrderedJson::object();
     try {
@@ -290,8 +316,16 @@ std::string AnthropicStream::delta(const OutputDelta& d) {
     block_delta({{"type", "thinking_delta"}, {"thinking", d.reasoning}});
   }
   if (!d.content.empty()) {
-    if (block_ != Block::kText) out += open(Block::kText, {{"type", "text"}, {"text", ""}});
-    block_delta({{"type", "text_delta"}, {"text", d.content}});
+    // Whitespace before a tool call (the model writes "\n\n" after </think>) opens no text
+    // block: it is held until text that is not whitespace follows.
+    std::string text = held_ws_ + d.content;
+    held_ws_.clear();
+    if (block_ != Block::kText && is_blank(text)) {
+      held_ws_ = std::move(text);
+    } else {
+      if (block_ != Block::kText) out += open(Block::kText, {{"type", "text"}, {"text", ""}});
+      block_delta({{"type", "text_delta"}, {"text", text}});
+    }
   }
   for (const ToolCallDelta& t : d.tool_calls) {
     if (t.id || block_ != Block::kToolUse || tool_ != t.index) {

@@ -8,13 +8,17 @@
 // tool_calls; tools {name, description, input_schema} -> functions (server tools such as
 // web_search_* or bash_* have nothing to run them here: skipped, with a note in the log);
 // tool_choice auto / any / tool / none -> auto / required / named / none, with
-// disable_parallel_tool_use -> parallel_tool_calls false; thinking enabled or adaptive -> the
-// template's enable_thinking (absent or disabled: no thinking, as the API defines; budget_tokens
-// is accepted and not enforced); stop_sequences -> stop; metadata, cache_control, service_tier
-// and other fields without an effect here are accepted and ignored. Image and document blocks
-// are refused (400) until the model's vision tower is served.
+// disable_parallel_tool_use -> parallel_tool_calls false; thinking enabled, adaptive or
+// between_tools -> the template's enable_thinking (absent or disabled: no thinking, as the API
+// defines; budget_tokens is accepted and not enforced); output_config.format (or output_format)
+// json_schema -> structured outputs; stop_sequences -> stop; max_tokens is an upper bound,
+// lowered to what the context leaves; temperature / top_p / top_k as sent; metadata,
+// cache_control, service_tier, output_config.effort and other fields without an effect here are
+// accepted and ignored. Image and document blocks are refused (400) until the model's vision
+// tower is served.
 //
-// Responses: content blocks thinking (signature ""), text, tool_use (id "toolu_..."); stop_reason
+// Responses: content blocks thinking (signature ""), text (not when it is only whitespace, such
+// as the "\n\n" before a tool call), tool_use (id "toolu_..."); stop_reason
 // end_turn / max_tokens / stop_sequence (+ stop_sequence) / tool_use; usage input_tokens,
 // output_tokens, cache_read_input_tokens. Streams: message_start, ping, content_block_start /
 // _delta (thinking_delta, text_delta, input_json_delta) / _stop per block, message_delta with
@@ -34,7 +38,8 @@ namespace sparkserve {
 
 struct AnthropicRequest {
   ChatRequest chat;                 // what the chat pipeline runs
-  bool thinking = false;            // thinking enabled or adaptive
+  bool thinking = false;            // thinking enabled, adaptive or between_tools
+  bool omit_thinking = false;       // thinking.display "omitted": thinking blocks come back empty
   std::vector<std::string> notes;   // skipped tools and the like, for the log
 };
 
@@ -79,6 +84,7 @@ class AnthropicStream {
   Block block_ = Block::kNone;
   int index_ = -1;       // index of the open (or last) content block
   int tool_ = -1;        // the parser's tool-call index of the open tool_use block
+  std::string held_ws_;  // whitespace-only text not yet in a block
 };
 
 }  // namespace sparkserve

@@ -33,7 +33,7 @@ void handle_messages(ServeContext& ctx, const http::Request& req, ResponderPtr r
   const std::string id = make_response_id("msg_");
   const std::string model = chat.model.value_or(ctx.info.names.front());
   if (auto* log = request_log(*res)) log->update([&](RequestRecord& r) { r.id = id; });
-  const bool thinking = parsed->thinking;
+  const bool thinking = parsed->thinking && !parsed->omit_thinking;
   auto usage = [gens] {
     const UsageInfo u = usage_of(gens);
     return AnthropicUsage{u.prompt_tokens, u.completion_tokens, u.cached_tokens.value_or(0)};

@@ -47,6 +47,9 @@ struct GenerationRequest {
   bool echo = false;
   int64_t n = 1;                     // choices per prompt
   bool prompt_only = false;          // completions: echo with max_tokens 0 (prompt logprobs only)
+  // Anthropic max_tokens / Responses max_output_tokens are upper bounds: past what the context
+  // leaves they are lowered to it (agents send 32000 whatever the model), not refused.
+  bool clamp_max_tokens = false;
   StructuredOutput structured;       // response_format / structured_outputs / guided_*
   std::vector<std::string> unknown_fields;
 };

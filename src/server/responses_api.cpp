@@ -120,6 +120,8 @@ class InputTranslator {
 
 std::string suffix_of(const std::string& id) { return id.substr(id.find('_') + 1); }
 
+bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
 }  // namespace
 
 ApiResult<ResponsesRequest> parse_responses_request(std::string_view body, const ServedModelInfo& model) {
@@ -227,6 +229,7 @@ ApiResult<ResponsesRequest> parse_responses_request(std::string_view body, const
     return e;
   }
   out.chat = std::move(*chat);
+  out.chat.clamp_max_tokens = true;
   out.echo = {{"instructions", instructions.empty() ? RequestJson(nullptr) : RequestJson(instructions)},
               {"max_output_tokens", oa.value("max_tokens", RequestJson(nullptr))},
               {"parallel_tool_calls", out.chat.parallel_tool_calls},
@@ -304,7 +307,7 @@ ResponseJson responses_output_items(const std::string& response_id, const Parsed
   const std::string sfx = suffix_of(response_id);
   ResponseJson items = ResponseJson::array();
   if (include_reasoning && out.reasoning) items.push_back(reasoning_item("rs_" + sfx, *out.reasoning, "completed"));
-  if (out.content) items.push_back(message_item("msg_" + sfx, *out.content, "completed"));
+  if (out.content && !is_blank(*out.content)) items.push_back(message_item("msg_" + sfx, *out.content, "completed"));
   for (size_t i = 0; i < out.tool_calls.size(); ++i) {
     const ToolCall& c = out.tool_calls[i];
     items.push_back(call_item("fc_" + sfx + "_" + std::to_string(i), c.id, c.name, c.arguments, "completed"));
@@ -402,10 +405,17 @@ std::string ResponsesStream::delta(const OutputDelta& d) {
                  {{"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0}, {"delta", d.reasoning}});
   }
   if (!d.content.empty()) {
-    if (item_ != Item::kMessage) out += open(Item::kMessage, -1, nullptr);
-    text_ += d.content;
-    out += event("response.output_text.delta", {{"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0},
-                                               {"delta", d.content}, {"logprobs", ResponseJson::array()}});
+    // Whitespace before a function call opens no message item (held until text follows).
+    std::string text = held_ws_ + d.content;
+    held_ws_.clear();
+    if (item_ != Item::kMessage && is_blank(text)) {
+      held_ws_ = std::move(text);
+    } else {
+      if (item_ != Item::kMessage) out += open(Item::kMessage, -1, nullptr);
+      text_ += text;
+      out += event("response.output_text.delta", {{"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0},
+                                                 {"delta", text}, {"logprobs", ResponseJson::array()}});
+    }
   }
   for (const ToolCallDelta& t : d.tool_calls) {
     if (t.id || item_ != Item::kFunctionCall || tool_ != t.index) out += open(Item::kFunctionCall, t.index, &t);

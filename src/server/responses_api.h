@@ -13,7 +13,8 @@
 // not); text.format json_object / json_schema -> structured outputs. previous_response_id and
 // conversation are refused (400): responses are not stored; send the whole conversation.
 //
-// Output items: reasoning (content: reasoning_text), message (output_text), function_call.
+// Output items: reasoning (content: reasoning_text), message (output_text; none for text that is
+// only whitespace, such as the "\n\n" before a call), function_call.
 // Streams: response.created, response.in_progress, then per item output_item.added,
 // content_part.added, *.delta events (reasoning_text, output_text, function_call_arguments),
 // *.done events, output_item.done; then response.completed (response.incomplete when
@@ -75,6 +76,7 @@ class ResponsesStream {
   int output_index_ = -1;
   int tool_ = -1;
   std::string item_id_, text_, call_id_, name_;
+  std::string held_ws_;  // whitespace-only text not yet in a message item
   ResponseJson done_items_ = ResponseJson::array();
 };
 

@@ -19,7 +19,10 @@ struct Prepared {
 
 // Context-length check and sampling parameters, shared by every route.
 ApiResult<Prepared> prepare(const ServeContext& ctx, const GenerationRequest& r, std::vector<int32_t> prompt) {
-  auto budget = check_context_length(static_cast<int64_t>(prompt.size()), r.sampling.max_tokens, ctx.info.max_model_len);
+  std::optional<int64_t> max_tokens = r.sampling.max_tokens;
+  const int64_t left = ctx.info.max_model_len - static_cast<int64_t>(prompt.size());
+  if (r.clamp_max_tokens && max_tokens && left >= 1 && *max_tokens > left) max_tokens = left;
+  auto budget = check_context_length(static_cast<int64_t>(prompt.size()), max_tokens, ctx.info.max_model_len);
   if (!budget.ok()) return budget.error();
   Prepared p;
   p.prompt = std::move(prompt);
