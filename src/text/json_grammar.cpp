@@ -20,6 +20,24 @@ constexpr uint8_t kBoundedIntDigits = 15, kBoundedFracDigits = 6;
 
 bool is_ws(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
 
+// Whitespace in a gap between JSON tokens: at most `max_newlines` newlines, then at most
+// kMaxIndent spaces / tabs (ws = newlines << 6 | indent). "\n    ", " ", "" and (at the root)
+// "\n\n" are written; runs such as "\r\n\r\n\r\n" are not.
+bool gap_whitespace(JsonFrame& f, uint8_t b, int max_newlines) {
+  const int nl = f.ws >> 6, indent = f.ws & 63;
+  if (b == '\n') {
+    if (indent != 0 || nl >= max_newlines) return false;
+    f.ws = static_cast<uint8_t>((nl + 1) << 6);
+    return true;
+  }
+  if (b == ' ' || b == '\t') {
+    if (indent >= JsonMatcher::kMaxIndent) return false;
+    ++f.ws;
+    return true;
+  }
+  return false;  // '\r'
+}
+
 bool is_bounded(const JsonNode& n) { return n.minimum.has_value() || n.maximum.has_value(); }
 
 // Whether a property at index >= from is required.
@@ -208,10 +226,7 @@ void JsonMatcher::step_thread(JsonThread t, uint8_t b, std::vector<JsonThread>& 
   if (f.node < 0) {
     if (f.phase != kRootStart) return;
     if (!g_->raw && is_ws(b)) {
-      if (f.ws < kMaxWhitespace) {
-        ++f.ws;
-        out.push_back(std::move(t));
-      }
+      if (gap_whitespace(f, b, 2)) out.push_back(std::move(t));
       return;
     }
     begin_value(std::move(t), g_->root, b, out);
@@ -274,10 +289,7 @@ void JsonMatcher::step_object(JsonThread& t, uint8_t b, std::vector<JsonThread>&
   const bool gap = f.phase == kObjFirst || f.phase == kObjColon || f.phase == kObjValue || f.phase == kObjAfter ||
                    f.phase == kObjNext;
   if (gap && is_ws(b)) {
-    if (f.ws < kMaxWhitespace) {
-      ++f.ws;
-      out.push_back(std::move(t));
-    }
+    if (gap_whitespace(f, b, 1)) out.push_back(std::move(t));
     return;
   }
   const bool may_close = !required_from(n, f.prop);
@@ -387,10 +399,7 @@ void JsonMatcher::step_array(JsonThread& t, uint8_t b, std::vector<JsonThread>& 
   JsonFrame& f = t.stack.back();
   const JsonNode& n = node(f.node);
   if (f.phase != kArrOpen && is_ws(b)) {
-    if (f.ws < kMaxWhitespace) {
-      ++f.ws;
-      out.push_back(std::move(t));
-    }
+    if (gap_whitespace(f, b, 1)) out.push_back(std::move(t));
     return;
   }
   switch (f.phase) {

@@ -5,8 +5,10 @@
 //
 // What the matcher accepts for a JSON root: optional whitespace, then one value of the root
 // node, then nothing (end of output). Between tokens of a JSON value (after '{', '[', ':', ',',
-// before '}' / ']' / ':' / ',') at most kMaxWhitespace bytes of whitespace (space, \n, \t, \r):
-// enough for indented output, never an endless run. Values:
+// before '}' / ']' / ':' / ',') whitespace of the forms JSON writers use: at most one newline
+// (two before the root value: "</think>\n\n{"), then at most kMaxIndent spaces or tabs; no \r.
+// That covers compact and indented output and never lets a model (a random-weight one above
+// all) spend its tokens on whitespace. Values:
 //  - object: its properties in schema order, each optional one may be left out, a required one
 //    never; then, when `additional` is set, further keys (not equal to a declared name, without
 //    escapes) with values of that node. Keys are written exactly as their JSON encoding
@@ -89,7 +91,7 @@ struct JsonGrammar {
 struct JsonFrame {
   int32_t node = -1;   // -1: the root pseudo-value
   uint8_t phase = 0;
-  uint8_t ws = 0;      // whitespace bytes in the current gap
+  uint8_t ws = 0;      // whitespace in the current gap: newlines << 6 | spaces and tabs
   uint16_t prop = 0;   // object: index of the next property that may be written
   uint16_t lo = 0, hi = 0, pos = 0;  // literals: range still matching, bytes matched; object key: pos
   int32_t value = -1;  // object: node of the value after the current key
@@ -126,7 +128,7 @@ struct JsonMatchState {
 
 class JsonMatcher {
  public:
-  static constexpr uint8_t kMaxWhitespace = 32;
+  static constexpr int kMaxIndent = 32;
   static constexpr size_t kMaxDepth = 32;
   static constexpr size_t kMaxThreads = 64;
 

@@ -131,8 +131,14 @@ TEST(JsonGrammar, RawRoots) {
 
 TEST(JsonGrammar, WhitespaceIsBounded) {
   JsonMatcher obj(json_object_grammar());
-  EXPECT_TRUE(alive(obj, "{" + std::string(JsonMatcher::kMaxWhitespace, ' ')));
-  EXPECT_FALSE(alive(obj, "{" + std::string(JsonMatcher::kMaxWhitespace + 1, ' ')));
+  EXPECT_TRUE(alive(obj, "{" + std::string(JsonMatcher::kMaxIndent, ' ')));
+  EXPECT_FALSE(alive(obj, "{" + std::string(JsonMatcher::kMaxIndent + 1, ' ')));
+  EXPECT_TRUE(accepts(obj, "\n\n{\n  \"a\": [\n    1,\n    2\n  ]\n}"));
+  EXPECT_TRUE(accepts(obj, "{\"a\":\t1}"));
+  EXPECT_FALSE(alive(obj, "{\n\n"));        // one newline per gap
+  EXPECT_FALSE(alive(obj, "{\r\n"));        // no carriage returns
+  EXPECT_FALSE(alive(obj, "{  \n"));         // the newline comes first
+  EXPECT_FALSE(alive(obj, "\n\n\n{"));
 }
 
 TEST(JsonGrammar, NestingDeeperThanTheLimitIsRefused) {
