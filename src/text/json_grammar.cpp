@@ -57,12 +57,14 @@ uint64_t key_range(const JsonNode& n, size_t from) {
   return m;
 }
 
-// The code points a partly read UTF-8 character can still become (a superset is fine: it only
-// decides whether to refuse the byte early).
+// The code points a partly read UTF-8 character can still become: the bits read so far, the
+// range the next byte may take (this excludes overlongs and surrogates: after E0 only U+0800..,
+// not U+0000..), then any continuation bytes. Refusing a byte that no code point the pattern
+// takes can complete keeps the decoder from getting stuck inside a character.
 void partial_range(const Utf8Stepper& u, char32_t& lo, char32_t& hi) {
-  const unsigned shift = 6u * u.need;
-  lo = u.cp << shift;
-  hi = lo | ((char32_t{1} << shift) - 1);
+  const unsigned rest = 6u * (u.need - 1u);
+  lo = ((u.cp << 6) | (u.lo & 0x3Fu)) << rest;
+  hi = (((u.cp << 6) | (u.hi & 0x3Fu)) << rest) | ((char32_t{1} << rest) - 1);
 }
 
 // Whether some value in [a, b] satisfies the node's bounds. The values a number prefix can
@@ -155,6 +157,9 @@ std::optional<uint32_t> JsonMatcher::plain_string_room(const JsonMatchState& s) 
   const JsonFrame& f = t.stack.back();
   if (f.node < 0) return std::nullopt;
   const JsonNode& n = node(f.node);
+  // An undeclared object key that no declared name matches any more: free text up to '"'.
+  if (n.kind == Kind::kObject && f.phase == kObjKey && f.keys == 0 && f.free_key && t.leaf.utf8.need == 0)
+    return JsonNode::kUnbounded;
   if (n.kind != Kind::kString || f.phase != kStrBody || n.regex >= 0 || t.leaf.esc != 0 || t.leaf.utf8.need != 0)
     return std::nullopt;
   return n.max_length == JsonNode::kUnbounded ? JsonNode::kUnbounded : n.max_length - t.leaf.chars;

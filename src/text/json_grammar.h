@@ -141,7 +141,8 @@ class JsonMatcher {
   // The output may end here.
   bool accepting(const JsonMatchState& s) const;
   // When the state is inside a plain JSON string (one branch, no escape or partial UTF-8
-  // character pending, no regex): how many more code points it may take. Any bytes without '"',
+  // character pending, no regex; or an undeclared object key no declared name matches any
+  // more): how many more code points it may take. Any bytes without '"',
   // '\', control characters and with well-formed UTF-8 keep it there (the mask's fast path).
   std::optional<uint32_t> plain_string_room(const JsonMatchState& s) const;
 

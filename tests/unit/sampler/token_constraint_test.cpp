@@ -284,6 +284,7 @@ TEST(StructuredConstraint, MasksEqualBruteForce) {
   for (const char* thought : {"", "hmm", "hmm </thi", "done</think>\n\n", "done</think>\n\n{\"na"})
     expect_structured_mask(g, true, thought);
   expect_structured_mask(json_object_grammar(), false, "{\"a\": [1, {\"b\": \"x");
+  expect_structured_mask(json_object_grammar(), false, "{\"a\": 1, \"ke");  // a free key: the fast path
   auto re = regex_grammar("(yes|no) [0-9]{2}");
   ASSERT_TRUE(re.ok());
   expect_structured_mask(*re, false, "");

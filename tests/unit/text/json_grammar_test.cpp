@@ -104,6 +104,13 @@ TEST(JsonGrammar, PatternSearchSemanticsAndEscapes) {
   auto m = compile(R"({"type":"string","pattern":"\\d{3}"})");
   EXPECT_TRUE(accepts(m, R"("ab123cd")"));
   EXPECT_FALSE(accepts(m, R"("ab12cd")"));
+  // A lead byte no digit can follow is refused at once (E0 starts U+0800..U+0FFF only).
+  auto d = compile(R"({"type":"string","pattern":"^\\d+$"})");
+  EXPECT_FALSE(alive(d, "\"\xE0"));
+  EXPECT_FALSE(alive(d, "\"\xC3"));
+  auto cjk = compile(R"({"type":"string","pattern":"^[中文]$"})");
+  EXPECT_TRUE(accepts(cjk, "\"中\""));
+  EXPECT_FALSE(alive(cjk, "\"\xE3"));  // U+3000..U+3FFF: neither 中 (U+4E2D) nor 文 (U+6587)
   auto q = compile(R"({"type":"string","pattern":"^a\"b$"})");
   EXPECT_TRUE(accepts(q, R"("a\"b")"));
   EXPECT_FALSE(alive(q, R"("a\u0022)"));  // \u escapes are not taken under a pattern
