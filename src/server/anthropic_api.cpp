@@ -1,5 +1,6 @@
 #include "server/anthropic_api.h"
 
+#include "server/chat_messages.h"
 #include "server/sse.h"
 #include "text/py_json.h"
 
@@ -10,26 +11,7 @@ ApiError field_error(const std::string& path, const std::string& what) { return 
 
 // Text of a string or a list of text blocks (system prompt, tool_result content).
 ApiResult<std::string> text_of(const RequestJson& v, const std::string& path) {
-  if (v.is_string()) return v.get<std::string>();
-  if (!v.is_array()) return field_error(path, "must be a string or a list of text blocks");
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const RequestJson& b = v[i];
-    const std::string p = path + "[" + std::to_string(i) + "]";
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
-      return field_error(p, "must be a content block with a \"type\"");
-    const std::string type = b["type"].get<std::string>();
-    if (type == "text") {
-      if (!b.contains("text") || !b["text"].is_string()) return field_error(p + ".text", "must be a string");
-      if (!out.empty()) out += "\n";
-      out += b["text"].get<std::string>();
-    } else if (type == "image" || type == "document") {
-      return field_error(p, "\"" + type + "\" blocks are not supported yet (text only)");
-    } else {
-      return field_error(p, "unexpected block type \"" + type + "\" here");
-    }
-  }
-  return out;
+  return join_text_parts(v, path, {"text"}, "\n");
 }
 
 // One Anthropic message -> zero or more OpenAI-style messages, appended to out.
@@ -99,8 +81,6 @@ std::optional<ApiError> translate_message(const RequestJson& m, const std::strin
   out.push_back(std::move(a));
   return std::nullopt;
 }
-
-bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 std::string error_type(int status) {
   switch (status) {
@@ -254,7 +234,7 @@ ResponseJson anthropic_message_json(const std::string& id, const std::string& mo
   ResponseJson content = ResponseJson::array();
   if (include_thinking && out.reasoning)
     content.push_back({{"type", "thinking"}, {"thinking", *out.reasoning}, {"signature", ""}});
-  if (out.content && !is_blank(*out.content)) content.push_back({{"type", "text"}, {"text", *out.content}});
+  if (out.content && !BlankContentHold::is_blank(*out.content)) content.push_back({{"type", "text"}, {"text", *out.content}});
   for (const ToolCall& c : out.tool_calls) {
     OrderedJson input = OrderedJson::object();
     try {
@@ -316,13 +296,8 @@ std::string AnthropicStream::delta(const OutputDelta& d) {
     block_delta({{"type", "thinking_delta"}, {"thinking", d.reasoning}});
   }
   if (!d.content.empty()) {
-    // Whitespace before a tool call (the model writes "\n\n" after </think>) opens no text
-    // block: it is held until text that is not whitespace follows.
-    std::string text = held_ws_ + d.content;
-    held_ws_.clear();
-    if (block_ != Block::kText && is_blank(text)) {
-      held_ws_ = std::move(text);
-    } else {
+    const std::string text = blank_.pass(d.content, block_ == Block::kText);
+    if (!text.empty()) {
       if (block_ != Block::kText) out += open(Block::kText, {{"type", "text"}, {"text", ""}});
       block_delta({{"type", "text_delta"}, {"text", text}});
     }

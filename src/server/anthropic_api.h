@@ -84,7 +84,7 @@ class AnthropicStream {
   Block block_ = Block::kNone;
   int index_ = -1;       // index of the open (or last) content block
   int tool_ = -1;        // the parser's tool-call index of the open tool_use block
-  std::string held_ws_;  // whitespace-only text not yet in a block
+  BlankContentHold blank_;
 };
 
 }  // namespace sparkserve

@@ -10,9 +10,7 @@ namespace sparkserve {
 namespace {
 
 void send_anthropic_error(http::Responder& res, const ApiError& e) {
-  std::vector<http::Header> extra;
-  if (e.status == 503) extra.push_back({"Retry-After", "1"});
-  res.send(e.status, "application/json", serialize_json(anthropic_error_json(e)), std::move(extra));
+  res.send(e.status, "application/json", serialize_json(anthropic_error_json(e)), error_headers(e));
 }
 
 ApiResult<AnthropicRequest> parse(const ServeContext& ctx, const http::Request& req, bool count_tokens) {

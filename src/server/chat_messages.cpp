@@ -1,5 +1,7 @@
 #include "server/chat_messages.h"
 
+#include <algorithm>
+
 namespace sparkserve {
 namespace {
 
@@ -185,6 +187,38 @@ ApiResult<RequestJson> validate_tools(const RequestJson& tools) {
       return type_error(p + ".function.strict", "a boolean", *s);
   }
   return tools;
+}
+
+ApiResult<std::string> join_text_parts(const RequestJson& v, const std::string& path,
+                                       std::initializer_list<std::string_view> text_types, std::string_view sep) {
+  auto err = [](const std::string& p, const std::string& what) { return bad_request(p + ": " + what, p); };
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return std::string();
+  if (!v.is_array()) return err(path, "must be a string or a list of content parts");
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const RequestJson& b = v[i];
+    const std::string p = path + "[" + std::to_string(i) + "]";
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      return err(p, "must be a content part with a \"type\"");
+    const std::string type = b["type"].get<std::string>();
+    const bool is_text = std::find(text_types.begin(), text_types.end(), type) != text_types.end();
+    std::string text;
+    if (is_text) {
+      if (!b.contains("text") || !b["text"].is_string()) return err(p + ".text", "must be a string");
+      text = b["text"].get<std::string>();
+    } else if (type == "refusal" && b.contains("refusal") && b["refusal"].is_string()) {
+      text = b["refusal"].get<std::string>();
+    } else if (type == "image" || type == "document" || type == "input_image" || type == "input_file" ||
+               type == "input_audio") {
+      return err(p, "\"" + type + "\" parts are not supported yet (text only)");
+    } else {
+      return err(p, "unexpected content part type \"" + type + "\"");
+    }
+    if (!out.empty()) out += sep;
+    out += text;
+  }
+  return out;
 }
 
 }  // namespace sparkserve

@@ -1,6 +1,10 @@
 // Validation and normalization of chat `messages` and `tools` before they reach the template.
 #pragma once
 
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
 #include "server/api_error.h"
 #include "server/json_fields.h"
 
@@ -18,5 +22,11 @@ ApiResult<RequestJson> normalize_chat_messages(const RequestJson& messages);
 // tools: the request's "tools" value: a list of {"type":"function","function":{"name",
 // "description"?, "parameters"?, "strict"?}}.
 ApiResult<RequestJson> validate_tools(const RequestJson& tools);
+
+// The text of a string, or of a list of content parts / blocks whose "type" is one of
+// text_types (their "text" joined with `sep`; "refusal" parts give their "refusal"). Image, file,
+// audio and document parts are refused (text only); other types are errors naming the path.
+ApiResult<std::string> join_text_parts(const RequestJson& v, const std::string& path,
+                                       std::initializer_list<std::string_view> text_types, std::string_view sep);
 
 }  // namespace sparkserve

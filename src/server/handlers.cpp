@@ -30,7 +30,7 @@ ChatDelta to_chat_delta(const Generation& g, const OutputDelta& d) {
   return cd;
 }
 
-void send_overloaded(Responder& res, const ApiError& e) { send_error(res, e, {{"Retry-After", "1"}}); }
+void send_overloaded(Responder& res, const ApiError& e) { send_error(res, e, error_headers(e)); }
 
 void note_id(Responder& res, const std::string& id) {
   if (auto* log = request_log(res)) log->update([&](RequestRecord& r) { r.id = id; });

@@ -21,8 +21,8 @@ LoggedResponder::~LoggedResponder() {
 }
 
 void LoggedResponder::send(int status, std::string_view content_type, std::string body, std::vector<http::Header> extra) {
+  log_once(status, nullptr);  // before the answer leaves: whoever got it can read the line
   inner_->send(status, content_type, std::move(body), std::move(extra));
-  log_once(status, nullptr);
 }
 
 void LoggedResponder::start_stream(std::string_view content_type, std::vector<http::Header> extra) {
@@ -34,8 +34,8 @@ void LoggedResponder::start_stream(std::string_view content_type, std::vector<ht
 }
 
 void LoggedResponder::end() {
-  inner_->end();
   log_once(200, nullptr);
+  inner_->end();
 }
 
 void LoggedResponder::update(const std::function<void(RequestRecord&)>& fn) {

@@ -1,5 +1,6 @@
 #include "server/responses_api.h"
 
+#include "server/chat_messages.h"
 #include "server/sse.h"
 
 namespace sparkserve {
@@ -9,28 +10,7 @@ ApiError field_error(const std::string& path, const std::string& what) { return 
 
 // Text of message content: a string, or input_text / output_text / text / refusal parts.
 ApiResult<std::string> content_text(const RequestJson& c, const std::string& path) {
-  if (c.is_string()) return c.get<std::string>();
-  if (c.is_null()) return std::string();
-  if (!c.is_array()) return field_error(path, "must be a string or a list of content parts");
-  std::string out;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const RequestJson& p = c[i];
-    const std::string pp = path + "[" + std::to_string(i) + "]";
-    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
-      return field_error(pp, "must be a content part with a \"type\"");
-    const std::string type = p["type"].get<std::string>();
-    if (type == "input_text" || type == "output_text" || type == "text") {
-      if (!p.contains("text") || !p["text"].is_string()) return field_error(pp + ".text", "must be a string");
-      out += p["text"].get<std::string>();
-    } else if (type == "refusal") {
-      if (p.contains("refusal") && p["refusal"].is_string()) out += p["refusal"].get<std::string>();
-    } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      return field_error(pp, "\"" + type + "\" parts are not supported yet (text only)");
-    } else {
-      return field_error(pp, "unknown content part type \"" + type + "\"");
-    }
-  }
-  return out;
+  return join_text_parts(c, path, {"input_text", "output_text", "text"}, "");
 }
 
 // Builds the chat messages from `input` items.
@@ -119,8 +99,6 @@ class InputTranslator {
 };
 
 std::string suffix_of(const std::string& id) { return id.substr(id.find('_') + 1); }
-
-bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 }  // namespace
 
@@ -307,7 +285,7 @@ ResponseJson responses_output_items(const std::string& response_id, const Parsed
   const std::string sfx = suffix_of(response_id);
   ResponseJson items = ResponseJson::array();
   if (include_reasoning && out.reasoning) items.push_back(reasoning_item("rs_" + sfx, *out.reasoning, "completed"));
-  if (out.content && !is_blank(*out.content)) items.push_back(message_item("msg_" + sfx, *out.content, "completed"));
+  if (out.content && !BlankContentHold::is_blank(*out.content)) items.push_back(message_item("msg_" + sfx, *out.content, "completed"));
   for (size_t i = 0; i < out.tool_calls.size(); ++i) {
     const ToolCall& c = out.tool_calls[i];
     items.push_back(call_item("fc_" + sfx + "_" + std::to_string(i), c.id, c.name, c.arguments, "completed"));
@@ -405,12 +383,8 @@ std::string ResponsesStream::delta(const OutputDelta& d) {
                  {{"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0}, {"delta", d.reasoning}});
   }
   if (!d.content.empty()) {
-    // Whitespace before a function call opens no message item (held until text follows).
-    std::string text = held_ws_ + d.content;
-    held_ws_.clear();
-    if (item_ != Item::kMessage && is_blank(text)) {
-      held_ws_ = std::move(text);
-    } else {
+    const std::string text = blank_.pass(d.content, item_ == Item::kMessage);
+    if (!text.empty()) {
       if (item_ != Item::kMessage) out += open(Item::kMessage, -1, nullptr);
       text_ += text;
       out += event("response.output_text.delta", {{"item_id", item_id_}, {"output_index", output_index_}, {"content_index", 0},

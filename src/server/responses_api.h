@@ -76,7 +76,7 @@ class ResponsesStream {
   int output_index_ = -1;
   int tool_ = -1;
   std::string item_id_, text_, call_id_, name_;
-  std::string held_ws_;  // whitespace-only text not yet in a message item
+  BlankContentHold blank_;
   ResponseJson done_items_ = ResponseJson::array();
 };
 

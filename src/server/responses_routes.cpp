@@ -9,11 +9,7 @@
 namespace sparkserve {
 namespace {
 
-void send_responses_error(http::Responder& res, const ApiError& e) {
-  std::vector<http::Header> extra;
-  if (e.status == 503) extra.push_back({"Retry-After", "1"});
-  send_error(res, e, std::move(extra));
-}
+void send_responses_error(http::Responder& res, const ApiError& e) { send_error(res, e, error_headers(e)); }
 
 // Reasoning tokens: the reasoning text re-encoded (the tokens the model spent before </think>,
 // give or take a token at the boundary).

@@ -145,6 +145,11 @@ void send_error(http::Responder& res, const ApiError& e, std::vector<http::Heade
   res.send(e.status, "application/json", serialize_json(error_json(e)), std::move(extra));
 }
 
+std::vector<http::Header> error_headers(const ApiError& e) {
+  if (e.status == 503) return {{"Retry-After", "1"}};
+  return {};
+}
+
 void send_json(http::Responder& res, const ResponseJson& j) { res.send(200, "application/json", serialize_json(j)); }
 
 ApiError shutdown_error() { return engine_unavailable("the server is shutting down"); }

@@ -23,6 +23,8 @@ using ResponderPtr = std::shared_ptr<http::Responder>;
 using GenerationPtr = std::shared_ptr<Generation>;
 
 void send_error(http::Responder& res, const ApiError& e, std::vector<http::Header> extra = {});
+// The headers an error response carries: Retry-After on a 503 (overload, shutdown).
+std::vector<http::Header> error_headers(const ApiError& e);
 void send_json(http::Responder& res, const ResponseJson& j);
 
 ApiError no_chat_template(const ServeContext& ctx);

@@ -67,6 +67,18 @@ void partial_range(const Utf8Stepper& u, char32_t& lo, char32_t& hi) {
   hi = (((u.cp << 6) | (u.hi & 0x3Fu)) << rest) | ((char32_t{1} << rest) - 1);
 }
 
+// One byte of a character (UTF-8 checked); with a pattern, the code point must continue it, and
+// a partial character must still be able to.
+bool step_char_byte(JsonLeaf& l, const RegexNfa* re, uint8_t b) {
+  const auto r = l.utf8.feed(b);
+  if (r == Utf8Stepper::kBad) return false;
+  if (!re) return true;
+  if (r == Utf8Stepper::kChar) return re->step(l.re, l.utf8.cp);
+  char32_t lo = 0, hi = 0;
+  partial_range(l.utf8, lo, hi);
+  return re->can_step_range(l.re, lo, hi);
+}
+
 // Whether some value in [a, b] satisfies the node's bounds. The values a number prefix can
 // still become form a grid (integers, or 10^-kBoundedFracDigits steps) from a to b with both
 // ends on it, so comparing the ends with the bounds, exclusive or not, is exact.
@@ -481,17 +493,7 @@ bool JsonMatcher::step_string_body(JsonThread& t, const JsonNode& n, uint8_t b, 
     }
     return true;
   }
-  if (l.utf8.need > 0) {
-    const auto r = l.utf8.feed(b);
-    if (r == Utf8Stepper::kBad) return false;
-    if (r == Utf8Stepper::kMore) {
-      if (!re) return true;
-      char32_t lo = 0, hi = 0;
-      partial_range(l.utf8, lo, hi);
-      return re->can_step_range(l.re, lo, hi);
-    }
-    return !re || re->step(l.re, l.utf8.cp);
-  }
+  if (l.utf8.need > 0) return step_char_byte(l, re, b);
   if (b == '"') {
     if (l.chars < n.min_length) return false;
     if (re && !re->accepting(l.re)) return false;
@@ -511,29 +513,12 @@ bool JsonMatcher::step_string_body(JsonThread& t, const JsonNode& n, uint8_t b, 
     ++l.chars;
     return true;
   }
-  const auto r = l.utf8.feed(b);
-  if (r == Utf8Stepper::kBad) return false;
   ++l.chars;
-  if (r == Utf8Stepper::kMore) {
-    if (!re) return true;
-    char32_t lo = 0, hi = 0;
-    partial_range(l.utf8, lo, hi);
-    return re->can_step_range(l.re, lo, hi);
-  }
-  return !re || re->step(l.re, l.utf8.cp);
+  return step_char_byte(l, re, b);
 }
 
 bool JsonMatcher::step_text(JsonThread& t, const JsonNode& n, uint8_t b) const {
-  JsonLeaf& l = t.leaf;
-  const RegexNfa& re = g_->regexes[static_cast<size_t>(n.regex)];
-  const auto r = l.utf8.feed(b);
-  if (r == Utf8Stepper::kBad) return false;
-  if (r == Utf8Stepper::kMore) {
-    char32_t lo = 0, hi = 0;
-    partial_range(l.utf8, lo, hi);
-    return re.can_step_range(l.re, lo, hi);
-  }
-  return re.step(l.re, l.utf8.cp);
+  return step_char_byte(t.leaf, &g_->regexes[static_cast<size_t>(n.regex)], b);
 }
 
 bool JsonMatcher::step_literal(JsonFrame& f, const JsonNode& n, uint8_t b) const {
@@ -646,15 +631,7 @@ bool JsonMatcher::number_in_bounds(const JsonLeaf& l, const JsonNode& n) const {
   long double v = 0;
   if (n.integer) v = static_cast<long double>(l.mag) * (l.neg ? -1 : 1);
   else v = std::strtod(l.text.c_str(), nullptr);  // the double Python's float() gives
-  if (n.minimum) {
-    const long double m = *n.minimum;
-    if (n.exclusive_minimum ? !(v > m) : !(v >= m)) return false;
-  }
-  if (n.maximum) {
-    const long double m = *n.maximum;
-    if (n.exclusive_maximum ? !(v < m) : !(v <= m)) return false;
-  }
-  return true;
+  return interval_meets_bounds(v, v, n);
 }
 
 }  // namespace sparkserve

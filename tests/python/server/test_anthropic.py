@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import FORCED_TOOL_TEXT, MODEL_NAME, Server
+from conftest import MODEL_NAME, Server
 
 HERE = os.path.dirname(__file__)
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather forecast",
@@ -21,15 +21,6 @@ WEATHER_TOOL = {"name": "get_weather", "description": "Weather forecast",
 @pytest.fixture(scope="module")
 def server(tiny_model):
     s = Server(tiny_model, "--max-model-len", "4096", "--api-key", "sekret")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def forced(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("forced") / "out.txt"
-    path.write_text(FORCED_TOOL_TEXT)
-    s = Server(tiny_model, "--test-forced-output", str(path), "--max-model-len", "1024")
     yield s
     s.stop()
 
@@ -74,8 +65,8 @@ def test_thinking_blocks_streamed_and_not(server):
     assert "thinking" in events  # the SDK's own event for thinking deltas
 
 
-def test_forced_tool_call(forced):
-    c = anthropic.Anthropic(base_url=forced.url, api_key="x", timeout=120, max_retries=0)
+def test_forced_tool_call(scripted_server):
+    c = anthropic.Anthropic(base_url=scripted_server.url, api_key="x", timeout=120, max_retries=0)
     kw = dict(model=MODEL_NAME, max_tokens=200, tools=[WEATHER_TOOL], thinking={"type": "enabled", "budget_tokens": 500},
               messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}])
     msg = c.messages.create(**kw)

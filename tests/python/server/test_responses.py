@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FORCED_TOOL_TEXT, MODEL_NAME, Server
+from conftest import MODEL_NAME, Server
 
 HERE = os.path.dirname(__file__)
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather forecast",
@@ -21,15 +21,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 @pytest.fixture(scope="module")
 def server(tiny_model):
     s = Server(tiny_model, "--max-model-len", "4096")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def forced(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("forced") / "out.txt"
-    path.write_text(FORCED_TOOL_TEXT)
-    s = Server(tiny_model, "--test-forced-output", str(path), "--max-model-len", "1024")
     yield s
     s.stop()
 
@@ -65,8 +56,8 @@ def test_reasoning_and_text_stream_and_not(server):
     assert [o.type for o in r.output] == ["message"] and r.output_text
 
 
-def test_function_call_forced(forced):
-    c = client(forced)
+def test_function_call_forced(scripted_server):
+    c = client(scripted_server)
     r = c.responses.create(model=MODEL_NAME, input="Weather in Paris?", tools=[WEATHER], max_output_tokens=200)
     assert [o.type for o in r.output] == ["reasoning", "function_call"]
     call = r.output[1]

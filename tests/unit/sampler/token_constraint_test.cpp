@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -85,6 +86,29 @@ std::vector<int32_t> end_ids(const Tokenizer& tok) {
   return {*tok.token_to_id("<|im_end|>"), *tok.token_to_id("<|endoftext|>")};
 }
 
+// Compares a mask with brute force: end ids allowed iff `accepting`, special and empty tokens
+// never, every other token iff `walks(bytes)`. Prints the count and the mask's time.
+void expect_mask_equals(const std::vector<uint8_t>& mask, double ms, const std::string& label, bool accepting,
+                        const std::function<bool(std::string_view)>& walks) {
+  const Fixture& f = fixture();
+  size_t allowed = 0, mismatches = 0;
+  const auto ends = end_ids(f.tok);
+  for (size_t id = 0; id < mask.size(); ++id) {
+    const auto tid = static_cast<int32_t>(id);
+    bool expect;
+    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) expect = accepting;
+    else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) expect = false;
+    else expect = walks(f.vocab->bytes(tid));
+    allowed += mask[id];
+    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
+      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
+                    << ", automaton " << expect << " after '" << label << "'";
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_GT(allowed, 0u);
+  std::printf("mask after %-60s %6zu allowed, %.2f ms\n", ("'" + label + "'").substr(0, 60).c_str(), allowed, ms);
+}
+
 // The mask after feeding `prefix` (as token texts would: byte by byte) against brute force.
 void expect_mask_matches_brute_force(bool thinking, const std::string& prefix, std::optional<std::string> only = {}) {
   const Fixture& f = fixture();
@@ -104,27 +128,10 @@ void expect_mask_matches_brute_force(bool thinking, const std::string& prefix, s
   auto t0 = std::chrono::steady_clock::now();
   c.allowed_tokens(mask);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  size_t allowed = 0, mismatches = 0;
-  const auto ends = end_ids(f.tok);
-  for (size_t id = 0; id < mask.size(); ++id) {
-    const auto tid = static_cast<int32_t>(id);
-    bool expect;
-    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) {
-      expect = g.accepting(s);
-    } else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) {
-      expect = false;
-    } else {
-      ToolCallState t = s;
-      expect = g.step_all(t, f.vocab->bytes(tid));
-    }
-    allowed += mask[id];
-    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
-      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
-                    << ", automaton " << expect << " after '" << prefix << "'";
-  }
-  EXPECT_EQ(mismatches, 0u);
-  EXPECT_GT(allowed, 0u);
-  std::printf("mask after %-60s %6zu allowed, %.2f ms\n", ("'" + prefix + "'").substr(0, 60).c_str(), allowed, ms);
+  expect_mask_equals(mask, ms, prefix, g.accepting(s), [&](std::string_view b) {
+    ToolCallState t = s;
+    return g.step_all(t, b);
+  });
 }
 
 TEST(ToolCallConstraint, MasksEqualBruteForceAlongACall) {
@@ -164,37 +171,49 @@ TEST(ToolCallConstraint, WholeTagTokensAreAllowed) {
   EXPECT_FALSE(mask[static_cast<size_t>(*tc)]);
 }
 
+// Samples random logits (a stand-in for a random-weight model) under constraint c until an end
+// token or max_steps: the tokens before the end, whether it ended, and the masks' time.
+struct Sampled {
+  std::vector<int32_t> out;
+  bool ended = false;
+};
+Sampled sample_under(TokenConstraint& c, bool thinking, uint64_t seed, int max_steps, std::mt19937& rng,
+                     double& total_ms, int& steps) {
+  const Fixture& f = fixture();
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(f.vocab->size());
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.seed = seed;
+  sp.eos_token_ids = end_ids(f.tok);
+  if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};  // end the thought soon
+  Sampled s;
+  std::vector<uint8_t> mask(f.vocab->size());
+  for (int i = 0; i < max_steps && !s.ended; ++i) {
+    for (float& x : logits) x = normal(rng);
+    auto t0 = std::chrono::steady_clock::now();
+    c.allowed_tokens(mask);
+    total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++steps;
+    SampleResult r = sample_token(logits, sp, {}, s.out, mask);
+    c.accept(r.token);
+    s.ended = sp.is_stop_token(r.token);
+    if (!s.ended) s.out.push_back(r.token);
+  }
+  return s;
+}
+
 // Random logits (a stand-in for a random-weight model) under the mask: the sampled output is
 // always a complete call of the named function with schema-conforming arguments.
 TEST(ToolCallConstraint, RandomLogitsUnderTheMaskGiveValidCalls) {
   const Fixture& f = fixture();
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> logits(f.vocab->size());
   double total_ms = 0;
   int steps = 0;
   for (int trial = 0; trial < 6; ++trial) {
     const bool thinking = trial % 2 == 1;
     ToolCallConstraint c(grammar(thinking, std::string("get_weather")), f.vocab, end_ids(f.tok));
-    SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.seed = static_cast<uint64_t>(trial);
-    sp.eos_token_ids = end_ids(f.tok);
-    if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};  // end the thought soon
-    std::vector<int32_t> out;
-    std::vector<uint8_t> mask(f.vocab->size());
-    bool ended = false;
-    for (int i = 0; i < 200 && !ended; ++i) {
-      for (float& x : logits) x = normal(rng);
-      auto t0 = std::chrono::steady_clock::now();
-      c.allowed_tokens(mask);
-      total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++steps;
-      SampleResult r = sample_token(logits, sp, {}, out, mask);
-      c.accept(r.token);
-      ended = sp.is_stop_token(r.token);
-      if (!ended) out.push_back(r.token);
-    }
+    auto [out, ended] = sample_under(c, thinking, static_cast<uint64_t>(trial), 200, rng, total_ms, steps);
     ASSERT_TRUE(ended) << "no EOS in 200 tokens: " << f.tok.decode(out);
     OutputParserOptions po;
     po.thinking_enabled = thinking;
@@ -252,27 +271,10 @@ void expect_structured_mask(const std::shared_ptr<const JsonGrammar>& g, bool th
   auto t0 = std::chrono::steady_clock::now();
   c.allowed_tokens(mask);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  size_t allowed = 0, mismatches = 0;
-  const auto ends = end_ids(f.tok);
-  for (size_t id = 0; id < mask.size(); ++id) {
-    const auto tid = static_cast<int32_t>(id);
-    bool expect;
-    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) {
-      expect = c.accepting(s);
-    } else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) {
-      expect = false;
-    } else {
-      StructuredConstraint::State t = s;
-      expect = c.step_text(t, f.vocab->bytes(tid));
-    }
-    allowed += mask[id];
-    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
-      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
-                    << ", automaton " << expect << " after '" << prefix << "'";
-  }
-  EXPECT_EQ(mismatches, 0u);
-  EXPECT_GT(allowed, 0u);
-  std::printf("json mask after %-50s %6zu allowed, %.2f ms\n", ("'" + prefix + "'").substr(0, 50).c_str(), allowed, ms);
+  expect_mask_equals(mask, ms, prefix, c.accepting(s), [&](std::string_view b) {
+    StructuredConstraint::State t = s;
+    return c.step_text(t, b);
+  });
 }
 
 TEST(StructuredConstraint, MasksEqualBruteForce) {
@@ -298,32 +300,12 @@ TEST(StructuredConstraint, RandomLogitsUnderTheMaskGiveValidJson) {
   const Fixture& f = fixture();
   auto g = schema_grammar(kSchema);
   std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> logits(f.vocab->size());
   double total_ms = 0;
   int steps = 0, finished = 0;
   for (int trial = 0; trial < 4; ++trial) {
     const bool thinking = trial % 2 == 1;
     StructuredConstraint c(g, thinking, f.vocab, end_ids(f.tok));
-    SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.seed = static_cast<uint64_t>(trial);
-    sp.eos_token_ids = end_ids(f.tok);
-    if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};
-    std::vector<int32_t> out;
-    std::vector<uint8_t> mask(f.vocab->size());
-    bool ended = false;
-    for (int i = 0; i < 300 && !ended; ++i) {
-      for (float& x : logits) x = normal(rng);
-      auto t0 = std::chrono::steady_clock::now();
-      c.allowed_tokens(mask);
-      total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++steps;
-      SampleResult r = sample_token(logits, sp, {}, out, mask);
-      c.accept(r.token);
-      ended = sp.is_stop_token(r.token);
-      if (!ended) out.push_back(r.token);
-    }
+    auto [out, ended] = sample_under(c, thinking, static_cast<uint64_t>(trial), 300, rng, total_ms, steps);
     ASSERT_TRUE(ended) << "no EOS in 300 tokens: " << f.tok.decode(out);
     ++finished;
     std::string text = f.tok.decode(out);
