@@ -146,11 +146,9 @@ ApiResult<AnthropicRequest> parse_anthropic_request(std::string_view body, const
         out.notes.push_back("skipped tool " + p + " of type \"" + type + "\" (server tools have no runner here)");
         continue;
       }
-      if (!t.contains("name") || !t["name"].is_string()) return field_error(p + ".name", "must be a string");
-      RequestJson fn = {{"name", t["name"]}};
-      if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
-      fn["parameters"] = t.contains("input_schema") ? t["input_schema"] : RequestJson{{"type", "object"}};
-      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+      auto fn = as_function_tool(t, "input_schema", p);
+      if (!fn.ok()) return fn.error();
+      tools.push_back(std::move(*fn));
     }
     if (!tools.empty()) oa["tools"] = std::move(tools);
   }

@@ -189,6 +189,14 @@ ApiResult<RequestJson> validate_tools(const RequestJson& tools) {
   return tools;
 }
 
+ApiResult<RequestJson> as_function_tool(const RequestJson& t, const char* params_key, const std::string& path) {
+  if (!t.contains("name") || !t["name"].is_string()) return bad_request(path + ".name: must be a string", path + ".name");
+  RequestJson fn = {{"name", t["name"]}};
+  if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
+  fn["parameters"] = t.contains(params_key) && !t[params_key].is_null() ? t[params_key] : RequestJson{{"type", "object"}};
+  return RequestJson{{"type", "function"}, {"function", std::move(fn)}};
+}
+
 ApiResult<std::string> join_text_parts(const RequestJson& v, const std::string& path,
                                        std::initializer_list<std::string_view> text_types, std::string_view sep) {
   auto err = [](const std::string& p, const std::string& what) { return bad_request(p + ": " + what, p); };

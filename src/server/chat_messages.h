@@ -23,6 +23,12 @@ ApiResult<RequestJson> normalize_chat_messages(const RequestJson& messages);
 // "description"?, "parameters"?, "strict"?}}.
 ApiResult<RequestJson> validate_tools(const RequestJson& tools);
 
+// An OpenAI function tool from another API's tool object (Anthropic {name, description,
+// input_schema}, Responses {type: "function", name, description, parameters}): its "name",
+// "description" when a string, and `params_key`'s schema (an empty object schema when absent).
+// Errors name `path`.name when there is no string name.
+ApiResult<RequestJson> as_function_tool(const RequestJson& tool, const char* params_key, const std::string& path);
+
 // The text of a string, or of a list of content parts / blocks whose "type" is one of
 // text_types (their "text" joined with `sep`; "refusal" parts give their "refusal"). Image, file,
 // audio and document parts are refused (text only); other types are errors naming the path.

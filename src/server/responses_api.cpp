@@ -149,11 +149,9 @@ ApiResult<ResponsesRequest> parse_responses_request(std::string_view body, const
         out.notes.push_back("skipped tool " + p + " of type \"" + type + "\" (only function tools run here)");
         continue;
       }
-      if (!t.contains("name") || !t["name"].is_string()) return field_error(p + ".name", "must be a string");
-      RequestJson fn = {{"name", t["name"]}};
-      if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
-      fn["parameters"] = t.contains("parameters") && !t["parameters"].is_null() ? t["parameters"] : RequestJson{{"type", "object"}};
-      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+      auto fn = as_function_tool(t, "parameters", p);
+      if (!fn.ok()) return fn.error();
+      tools.push_back(std::move(*fn));
       echo_tools.push_back(t);
     }
     if (!tools.empty()) oa["tools"] = std::move(tools);
