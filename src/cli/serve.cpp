@@ -168,9 +168,8 @@ class StatsLogger {
 
 }  // namespace
 
-int run_serve(const ServeOptions& options, const RunnerFactory& make_runner) {
+int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   namespace fs = std::filesystem;
-  ServeOptions o = options;  // the model folder and the device get resolved below
   auto level = parse_log_level(o.log_level);
   if (!level) return fail("--log-level must be debug, info, warning or error, got '" + o.log_level + "'");
   set_log_level(*level);

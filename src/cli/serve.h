@@ -72,8 +72,8 @@ using RunnerFactory = std::function<Expected<std::unique_ptr<ModelRunner>>(
 
 // Checks the options, finds the model folder (o.model or the positional MODEL: a folder or a Hugging
 // Face id in the HF cache), resolves --device auto, loads the tokenizer, chat template and generation
-// defaults, sizes the state, builds the runner (with the resolved model folder and device in its
-// options) and serves until SIGTERM / SIGINT. Returns the process exit code.
-int run_serve(const ServeOptions& o, const RunnerFactory& make_runner);
+// defaults, sizes the state, builds the runner (o.model and o.device are resolved in place first)
+// and serves until SIGTERM / SIGINT. Returns the process exit code.
+int run_serve(ServeOptions& o, const RunnerFactory& make_runner);
 
 }  // namespace sparkserve::cli

@@ -1,6 +1,7 @@
 #include "server/anthropic_api.h"
 
 #include "server/chat_messages.h"
+#include "server/image_input.h"
 #include "server/sse.h"
 #include "text/py_json.h"
 
@@ -9,9 +10,14 @@ namespace {
 
 ApiError field_error(const std::string& path, const std::string& what) { return bad_request(path + ": " + what, path); }
 
-// Text of a string or a list of text blocks (system prompt, tool_result content).
+// Text of a string or a list of text blocks (the system prompt).
 ApiResult<std::string> text_of(const RequestJson& v, const std::string& path) {
   return join_text_parts(v, path, {"text"}, "\n");
+}
+
+// Chat content of a tool_result's content: text blocks, and image blocks as image_url parts.
+ApiResult<RequestJson> tool_result_content(const RequestJson& v, const std::string& path) {
+  return chat_content_of(v, path, {"text"}, "\n", "image", anthropic_image_block_to_chat_part);
 }
 
 // One Anthropic message -> zero or more OpenAI-style messages, appended to out.
@@ -30,7 +36,8 @@ std::optional<ApiError> translate_message(const RequestJson& m, const std::strin
     return std::nullopt;
   }
   if (!content.is_array()) return field_error(path + ".content", "must be a string or a list of content blocks");
-  std::string text, thinking;
+  std::string thinking;
+  RequestJson parts = RequestJson::array();  // text blocks, and a user's images, as chat parts
   RequestJson tool_calls = RequestJson::array();
   RequestJson tool_results = RequestJson::array();
   for (size_t i = 0; i < content.size(); ++i) {
@@ -41,7 +48,11 @@ std::optional<ApiError> translate_message(const RequestJson& m, const std::strin
     const std::string type = b["type"].get<std::string>();
     if (type == "text") {
       if (!b.contains("text") || !b["text"].is_string()) return field_error(p + ".text", "must be a string");
-      text += b["text"].get<std::string>();
+      parts.push_back({{"type", "text"}, {"text", b["text"]}});
+    } else if (type == "image" && role == "user") {
+      auto part = anthropic_image_block_to_chat_part(b, p);
+      if (!part.ok()) return part.error();
+      parts.push_back(std::move(*part));
     } else if (type == "thinking" && role == "assistant") {
       if (b.contains("thinking") && b["thinking"].is_string()) thinking += b["thinking"].get<std::string>();
     } else if (type == "redacted_thinking" && role == "assistant") {
@@ -56,26 +67,31 @@ std::optional<ApiError> translate_message(const RequestJson& m, const std::strin
     } else if (type == "tool_result" && role == "user") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
         return field_error(p + ".tool_use_id", "must be a string");
-      std::string result;
+      RequestJson result = std::string();
       if (b.contains("content") && !b["content"].is_null()) {
-        auto t = text_of(b["content"], p + ".content");
-        if (!t.ok()) return t.error();
-        result = *t;
+        auto c = tool_result_content(b["content"], p + ".content");
+        if (!c.ok()) return c.error();
+        result = std::move(*c);
       }
-      if (b.value("is_error", false)) result = "Error: " + result;
-      tool_results.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
-    } else if (type == "image" || type == "document") {
-      return field_error(p, "\"" + type + "\" blocks are not supported yet (text only)");
+      if (b.value("is_error", false)) {
+        if (result.is_string()) result = "Error: " + result.get<std::string>();
+        else result.insert(result.begin(), RequestJson{{"type", "text"}, {"text", "Error: "}});
+      }
+      tool_results.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", std::move(result)}});
+    } else if (type == "document") {
+      return field_error(p, "\"document\" blocks are not supported (text and images only)");
     } else {
       return field_error(p, "block type \"" + type + "\" is not supported in a " + role + " message");
     }
   }
   for (auto& r : tool_results) out.push_back(std::move(r));
+  RequestJson chat_content = chat_content_from_parts(std::move(parts), "");
   if (role == "user") {
-    if (!text.empty() || tool_results.empty()) out.push_back({{"role", "user"}, {"content", text}});
+    if (!(chat_content.is_string() && chat_content.get<std::string>().empty()) || tool_results.empty())
+      out.push_back({{"role", "user"}, {"content", std::move(chat_content)}});
     return std::nullopt;
   }
-  RequestJson a = {{"role", "assistant"}, {"content", text}};
+  RequestJson a = {{"role", "assistant"}, {"content", std::move(chat_content)}};
   if (!thinking.empty()) a["reasoning_content"] = thinking;
   if (!tool_calls.empty()) a["tool_calls"] = std::move(tool_calls);
   out.push_back(std::move(a));

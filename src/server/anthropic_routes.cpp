@@ -34,7 +34,9 @@ void handle_messages(ServeContext& ctx, const http::Request& req, ResponderPtr r
   const bool thinking = parsed->thinking && !parsed->omit_thinking;
   auto usage = [gens] {
     const UsageInfo u = usage_of(gens);
-    return AnthropicUsage{u.prompt_tokens, u.completion_tokens, u.cached_tokens.value_or(0)};
+    // Anthropic counts input_tokens after the cache: the prompt is input + cache_read_input_tokens.
+    const int64_t cached = u.cached_tokens.value_or(0);
+    return AnthropicUsage{u.prompt_tokens - cached, u.completion_tokens, cached};
   };
 
   if (!chat.stream) {
@@ -72,7 +74,7 @@ void handle_count_tokens(ServeContext& ctx, const http::Request& req, ResponderP
   const ChatRequest& c = parsed->chat;
   auto ids = encode_chat(ctx, c.messages, c.tools, c.add_generation_prompt, c.chat_template_kwargs);
   if (!ids.ok()) return send_anthropic_error(*res, ids.error());
-  send_json(*res, {{"input_tokens", ids->size()}});
+  send_json(*res, {{"input_tokens", ids->ids.size()}});
 }
 
 }  // namespace

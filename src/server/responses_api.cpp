@@ -1,6 +1,7 @@
 #include "server/responses_api.h"
 
 #include "server/chat_messages.h"
+#include "server/image_input.h"
 #include "server/sse.h"
 
 namespace sparkserve {
@@ -11,6 +12,12 @@ ApiError field_error(const std::string& path, const std::string& what) { return 
 // Text of message content: a string, or input_text / output_text / text / refusal parts.
 ApiResult<std::string> content_text(const RequestJson& c, const std::string& path) {
   return join_text_parts(c, path, {"input_text", "output_text", "text"}, "");
+}
+
+// Chat content of a user message or a function call's output: text parts, and input_image parts
+// as image_url parts.
+ApiResult<RequestJson> content_with_images(const RequestJson& c, const std::string& path) {
+  return chat_content_of(c, path, {"input_text", "output_text", "text"}, "", "input_image", responses_image_part_to_chat_part);
 }
 
 // Builds the chat messages from `input` items.
@@ -25,13 +32,18 @@ class InputTranslator {
     if (type == "message") {
       if (!item.contains("role") || !item["role"].is_string()) return field_error(path + ".role", "is required");
       const std::string role = item["role"].get<std::string>();
-      auto text = content_text(item.contains("content") ? item["content"] : RequestJson(), path + ".content");
+      const RequestJson content = item.contains("content") ? item["content"] : RequestJson();
+      if (role == "user") {
+        auto c = content_with_images(content, path + ".content");
+        if (!c.ok()) return c.error();
+        messages_.push_back({{"role", "user"}, {"content", std::move(*c)}});
+        return std::nullopt;
+      }
+      auto text = content_text(content, path + ".content");
       if (!text.ok()) return text.error();
       if (role == "system" || role == "developer") {
         if (!system_.empty() && !text->empty()) system_ += "\n\n";
         system_ += *text;
-      } else if (role == "user") {
-        messages_.push_back({{"role", "user"}, {"content", *text}});
       } else if (role == "assistant") {
         RequestJson& a = assistant();
         a["content"] = a["content"].get<std::string>() + *text;
@@ -52,9 +64,9 @@ class InputTranslator {
     }
     if (type == "function_call_output") {
       if (!item.contains("call_id") || !item["call_id"].is_string()) return field_error(path + ".call_id", "must be a string");
-      auto out = content_text(item.contains("output") ? item["output"] : RequestJson(), path + ".output");
+      auto out = content_with_images(item.contains("output") ? item["output"] : RequestJson(), path + ".output");
       if (!out.ok()) return out.error();
-      messages_.push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", *out}});
+      messages_.push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", std::move(*out)}});
       return std::nullopt;
     }
     if (type == "reasoning") {

@@ -1,5 +1,6 @@
 #include "server/route_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 
@@ -19,11 +20,17 @@ struct Prepared {
 
 // Context-length check and sampling parameters, shared by every route.
 ApiResult<Prepared> prepare(const ServeContext& ctx, const GenerationRequest& r, std::vector<int32_t> prompt) {
+  if (prompt.empty()) return bad_request("the prompt is empty (the chat template rendered no tokens)", "messages");
   std::optional<int64_t> max_tokens = r.sampling.max_tokens;
   const int64_t left = ctx.info.max_model_len - static_cast<int64_t>(prompt.size());
   if (r.clamp_max_tokens && max_tokens && left >= 1 && *max_tokens > left) max_tokens = left;
   auto budget = check_context_length(static_cast<int64_t>(prompt.size()), max_tokens, ctx.info.max_model_len);
   if (!budget.ok()) return budget.error();
+  if (r.sampling.min_tokens && *r.sampling.min_tokens > *budget)
+    return bad_request("min_tokens=" + std::to_string(*r.sampling.min_tokens) + " cannot be reached: the prompt has " +
+                           std::to_string(prompt.size()) + " tokens and the context holds " +
+                           std::to_string(ctx.info.max_model_len) + ", so at most " + std::to_string(*budget) +
+                           " can be generated", "min_tokens");
   Prepared p;
   p.prompt = std::move(prompt);
   p.params = resolve_sampling_params(r.sampling, ctx.defaults, *budget);
@@ -47,7 +54,6 @@ GenerationPtr new_generation(ServeContext& ctx, const GenerationRequest& r, std:
   g->er->id = g_next_request_id.fetch_add(1);
   g->er->prompt = std::move(prompt);
   g->er->params = std::move(params);
-  g->er->forced_tokens = ctx.forced_tokens;
   g->num_logprobs = g->er->params.num_logprobs;
   DetokenizerOptions dopt;
   dopt.stop = r.stop;
@@ -173,8 +179,18 @@ std::optional<ApiError> overloaded(const ServeContext& ctx) {
                             std::to_string(ctx.max_waiting_requests) + "); retry later");
 }
 
+std::optional<ApiError> over_context_bytes(const ServeContext& ctx, size_t bytes, const char* what, const char* param) {
+  const uint64_t limit = static_cast<uint64_t>(ctx.info.max_model_len) * std::max<size_t>(ctx.max_token_bytes, 1) * 3;
+  if (bytes <= limit) return std::nullopt;
+  return bad_request(std::string(what) + " is " + std::to_string(bytes) + " bytes: more than the context can hold (max_model_len " +
+                         std::to_string(ctx.info.max_model_len) + " tokens of at most " + std::to_string(ctx.max_token_bytes) +
+                         " bytes each; requests over " + std::to_string(limit) + " bytes are refused before tokenizing)",
+                     param);
+}
+
 ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::string& text, bool add_special,
                                             const char* param) {
+  if (auto e = over_context_bytes(ctx, text.size(), param, param)) return *e;
   auto enc = ctx.tokenizer->encode(text);
   if (!enc.ok()) return bad_request(enc.message(), param);
   std::vector<int32_t> ids;
@@ -184,19 +200,41 @@ ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::
   return ids;
 }
 
-ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
-                                            const RequestJson& tools, bool add_generation_prompt,
-                                            const RequestJson& chat_template_kwargs) {
+ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& messages, const RequestJson& tools,
+                                  bool add_generation_prompt, const RequestJson& chat_template_kwargs,
+                                  int64_t* generation_prompt_start) {
+  auto images = load_chat_images(messages, ctx.image_input);
+  if (!images.ok()) return images.error();
   OrderedJson tmpl_req = OrderedJson::object();
   tmpl_req["messages"] = messages;
   if (!tools.is_null()) tmpl_req["tools"] = tools;
   tmpl_req["add_generation_prompt"] = add_generation_prompt;
   tmpl_req["chat_template_kwargs"] = chat_template_kwargs;
   auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
-  if (!rendered.ok()) return bad_request("chat template: " + rendered.message(), "messages");
+  if (!rendered.ok()) return bad_request("chat template " + ctx.chat_template->origin + ": " + rendered.message(), "messages");
+  if (auto e = over_context_bytes(ctx, rendered->size(), "the rendered chat prompt", "messages")) return *e;
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
-  return std::vector<int32_t>(ids->begin(), ids->end());
+  // Tokens of the generation prompt (the rendered suffix that add_generation_prompt appends).
+  int64_t suffix_tokens = -1;
+  if (generation_prompt_start) {
+    tmpl_req["add_generation_prompt"] = false;
+    auto bare = add_generation_prompt ? render_chat_request(*ctx.chat_template, tmpl_req) : rendered;
+    // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
+    // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
+    if (bare.ok() && rendered->size() > bare->size() && rendered->compare(0, bare->size(), *bare) == 0)
+      if (auto suffix = ctx.tokenizer->encode(std::string_view(*rendered).substr(bare->size())); suffix.ok())
+        suffix_tokens = static_cast<int64_t>(suffix->size());
+  }
+  ChatPrompt p;
+  p.ids.assign(ids->begin(), ids->end());
+  auto mm = expand_image_tokens(p.ids, std::move(*images), ctx.image_input);
+  if (!mm.ok()) return mm.error();
+  p.mm = std::move(*mm);
+  // The suffix holds no image, so it ends the expanded ids too.
+  if (generation_prompt_start)
+    *generation_prompt_start = suffix_tokens >= 0 ? static_cast<int64_t>(p.ids.size()) - suffix_tokens : -1;
+  return p;
 }
 
 bool thinking_enabled(const RequestJson& kwargs) {
@@ -208,9 +246,11 @@ ApiResult<std::vector<GenerationPtr>> start_chat(ServeContext& ctx, const ChatRe
   if (r.continue_final_message)
     return bad_request("continue_final_message is not supported yet", "continue_final_message");
   if (!ctx.chat_template) return no_chat_template(ctx);
-  auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs);
+  int64_t generation_prompt_start = -1;
+  auto prompt = encode_chat(ctx, r.messages, r.tools, r.add_generation_prompt, r.chat_template_kwargs,
+                            &generation_prompt_start);
   if (!prompt.ok()) return prompt.error();
-  auto prep = prepare(ctx, r, std::move(*prompt));
+  auto prep = prepare(ctx, r, std::move(prompt->ids));
   if (!prep.ok()) return prep.error();
   const bool thinking = thinking_enabled(r.chat_template_kwargs);
   std::vector<GenerationPtr> gens;
@@ -220,6 +260,8 @@ ApiResult<std::vector<GenerationPtr>> start_chat(ServeContext& ctx, const ChatRe
     if (!constraint.ok()) return constraint.error();
     GenerationPtr g = new_generation(ctx, r, prep->prompt, std::move(sp));
     g->er->constraint = std::move(*constraint);
+    if (generation_prompt_start > 0) g->er->snapshot_hints.push_back(generation_prompt_start);
+    g->er->mm = prompt->mm;
     OutputParserOptions popt;
     popt.thinking_enabled = thinking;
     popt.parse_tools = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;
@@ -263,7 +305,11 @@ UsageInfo usage_of(const std::vector<GenerationPtr>& gens, size_t choices_per_pr
   UsageInfo u;
   const size_t per = choices_per_prompt == 0 ? gens.size() : choices_per_prompt;
   for (size_t i = 0; i < gens.size(); ++i) {
-    if (i % per == 0) u.prompt_tokens += static_cast<int64_t>(gens[i]->er->prompt.size());
+    if (i % per == 0) {
+      u.prompt_tokens += static_cast<int64_t>(gens[i]->er->prompt.size());
+      // As OpenAI reports it (vLLM only with --enable-prompt-tokens-details): known once a token came.
+      if (gens[i]->cached_tokens >= 0) u.cached_tokens = u.cached_tokens.value_or(0) + gens[i]->cached_tokens;
+    }
     u.completion_tokens += static_cast<int64_t>(gens[i]->token_ids.size());
   }
   return u;

@@ -33,26 +33,45 @@ ApiError drained_error();
 // A bounded engine queue: past it a new generation is refused at once (503 + Retry-After).
 std::optional<ApiError> overloaded(const ServeContext& ctx);
 
+// Text longer than this cannot fit in the context whatever it holds (each token covers at most
+// ctx.max_token_bytes bytes, and NFC normalization shrinks UTF-8 at most 3x: three 3-byte Hangul
+// jamo compose into one 3-byte syllable), so it is refused before tokenizing: the work and the
+// memory of a request stay proportional to the context, not to the body.
+std::optional<ApiError> over_context_bytes(const ServeContext& ctx, size_t bytes, const char* what, const char* param);
+
 // Plain text -> ids (BOS first when the tokenizer adds one and add_special is set).
 ApiResult<std::vector<int32_t>> encode_text(const ServeContext& ctx, const std::string& text, bool add_special,
                                             const char* param);
+
+// A chat prompt: token ids (each image placeholder expanded to its image's token count) and the
+// images with their M-RoPE positions (null for text).
+struct ChatPrompt {
+  std::vector<int32_t> ids;
+  std::shared_ptr<MultimodalPrompt> mm;
+};
+
 // Chat messages rendered with the model's chat template (ctx.chat_template must be set), then
-// tokenized. Errors are 400s on "messages".
-ApiResult<std::vector<int32_t>> encode_chat(const ServeContext& ctx, const RequestJson& messages,
-                                            const RequestJson& tools, bool add_generation_prompt,
-                                            const RequestJson& chat_template_kwargs);
+// tokenized; the messages' images decoded and their placeholders expanded. Errors are 400s on
+// "messages" (or the image part at fault). generation_prompt_start (optional): where the template's
+// generation prompt begins in the ids (-1 when there is none or it cannot be told), the point from
+// which the next turn of the conversation renders this turn's reply differently.
+ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& messages, const RequestJson& tools,
+                                  bool add_generation_prompt, const RequestJson& chat_template_kwargs,
+                                  int64_t* generation_prompt_start = nullptr);
 
 // chat_template_kwargs.enable_thinking is not exactly false.
 bool thinking_enabled(const RequestJson& chat_template_kwargs);
 
-// The `n` generations of a chat request (not yet submitted): prompt rendered and tokenized,
-// context checked, sampling resolved (choice i > 0 of a seeded request uses seed + i), the
-// constraint of tool_choice required / named or of structured outputs, and the output parser.
+// The `n` generations of a chat request (not yet submitted): prompt rendered and tokenized (with
+// its images, and the prefix cache's hint where the generation prompt starts), context checked,
+// sampling resolved (choice i > 0 of a seeded request uses seed + i), the constraint of
+// tool_choice required / named or of structured outputs, and the output parser.
 ApiResult<std::vector<GenerationPtr>> start_chat(ServeContext& ctx, const ChatRequest& r);
 // The generations of a completion request: n per prompt, prompt-major.
 ApiResult<std::vector<GenerationPtr>> start_completion(ServeContext& ctx, const CompletionRequest& r);
 
-// Usage over choices: prompt tokens once per distinct prompt, completion tokens of all.
+// Usage over choices: prompt tokens (and cached tokens, once known) once per distinct prompt,
+// completion tokens of all.
 UsageInfo usage_of(const std::vector<GenerationPtr>& gens, size_t choices_per_prompt = 0);
 
 // How a route answers failures (its own error object).
