@@ -93,6 +93,66 @@ TEST(ResponsesApi, InputItemsBecomeChatMessages) {
   EXPECT_EQ(*r->chat.sampling.max_tokens, 7);
 }
 
+// Images become the chat path's image_url parts (data: URLs; image_input.h decodes them with the
+// request's other images), in block order among the text; an image-free list stays a string.
+TEST(AgentApis, ImagePartsBecomeChatImageUrlParts) {
+  const std::string png = "iVBORw0KGgo=";  // the bytes are only decoded when the images load
+  auto a = parse_anthropic_request(R"({"model":"m","max_tokens":5,"messages":[
+    {"role":"user","content":[{"type":"text","text":"What is"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":")" + png + R"("}},{"type":"text","text":"?"}]},
+    {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"shot","input":{}}]},
+    {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":[{"type":"image","source":{"type":"base64","media_type":"image/jpeg","data":"AA=="}}]}]}]})",
+                                   info());
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  const auto& am = a->chat.messages;
+  ASSERT_EQ(am.size(), 3u);
+  ASSERT_TRUE(am[0]["content"].is_array());
+  EXPECT_EQ(am[0]["content"][0], OrderedJson::parse(R"({"type":"text","text":"What is"})"));
+  EXPECT_EQ(am[0]["content"][1]["image_url"]["url"], "data:image/png;base64," + png);
+  EXPECT_EQ(am[0]["content"][2]["text"], "?");
+  EXPECT_EQ(am[2]["role"], "tool");
+  EXPECT_EQ(am[2]["content"][0]["text"], "Error: ");
+  EXPECT_EQ(am[2]["content"][1]["image_url"]["url"], "data:image/jpeg;base64,AA==");
+
+  auto r = parse_responses_request(R"({"model":"m","input":[
+    {"role":"user","content":[{"type":"input_text","text":"Describe"},{"type":"input_image","image_url":"data:image/png;base64,)" + png + R"(","detail":"low"}]},
+    {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+    {"type":"function_call_output","call_id":"c1","output":[{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},
+    {"role":"user","content":[{"type":"input_text","text":"plain"}]}]})", info());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const auto& rm = r->chat.messages;
+  ASSERT_EQ(rm.size(), 4u);
+  EXPECT_EQ(rm[0]["content"][1], OrderedJson::parse(R"({"type":"image_url","image_url":{"url":"data:image/png;base64,)" + png +
+                                                    R"(","detail":"low"}})"));
+  EXPECT_EQ(rm[2]["content"][0]["image_url"]["url"], "data:image/png;base64,AA==");
+  EXPECT_EQ(rm[3]["content"], "plain");
+
+  // Refusals name the part: URL sources (no network), file ids (no file store), a bad detail,
+  // an image in an assistant or system turn.
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://x"}}]}]})",
+            "messages[0].content[0].source.type"},
+           {R"({"max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}]})",
+            "messages[0].content[0]"},
+           {R"({"max_tokens":5,"system":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}],"messages":[]})",
+            "system[0]"}}) {
+    auto bad = parse_anthropic_request(body, info());
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.error().status, 400);
+    EXPECT_EQ(bad.error().param, param) << bad.error().message;
+  }
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"input":[{"role":"user","content":[{"type":"input_image","file_id":"file-1"}]}]})", "input[0].content[0].file_id"},
+           {R"({"input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AA==","detail":"huge"}]}]})",
+            "input[0].content[0].detail"},
+           {R"({"input":[{"role":"system","content":[{"type":"input_image","image_url":"data:image/png;base64,AA=="}]}]})",
+            "input[0].content[0]"}}) {
+    auto bad = parse_responses_request(body, info());
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.error().status, 400);
+    EXPECT_EQ(bad.error().param, param) << bad.error().message;
+  }
+}
+
 TEST(ResponsesApi, StreamSequenceNumbersAndItems) {
   ResponsesStream s("resp_1", 0, "m", OrderedJson::object(), true);
   std::string out = s.start();
