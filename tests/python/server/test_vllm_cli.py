@@ -32,22 +32,12 @@ def long_model(tiny_model, tmp_path_factory):
     return str(d)
 
 
-def serve_help():
-    return subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True).stdout
-
-
 def vllm_flags():
-    flags = ["--max-model-len", "32k", "--enable-prefix-caching", "--tool-call-parser", "qwen3_coder",
-             "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--dtype", "auto", "--trust-remote-code",
-             "--tensor-parallel-size", "1", "--seed", "7"]
-    # --gpu-memory-utilization and --kv-cache-dtype come with the KV-cache work (another branch);
-    # passed whenever this binary knows them.
-    helptext = serve_help()
-    if "--gpu-memory-utilization" in helptext:
-        flags = ["--gpu-memory-utilization", "0.9"] + flags
-    if "--kv-cache-dtype" in helptext:
-        flags += ["--kv-cache-dtype", "auto"]
-    return flags
+    # A vLLM launch line for Qwen3.5, every flag as vLLM spells it.
+    return ["--gpu-memory-utilization", "0.9", "--max-model-len", "32k", "--enable-prefix-caching",
+            "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
+            "--dtype", "auto", "--trust-remote-code", "--tensor-parallel-size", "1", "--seed", "7",
+            "--kv-cache-dtype", "auto"]
 
 
 @pytest.fixture(scope="module")
