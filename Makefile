@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 # tokenizer (248k vocab) and chat template, generated into the build folder on first use.
 MODEL ?= $(BUILD_DIR)/serve-tiny
 SERVED_MODEL_NAME ?= sparkserve-tiny
+# auto: the GPU when this build has the CUDA backend and one answers, else the CPU.
+DEVICE ?= auto
 HOST ?= 127.0.0.1
 PORT ?= 8000
 # Seconds each fuzz target runs in `make test` (a smoke run; longer runs: tests/fuzz/run_fuzz.sh N).
@@ -23,7 +25,8 @@ endif
 APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
   nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libpcre2-dev libutf8proc-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv python3-pip \
-  libjpeg62-turbo-dev libpng-dev libwebp-dev libgif-dev
+  libjpeg62-turbo-dev libpng-dev libwebp-dev libgif-dev \
+  chromium chromium-driver
 
 .PHONY: all deps apt-deps py-deps build test serve bench clean
 
@@ -63,7 +66,7 @@ test: deps build
 serve: build
 	@if [ "$(MODEL)" = "$(BUILD_DIR)/serve-tiny" ]; then \
 	  python3 tests/fixtures/serve-tiny/make_model.py $(BUILD_DIR)/sparkserve $(BUILD_DIR)/serve-tiny; fi
-	$(BUILD_DIR)/sparkserve serve --model $(MODEL) --served-model-name $(SERVED_MODEL_NAME) --host $(HOST) --port $(PORT)
+	$(BUILD_DIR)/sparkserve serve $(MODEL) --served-model-name $(SERVED_MODEL_NAME) --host $(HOST) --port $(PORT) --device $(DEVICE)
 
 bench: build
 	@echo "see bench/README.md"

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "cli/command.h"
+#include "cli/version.h"
 
 namespace sparkserve::cli {
 std::vector<RegisterFn>& command_registry() {
@@ -14,6 +15,7 @@ std::vector<RegisterFn>& command_registry() {
 int main(int argc, char** argv) {
   CLI::App app{"sparkserve: serves Qwen3.5 hybrid models over an OpenAI-compatible API"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", sparkserve::cli::version_line());
   int exit_code = 0;
   for (auto fn : sparkserve::cli::command_registry()) fn(app, exit_code);
   try {

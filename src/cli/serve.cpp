@@ -1,8 +1,11 @@
-// `sparkserve serve --model DIR`: the OpenAI-compatible HTTP server. Loads the model, tokenizer,
+// `sparkserve serve MODEL` (or --model DIR): the OpenAI-compatible HTTP server. Loads the model, tokenizer,
 // chat template and generation defaults from DIR, sizes the KV blocks and GDN state slots once,
 // starts the engine thread and serves until SIGTERM / SIGINT (then: stop accepting, cancel
 // what is running, exit 0).
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <csignal>
 #include <malloc.h>
 #include <pthread.h>
@@ -10,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <sys/resource.h>
 #include <thread>
 
@@ -18,12 +22,15 @@
 #include "cli/kv_sizing.h"
 #include "cli/model_args.h"
 #include "cli/serve.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "http/server.h"
+#include "loader/model_path.h"
 #include "model/load.h"
 #include "runtime/engine.h"
 #include "runtime/token_constraint.h"
 #include "server/handlers.h"
+#include "server/request_log.h"
 
 namespace sparkserve::cli {
 namespace {
@@ -82,10 +89,103 @@ class CheckpointRunner final : public ModelRunner {
   Qwen35Runner runner_;
 };
 
+// The notes for vLLM flags that mean nothing here; an error for values that cannot be honoured.
+std::optional<std::string> vllm_flag_notes(const ServeOptions& o) {
+  auto note = [](const std::string& m) { log_line(LogLevel::kInfo, "note: " + m); };
+  if (!o.tool_call_parser.empty()) {
+    if (o.tool_call_parser != "qwen3_coder" && o.tool_call_parser != "qwen3_xml")
+      log_line(LogLevel::kWarning, "--tool-call-parser " + o.tool_call_parser +
+                                       ": this server parses the qwen3_coder format Qwen3.5 writes, whatever the flag says");
+    else
+      note("--tool-call-parser " + o.tool_call_parser + ": tool calls are always parsed in the qwen3_coder format");
+  }
+  if (!o.reasoning_parser.empty())
+    note("--reasoning-parser " + o.reasoning_parser + ": reasoning is always split at </think> (vLLM's qwen3 parser)");
+  if (o.enable_auto_tool_choice) note("--enable-auto-tool-choice: tool_choice \"auto\" is always available");
+  if (!o.dtype.empty() && o.dtype != "auto")
+    log_line(LogLevel::kWarning, "--dtype " + o.dtype + ": ignored; weights are used in the formats the checkpoint stores");
+  else if (!o.dtype.empty())
+    note("--dtype auto: weights are used in the formats the checkpoint stores");
+  if (o.trust_remote_code) note("--trust-remote-code: no code from the model folder is ever run");
+  if (o.enable_prefix_caching && o.no_prefix_caching)
+    return std::string("--enable-prefix-caching and --no-prefix-caching contradict each other; give one");
+  if (o.enable_prefix_caching) note("--enable-prefix-caching: prefix caching is on by default");
+  if (o.tensor_parallel_size > 1 || o.tensor_parallel_size < 0)
+    return "--tensor-parallel-size " + std::to_string(o.tensor_parallel_size) + ": sparkserve runs on one GPU only";
+  if (o.tensor_parallel_size == 1) note("--tensor-parallel-size 1: one device");
+  return std::nullopt;
+}
+
+// Prompt / generation throughput, running / waiting requests and KV usage every `interval`
+// seconds while the server has work (vLLM's periodic stats line).
+class StatsLogger {
+ public:
+  StatsLogger(const ServerMetrics& m, double interval) : m_(m), interval_(interval) {
+    if (interval_ > 0) thread_ = std::thread([this] { loop(); });
+  }
+  ~StatsLogger() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    MetricsSnapshot last = m_.snapshot();
+    auto t_last = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::duration<double>(interval_), [this] { return stop_; })) {
+      const MetricsSnapshot now = m_.snapshot();
+      const auto t = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(t - t_last).count();
+      const bool busy = now.running > 0 || now.waiting > 0 || now.prompt_tokens != last.prompt_tokens ||
+                        now.generation_tokens != last.generation_tokens;
+      if (busy && dt > 0) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "throughput: prompt %.1f tokens/s, generation %.1f tokens/s, running %lld, waiting %lld, "
+                      "KV cache usage %.1f%%, finished %llu",
+                      static_cast<double>(now.prompt_tokens - last.prompt_tokens) / dt,
+                      static_cast<double>(now.generation_tokens - last.generation_tokens) / dt,
+                      static_cast<long long>(now.running), static_cast<long long>(now.waiting), now.kv_usage * 100,
+                      static_cast<unsigned long long>(now.finished));
+        log_line(LogLevel::kInfo, line);
+      }
+      last = now;
+      t_last = t;
+    }
+  }
+  const ServerMetrics& m_;
+  double interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
-int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
+int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   namespace fs = std::filesystem;
+  auto level = parse_log_level(o.log_level);
+  if (!level) return fail("--log-level must be debug, info, warning or error, got '" + o.log_level + "'");
+  set_log_level(*level);
+  int64_t max_model_len_arg = 0;
+  if (!o.max_model_len.empty()) {
+    auto n = parse_token_count(o.max_model_len, "--max-model-len");
+    if (!n.ok()) return fail(n.message());
+    max_model_len_arg = *n < 0 ? 0 : *n;
+  }
+  if (auto e = vllm_flag_notes(o)) return fail(*e);
+  auto cors = parse_allowed_origins(o.allowed_origins, o.allow_credentials);
+  if (!cors.ok()) return fail(cors.message());
+  if (o.log_stats_interval < 0) return fail("--log-stats-interval must be >= 0 (0: off)");
+  set_request_logging(!o.disable_log_requests);
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    return fail("--device must be auto, cpu or cuda, got '" + o.device + "'");
   if (o.port < 0 || o.port > 65535) return fail("--port must be in [0, 65535]");
   if (o.max_num_seqs < 1) return fail("--max-num-seqs must be >= 1");
   if (o.max_num_batched_tokens < 0) return fail("--max-num-batched-tokens must be >= 1 (0: 8192 on cuda, 2048 on cpu)");
@@ -94,8 +194,6 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (o.kv_cache_mb < 0) return fail("--kv-cache-mb must be >= 1 (0: from --gpu-memory-utilization)");
   if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
     return fail("--gpu-memory-utilization must be in (0, 1]");
-  auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
-  if (!kv_dtype) return fail(kv_dtype.message());
   if (o.max_body_bytes < 1024) return fail("--max-body-bytes must be >= 1024");
   if (o.threads < 0 || o.threads > kMaxThreads) return fail("--threads must be in [1, 1024] (0: all cores)");
   if (o.http_workers < 1 || o.http_workers > 256) return fail("--http-workers must be in [1, 256]");
@@ -106,6 +204,29 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   if (o.prefix_cache_state_mb < 0) return fail("--prefix-cache-state-mb must be >= 0");
   if (o.prefix_cache_snapshot_interval < 0) return fail("--prefix-cache-snapshot-interval must be >= 0 (0: none)");
   if (auto load_opts = make_load_options(o.load); !load_opts) return fail(load_opts.message());
+  // The model last among the checks of the arguments: a flag's error names the flag even when
+  // the folder is wrong too.
+  if (!o.model_pos.empty() && !o.model.empty() && o.model_pos != o.model)
+    return fail("the model is given twice ('" + o.model_pos + "' and --model '" + o.model + "'); give one");
+  if (o.model.empty()) o.model = o.model_pos;
+  if (o.model.empty()) return fail("no model: sparkserve serve MODEL_DIR (or --model MODEL_DIR)");
+  const std::string model_arg = o.model;
+  auto located = resolve_model_dir(o.model);
+  if (!located.ok()) return fail(located.message());
+  o.model = located->dir;
+  if (!located->note.empty()) log_line(LogLevel::kInfo, located->note);
+
+  // --device auto: the GPU when this build has the CUDA backend and a device answers.
+  if (o.device == "auto") {
+    o.device = "cpu";
+    if (build_has_cuda()) {
+      if (auto probe = make_backend("cuda", 1); probe.ok()) o.device = "cuda";
+      else log_line(LogLevel::kInfo, "--device auto: " + probe.message() + "; using the CPU");
+    }
+    log_line(LogLevel::kInfo, "--device auto: using " + o.device);
+  }
+  auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
+  if (!kv_dtype) return fail(kv_dtype.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
   // concurrent streams): logits buffers of varying size (rows x vocab floats) fall under the
@@ -127,11 +248,31 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (!fs::exists(fs::path(o.model) / "tokenizer.json"))
+    return fail("'" + o.model + "' has no tokenizer.json: sparkserve needs the Hugging Face tokenizer next to the "
+                "weights. A checkpoint written by `sparkserve synth` holds weights only: copy a tokenizer.json and "
+                "tokenizer_config.json in whose vocabulary fits the model's vocab_size (tests/fixtures/serve-tiny/make_model.py "
+                "does this with the Qwen3.5 tokenizer and --vocab 248077)");
   auto tokenizer = Tokenizer::load(o.model);
   if (!tokenizer.ok()) return fail("tokenizer: " + tokenizer.message());
   std::optional<ChatTemplate> tmpl;
   std::string template_error;  // a template that exists but cannot be used
-  if (auto t = load_chat_template(o.model); t.ok()) {
+  if (!o.chat_template.empty()) {
+    // vLLM's --chat-template: a file, or the template text itself.
+    std::string source = o.chat_template, origin = "--chat-template";
+    if (fs::is_regular_file(o.chat_template)) {
+      std::ifstream in(o.chat_template, std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      source = ss.str();
+      origin = o.chat_template;
+    } else if (o.chat_template.find("{%") == std::string::npos && o.chat_template.find("{{") == std::string::npos) {
+      return fail("--chat-template: '" + o.chat_template + "' is neither a file nor a Jinja template");
+    }
+    auto t = chat_template_from_source(source, origin, (fs::path(o.model) / "tokenizer_config.json").string());
+    if (!t.ok()) return fail("--chat-template: " + t.message());
+    tmpl = std::move(*t);
+  } else if (auto t = load_chat_template(o.model); t.ok()) {
     tmpl = std::move(*t);
   } else if (chat_template_present(o.model)) {
     template_error = t.message();
@@ -147,7 +288,9 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   const ModelConfig& c = *config;
   if (static_cast<int64_t>(tokenizer->vocab_size()) > c.vocab_size)
     return fail("the tokenizer has " + std::to_string(tokenizer->vocab_size()) + " ids but the model's vocab_size is " +
-                std::to_string(c.vocab_size));
+                std::to_string(c.vocab_size) + ": the model has no embedding or logit for the tokenizer's highest ids. "
+                "Use the tokenizer the checkpoint was trained with (for a `sparkserve synth` checkpoint: make it with "
+                "--vocab " + std::to_string(tokenizer->vocab_size()) + " or more)");
 
   GenerationDefaults defaults;
   const fs::path gen_path = fs::path(o.model) / "generation_config.json";
@@ -180,7 +323,7 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   blocks = std::min<int64_t>(blocks, 1 << 30);
   if (blocks < 1 && o.device != "cuda") return fail("the KV budget holds no block; raise --kv-cache-mb or --kv-blocks");
   const int64_t max_pos = c.max_position_embeddings > 0 ? c.max_position_embeddings : kDefaultMaxPositions;
-  int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
+  int64_t max_model_len = max_model_len_arg > 0 ? max_model_len_arg : max_pos;
   if (max_model_len > max_pos)
     return fail("--max-model-len " + std::to_string(max_model_len) + " exceeds max_position_embeddings " + std::to_string(max_pos));
   StateLimits limits;
@@ -201,15 +344,18 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   blocks = (*runner)->geometry().num_blocks;
   const int64_t pool_tokens = blocks * o.block_size;
   if (max_model_len > pool_tokens) {
-    if (o.max_model_len > 0)
+    if (max_model_len_arg > 0)
       return fail("--max-model-len " + std::to_string(max_model_len) + " does not fit in the KV cache (" +
                   std::to_string(pool_tokens) + " tokens); raise --kv-cache-mb or --kv-blocks");
     max_model_len = pool_tokens;  // one sequence must always fit, so preemption can always make progress
   }
 
   ServeContext ctx;
-  const std::string name = o.served_model_name.empty() ? o.model : o.served_model_name;
-  ServerMetrics metrics(name);
+  // As vLLM: the names clients send; the first is reported. Default: the model as given.
+  std::vector<std::string> names = o.served_model_names;
+  if (names.empty()) names.push_back(model_arg);
+  const std::string name = names.front();
+  ServerMetrics metrics(name, max_model_len);
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = step_token_budget(o);
@@ -226,10 +372,12 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
   ctx.chat_template = tmpl ? &*tmpl : nullptr;
   ctx.chat_template_error = template_error;
   ctx.metrics = &metrics;
-  ctx.info.names = {name};
+  ctx.info.names = names;
+  ctx.cors = *cors;
   ctx.info.max_model_len = max_model_len;
   ctx.info.vocab_size = ec.vocab_size;
   ctx.model_root = o.model;
+  if (o.seed) defaults.server_seed = static_cast<uint64_t>(*o.seed);
   ctx.defaults = defaults;
   ctx.api_key = o.api_key;
   if (ctx.api_key.empty())
@@ -271,7 +419,10 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
                o.block_size, static_cast<long long>(pool_tokens), kv_cache_dtype_name(*kv_dtype),
                static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs, o.no_prefix_caching ? "off" : "on",
                limits.num_snapshots);
+  std::fprintf(stderr, "sparkserve: on %s; chat page at http://%s:%d/ ; OpenAI API at http://%s:%d/v1 ; Anthropic API at http://%s:%d\n",
+               o.device.c_str(), o.host.c_str(), *bound, o.host.c_str(), *bound, o.host.c_str(), *bound);
   std::fflush(stderr);
+  StatsLogger stats(metrics, o.disable_log_stats ? 0 : o.log_stats_interval);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "received %s: draining (up to %g s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.shutdown_timeout);
@@ -297,12 +448,31 @@ int run_serve(const ServeOptions& o, const RunnerFactory& make_runner) {
 
 void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   ServeOptions* o = &opts;
-  cmd->add_option("--model", o->model, "Model folder (config.json, *.safetensors, tokenizer.json, chat template)")->required();
+  cmd->add_option("model", o->model_pos, "Model folder, or a Hugging Face id already in the HF cache (vLLM's positional form)");
+  cmd->add_option("--model", o->model, "Model folder (config.json, *.safetensors, tokenizer.json, chat template)");
   cmd->add_option("--host", o->host, "Address to listen on")->default_val("127.0.0.1");
   cmd->add_option("--port", o->port, "Port (0: any free port)")->default_val(8000);
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health and /metrics (or env SPARKSERVE_API_KEY)");
-  cmd->add_option("--served-model-name", o->served_model_name, "Model name clients send (default: --model)");
-  cmd->add_option("--max-model-len", o->max_model_len, "Context length (default: max_position_embeddings, capped by the KV cache)");
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /, /health and /metrics (or env SPARKSERVE_API_KEY)");
+  cmd->add_option("--served-model-name", o->served_model_names, "Model names clients may send, the first reported (default: the model as given)")
+      ->expected(1, 16);
+  cmd->add_option("--max-model-len", o->max_model_len, "Context length: 32768, 32k (=32000), 32K (=32768) (default: max_position_embeddings, capped by the KV cache)");
+  cmd->add_option("--chat-template", o->chat_template, "Chat template file (or the template text) instead of the model's");
+  cmd->add_option("--seed", o->seed, "Seed of the seeds of requests that send none (same requests in the same order sample the same)");
+  cmd->add_option("--log-level", o->log_level, "debug, info, warning or error")->default_val("info");
+  cmd->add_option("--log-stats-interval", o->log_stats_interval, "Seconds between throughput / KV lines while busy (0: off)")->default_val(10);
+  cmd->add_flag("--disable-log-stats", o->disable_log_stats, "No periodic throughput / KV lines");
+  cmd->add_flag("--disable-log-requests", o->disable_log_requests, "No line per finished request");
+  cmd->add_option("--allowed-origins", o->allowed_origins, "CORS origins browsers may call from: * (default), a comma-separated or JSON list, or '' for none")
+      ->default_val("*");
+  cmd->add_flag("--allow-credentials", o->allow_credentials, "CORS: allow credentials (the origin is echoed instead of *)");
+  // vLLM flags accepted with a note (no effect here).
+  cmd->add_option("--tool-call-parser", o->tool_call_parser, "vLLM compatibility: tool calls are always parsed as qwen3_coder");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser, "vLLM compatibility: reasoning is always split at </think>");
+  cmd->add_flag("--enable-auto-tool-choice", o->enable_auto_tool_choice, "vLLM compatibility: tool_choice auto is always on");
+  cmd->add_option("--dtype", o->dtype, "vLLM compatibility: weights stay in the checkpoint's formats");
+  cmd->add_flag("--trust-remote-code", o->trust_remote_code, "vLLM compatibility: no model code is run");
+  cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size, "vLLM compatibility: 1 (one device)");
+  cmd->add_flag("--enable-prefix-caching", o->enable_prefix_caching, "vLLM compatibility: the prefix cache is on by default");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once (GDN state slots)")->default_val(64);
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens per engine step (0: 8192 on cuda, where a larger prefill chunk reads each expert for more tokens; 2048 on cpu)")->default_val(0);
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks (default: from --kv-cache-mb)");
@@ -315,7 +485,7 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
       ->default_val(0.9);
   cmd->add_option("--block-size", o->block_size, "Tokens per KV block")->default_val(16);
   cmd->add_option("--threads", o->threads, "Model worker threads (default: all cores)");
-  cmd->add_option("--device", o->device, "Backend: cpu or cuda")->default_val("cpu");
+  cmd->add_option("--device", o->device, "Backend: auto (cuda when a GPU answers, else cpu), cpu or cuda")->default_val("auto");
   add_load_options(cmd, o->load);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body (413 above)")->default_val(8 << 20);
   cmd->add_option("--request-timeout", o->request_timeout, "Seconds before a request is cancelled (0: never)")->default_val(600);

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/model_args.h"
 #include "cli/serve_images.h"
@@ -19,12 +21,24 @@
 namespace sparkserve::cli {
 
 struct ServeOptions {
-  std::string model;
+  std::string model;      // --model
+  std::string model_pos;  // serve MODEL (vLLM's positional form)
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
-  std::string served_model_name;
-  int64_t max_model_len = 0;
+  std::vector<std::string> served_model_names;
+  std::string max_model_len;  // "32768", "32k", "32K" (parse_token_count); "" or -1: from the model
+  std::string chat_template;  // a file, or the template text itself
+  std::optional<int64_t> seed;
+  std::string log_level = "info";
+  double log_stats_interval = 10;
+  bool disable_log_stats = false, disable_log_requests = false;
+  std::string allowed_origins = "*";
+  bool allow_credentials = false;
+  // vLLM flags with no effect here (a one-line note each).
+  std::string tool_call_parser, reasoning_parser, dtype;
+  bool enable_auto_tool_choice = false, trust_remote_code = false, enable_prefix_caching = false;
+  int tensor_parallel_size = 0;  // 0: not given
   int max_num_seqs = 64;
   int64_t max_num_batched_tokens = 0;  // 0: by device (run_serve)
   int64_t kv_blocks = 0;
@@ -33,7 +47,7 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;
   int block_size = 16;
   int threads = 0;
-  std::string device = "cpu";
+  std::string device = "auto";  // auto: cuda when the build has it and a GPU answers, else cpu
   LoadCliOptions load;
   int64_t max_body_bytes = 8 << 20;
   double request_timeout = 600;
@@ -61,8 +75,10 @@ inline int64_t step_token_budget(const ServeOptions& o) {
 using RunnerFactory = std::function<Expected<std::unique_ptr<ModelRunner>>(
     const ServeOptions& o, const ModelConfig& config, const StateLimits& limits)>;
 
-// Loads the tokenizer, chat template and generation defaults of o.model, sizes the state, builds the
-// runner, serves until SIGTERM / SIGINT. Returns the process exit code.
-int run_serve(const ServeOptions& o, const RunnerFactory& make_runner);
+// Checks the options, finds the model folder (o.model or the positional MODEL: a folder or a Hugging
+// Face id in the HF cache), resolves --device auto, loads the tokenizer, chat template and generation
+// defaults, sizes the state, builds the runner (o.model and o.device are resolved in place first)
+// and serves until SIGTERM / SIGINT. Returns the process exit code.
+int run_serve(ServeOptions& o, const RunnerFactory& make_runner);
 
 }  // namespace sparkserve::cli

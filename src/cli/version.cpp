@@ -2,12 +2,13 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/version.h"
 
 namespace {
 void register_version(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("version", "Print the sparkserve version");
   cmd->callback([&exit_code] {
-    std::printf("sparkserve 0.1.0\n");
+    std::printf("%s\n", sparkserve::cli::version_line().c_str());
     exit_code = 0;
   });
 }

@@ -7,6 +7,15 @@
 
 namespace sparkserve {
 
+// A request that ended (any finish reason), with vLLM's phases: queued from arrival to the first
+// admission, prefill from there to the first token, decode from the first token to the end (a
+// phase never reached lasts 0, and the ones before it run to the end).
+struct FinishedRequest {
+  std::string_view finish_reason;
+  double e2e_s = 0, queue_s = 0, prefill_s = 0, decode_s = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+};
+
 struct EngineGauges {
   int64_t running = 0, waiting = 0;
   double kv_cache_usage = 0;     // [0, 1]: KV blocks held by sequences or the prefix cache
@@ -28,7 +37,7 @@ class EngineObserver {
   virtual void on_prompt(int64_t prompt_tokens, int64_t cached_tokens) = 0;
   // A token was generated: `first` with the time since arrival, else the time since the last one.
   virtual void on_token(bool first, double seconds) = 0;
-  virtual void on_finished(std::string_view finish_reason, double e2e_seconds) = 0;
+  virtual void on_finished(const FinishedRequest& request) = 0;
   virtual void on_preemption() = 0;
   // A request failed because the model produced NaN/Inf logits.
   virtual void on_nonfinite_logits() {}

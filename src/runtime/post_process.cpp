@@ -17,9 +17,21 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-void PostProcessor::end(EngineRequest& req, EngineEvent event) {
+void PostProcessor::end(EngineRequest& req, EngineEvent event, int64_t num_generated, const RequestTimeline& timeline) {
   event.finished = true;
-  if (observer_) observer_->on_finished(event.finish_reason, seconds_between(req.arrival, Clock::now()));
+  if (observer_) {
+    const auto now = Clock::now();
+    const auto admitted = timeline.admitted.value_or(now), first = timeline.first_token.value_or(now);
+    FinishedRequest f;
+    f.finish_reason = event.finish_reason;
+    f.e2e_s = seconds_between(req.arrival, now);
+    f.queue_s = seconds_between(req.arrival, admitted);
+    f.prefill_s = seconds_between(admitted, first);
+    f.decode_s = seconds_between(first, now);
+    f.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    f.generation_tokens = num_generated;
+    observer_->on_finished(f);
+  }
   req.mm.reset();  // the image embeddings are backend memory: freed here, on the engine thread
   req.out.push(std::move(event));
 }
@@ -29,14 +41,14 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
     EngineEvent ev;
     ev.finish_reason = e.finish_reason;
     ev.error = e.error;
-    end(*e.req, std::move(ev));
+    end(*e.req, std::move(ev), e.num_generated, e.timeline);
   }
   if (!out.ok()) {
     for (const ScheduledChunk& c : plan.chunks) {
       EngineEvent err;
       err.finish_reason = "error";
       err.error = out.message();
-      end(*c.seq->req, std::move(err));
+      end(*c.seq->req, std::move(err), c.seq->num_generated(), c.seq->timeline);
       scheduler.finish(c.seq);
     }
     return;
@@ -55,12 +67,23 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
   int64_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
+    const int64_t first_row = row;
     row += c.num_logits;
+    Sequence& s = *c.seq;
+    if (s.req->prompt_logprobs >= 0) report_prompt_logprobs(c, logits, first_row);
+    if (s.remaining() != 0) continue;  // committed: a prompt chunk short of the end (rows for logprobs only)
+    if (s.req->prompt_only && s.num_generated() == 0) {  // echo with max_tokens 0: the prompt was all
+      EngineEvent e;
+      e.finish_reason = "length";
+      end(*s.req, std::move(e), 0, s.timeline);
+      scheduler.finish(&s);
+      continue;
+    }
     const bool values = logits.has_values(row - 1);
     draws.push_back(Draw{c.seq, values ? logits.row(row - 1) : nullptr,
                          values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], {}});
   }
-  const int64_t vocab = std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits.vocab, logits.vocab);
+  const int64_t vocab = vocab_of(logits.vocab);
   auto free_draw = [&](Draw& d) {
     if (d.argmax) {  // what sample_token decides for this row (mark_argmax_rows): its argmax
       if (d.argmax->nonfinite >= 0) d.result.nonfinite_logit = d.argmax->nonfinite;
@@ -90,9 +113,35 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
   const int64_t vocab = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int64_t>::max();
   for (ScheduledChunk& c : plan.chunks) {
     const EngineRequest& r = *c.seq->req;
-    if (c.num_logits > 0 && argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
+    // Rows that report prompt logprobs need their values.
+    if (c.num_logits > 0 && r.prompt_logprobs < 0 &&
+        argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
       c.argmax_vocab = vocab;
   }
+}
+
+int64_t PostProcessor::vocab_of(int64_t logits_vocab) const {
+  return std::min<int64_t>(vocab_size_ > 0 ? vocab_size_ : logits_vocab, logits_vocab);
+}
+
+void PostProcessor::report_prompt_logprobs(const ScheduledChunk& c, const Logits& logits, int64_t first_row) {
+  Sequence& s = *c.seq;
+  const int64_t vocab = vocab_of(logits.vocab);
+  // Row r holds the distribution of the token after position first_pos + r.
+  const int64_t first_pos = c.start_pos + static_cast<int64_t>(c.tokens.size()) - c.num_logits;
+  EngineEvent ev;
+  for (int64_t r = 0; r < c.num_logits; ++r) {
+    const int64_t pos = first_pos + r + 1;
+    if (pos >= s.prompt_len) break;
+    if (pos < s.prompt_logprobs_sent) continue;  // already sent before a preemption
+    PromptLogprob p;
+    p.position = static_cast<int32_t>(pos);
+    p.lp = token_logprobs(std::span<const float>(logits.row(first_row + r), static_cast<size_t>(vocab)),
+                          s.tokens[static_cast<size_t>(pos)], s.req->prompt_logprobs);
+    ev.prompt.push_back(std::move(p));
+    s.prompt_logprobs_sent = pos + 1;
+  }
+  if (!ev.prompt.empty()) s.req->out.push(std::move(ev));
 }
 
 void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler) {
@@ -105,7 +154,7 @@ void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler)
     err.error = "the model produced a non-finite logit (NaN or Inf, token " + std::to_string(*ev.sample.nonfinite_logit) +
                 "); the weights or the computation are broken";
     if (observer_) observer_->on_nonfinite_logits();
-    end(*s.req, std::move(err));
+    end(*s.req, std::move(err), s.num_generated(), s.timeline);
     scheduler.finish(&s);
     return;
   }
@@ -120,6 +169,7 @@ void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler)
   if (observer_)
     observer_->on_token(!s.first_token_sent,
                         seconds_between(s.first_token_sent ? s.last_token_time : r.arrival, now));
+  if (!s.timeline.first_token) s.timeline.first_token = now;
   s.first_token_sent = true;
   s.last_token_time = now;
   s.req->out.push(std::move(ev));
@@ -127,7 +177,7 @@ void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler)
     EngineEvent e;
     e.finish_reason = stop->finish_reason;
     e.stop_token = stop->stop_token;
-    end(*s.req, std::move(e));
+    end(*s.req, std::move(e), s.num_generated(), s.timeline);
     scheduler.finish(&s);
   }
 }

@@ -1,4 +1,5 @@
-// The step after the forward: for every chunk that asked for logits, sample the next token
+// The step after the forward: for every chunk that asked for logits, report the prompt logprobs
+// its rows give (EngineRequest::prompt_logprobs), and once a sequence's tokens all ran sample the next token
 // (constraint mask, sampling parameters), append it to the sequence, check the token stops
 // (min_tokens, EOS, stop ids, max_tokens, context), push the events, report to the observer, and
 // tell the scheduler which sequences are done. Also the final event of every request the scheduler
@@ -28,10 +29,14 @@ class PostProcessor {
   // the runner brings back only that choice.
   void mark_argmax_rows(StepPlan& plan) const;
   void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler);
-  // The final event of a request that will not run any further.
-  void end(EngineRequest& req, EngineEvent event);
+  // The final event of a request that will not run any further (it generated num_generated tokens).
+  void end(EngineRequest& req, EngineEvent event, int64_t num_generated = 0, const RequestTimeline& timeline = {});
 
  private:
+  // Logits columns the sampler sees of rows `logits_vocab` wide.
+  int64_t vocab_of(int64_t logits_vocab) const;
+  // The prompt logprobs of chunk c's rows (the first at logits row `first_row`) not yet reported.
+  void report_prompt_logprobs(const ScheduledChunk& c, const Logits& logits, int64_t first_row);
   // Appends the drawn token (or fails the request on a non-finite row), checks the stops, pushes the
   // event, reports to the observer.
   void emit(Sequence& s, SampleResult sample, Scheduler& scheduler);

@@ -22,10 +22,17 @@
 
 namespace sparkserve {
 
-// What the engine reports: one generated token, or the end of the request (never both).
+// The logprob of one prompt token given the tokens before it (EngineRequest::prompt_logprobs).
+struct PromptLogprob {
+  int32_t position = 0;  // index in the prompt, >= 1 (the first token has no logprob)
+  SampleResult lp;       // token = prompt[position], logprob, rank, top
+};
+
+// What the engine reports: one generated token, prompt logprobs, or the end of the request.
 struct EngineEvent {
   bool finished = false;
-  int32_t token = -1;
+  int32_t token = -1;                  // -1 in a prompt-logprobs event
+  std::vector<PromptLogprob> prompt;   // prompt logprobs of one prefill chunk (token -1)
   SampleResult sample;          // logprob fields filled when params.num_logprobs >= 0
   std::string finish_reason;    // "stop" | "length" | "abort" | "error" (finished only)
   std::optional<int32_t> stop_token;  // the request stop id that ended it
@@ -51,6 +58,11 @@ class OutputChannel {
   std::function<void()> on_push_;
 };
 
+// When the engine first admitted a request and when it produced its first token (metrics).
+struct RequestTimeline {
+  std::optional<std::chrono::steady_clock::time_point> admitted, first_token;
+};
+
 struct EngineRequest {
   uint64_t id = 0;
   std::vector<int32_t> prompt;
@@ -60,6 +72,13 @@ struct EngineRequest {
   // the prompt part it covers; once submitted only the engine thread touches it, and it is freed
   // (with the image embeddings in backend memory) on that thread when the request ends.
   std::shared_ptr<MultimodalPrompt> mm;
+  // k >= 0: report each prompt token's logprob plus the top k (echo with logprobs, as
+  // lm-eval's loglikelihood requests send). Needs the logits of every prompt position, so the
+  // prompt goes through in chunks of at most kPromptLogprobsChunk tokens and never resumes from
+  // the prefix cache.
+  int prompt_logprobs = -1;
+  // max_tokens 0 (echo): finish with "length" after the prompt, without sampling.
+  bool prompt_only = false;
   // Constrained decoding (tool_choice required / named): masks every sampled token and sees
   // every token taken. Used only by the engine thread once submitted.
   std::shared_ptr<TokenConstraint> constraint;

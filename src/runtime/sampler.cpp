@@ -255,6 +255,52 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, flo
   return out;
 }
 
+SampleResult token_logprobs(std::span<const float> logits, int32_t token, int num_top) {
+  SampleResult result;
+  result.token = token;
+  // log_softmax of the raw row, without materializing it: log p_i = l_i - log Z.
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float x : logits)
+    if (x > mx) mx = x;
+  double sum = 0.0;
+  for (float x : logits)
+    if (x > kNegInf) sum += std::exp(static_cast<double>(x) - mx);
+  const double log_z = mx + std::log(sum);
+  auto logprob = [&](int32_t id) {
+    float l = logits[static_cast<size_t>(id)];
+    return l > kNegInf ? static_cast<float>(static_cast<double>(l) - log_z) : kNegInf;
+  };
+  const float chosen_logit = logits[static_cast<size_t>(token)];
+  result.logprob = logprob(token);
+  result.rank = 1;
+  for (float x : logits)
+    if (x > chosen_logit) ++result.rank;  // log p is monotonic in the logit
+  // The k best by (logit desc, id asc) with a size-k heap whose top is the worst kept.
+  const size_t k = std::min(static_cast<size_t>(num_top), logits.size());
+  auto better = [&](int32_t a, int32_t b) {
+    float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    bool na = !(la > kNegInf), nb = !(lb > kNegInf);  // -inf / NaN rank last
+    if (na != nb) return nb;
+    return (!na && la > lb) || ((na || la == lb) && a < b);
+  };
+  std::vector<int32_t> heap;
+  heap.reserve(k + 1);
+  for (size_t i = 0; i < logits.size() && k > 0; ++i) {
+    int32_t id = static_cast<int32_t>(i);
+    if (heap.size() < k) {
+      heap.push_back(id);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(id, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = id;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int32_t id : heap) result.top.push_back({id, logprob(id)});
+  return result;
+}
+
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           std::span<const int32_t> prompt, std::span<const int32_t> output,
                           std::span<const uint8_t> allowed) {
@@ -293,46 +339,10 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   }
 
   if (params.num_logprobs >= 0) {
-    // log_softmax of the raw row, without materializing it: log p_i = l_i - log Z.
-    double mx = -std::numeric_limits<double>::infinity();
-    for (float x : logits)
-      if (x > mx) mx = x;
-    double sum = 0.0;
-    for (float x : logits)
-      if (x > kNegInf) sum += std::exp(static_cast<double>(x) - mx);
-    const double log_z = mx + std::log(sum);
-    auto logprob = [&](int32_t id) {
-      float l = logits[static_cast<size_t>(id)];
-      return l > kNegInf ? static_cast<float>(static_cast<double>(l) - log_z) : kNegInf;
-    };
-    const float chosen_logit = logits[static_cast<size_t>(result.token)];
-    result.logprob = logprob(result.token);
-    result.rank = 1;
-    for (float x : logits)
-      if (x > chosen_logit) ++result.rank;  // log p is monotonic in the logit
-    // The k best by (logit desc, id asc) with a size-k heap whose top is the worst kept.
-    const size_t k = std::min(static_cast<size_t>(params.num_logprobs), logits.size());
-    auto better = [&](int32_t a, int32_t b) {
-      float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-      bool na = !(la > kNegInf), nb = !(lb > kNegInf);  // -inf / NaN rank last
-      if (na != nb) return nb;
-      return (!na && la > lb) || ((na || la == lb) && a < b);
-    };
-    std::vector<int32_t> heap;
-    heap.reserve(k + 1);
-    for (size_t i = 0; i < logits.size() && k > 0; ++i) {
-      int32_t id = static_cast<int32_t>(i);
-      if (heap.size() < k) {
-        heap.push_back(id);
-        std::push_heap(heap.begin(), heap.end(), better);
-      } else if (better(id, heap.front())) {
-        std::pop_heap(heap.begin(), heap.end(), better);
-        heap.back() = id;
-        std::push_heap(heap.begin(), heap.end(), better);
-      }
-    }
-    std::sort(heap.begin(), heap.end(), better);
-    for (int32_t id : heap) result.top.push_back({id, logprob(id)});
+    SampleResult lp = token_logprobs(logits, result.token, params.num_logprobs);
+    result.logprob = lp.logprob;
+    result.rank = lp.rank;
+    result.top = std::move(lp.top);
   }
   return result;
 }

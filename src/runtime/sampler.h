@@ -42,6 +42,10 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
                           std::span<const int32_t> prompt, std::span<const int32_t> output,
                           std::span<const uint8_t> allowed = {});
 
+// Raw logprobs of `token` in a logits row: its log_softmax value, rank (1 + tokens with a larger
+// logit) and the num_top most likely tokens (logit desc, id asc). logits: [vocab] f32.
+SampleResult token_logprobs(std::span<const float> logits, int32_t token, int num_top);
+
 // ---- the steps, exposed for tests -------------------------------------------------------------
 
 // Uniform double in [0, 1) from (seed, step): a counter-based hash (two splitmix64 rounds).

@@ -1,6 +1,7 @@
 #include "runtime/sampling_params.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -122,6 +123,12 @@ SamplingParams resolve_sampling_params(const SamplingOptions& o, const Generatio
   }
   if (o.seed) {
     p.seed = static_cast<uint64_t>(*o.seed);
+  } else if (d.server_seed) {
+    static std::atomic<uint64_t> drawn{0};
+    uint64_t z = *d.server_seed + 0x9E3779B97F4A7C15ull * (drawn.fetch_add(1) + 1);  // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    p.seed = z ^ (z >> 31);
   } else {
     std::random_device rd;
     p.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();

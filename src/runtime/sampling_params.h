@@ -43,6 +43,9 @@ struct GenerationDefaults {
   std::optional<int64_t> top_k;
   std::optional<int64_t> max_new_tokens;
   std::vector<int32_t> eos_token_ids;  // eos_token_id (int or list)
+  // serve --seed: requests without a seed draw theirs from a sequence that starts here (the
+  // same requests in the same order then sample the same), instead of from the OS.
+  std::optional<uint64_t> server_seed;
 };
 
 // Parses the fields above from a generation_config.json object; wrong types are errors, other

@@ -55,7 +55,7 @@ Scheduler::Hit Scheduler::lookup(Sequence& s) {
   const int64_t bs = geometry_.block_size;
   // The last token always runs: its logits give the next token.
   const int64_t limit = std::min(static_cast<int64_t>(s.tokens.size()) - 1, s.cacheable_len);
-  if (!config_.prefix_caching || limit <= 0) return hit;
+  if (!config_.prefix_caching || limit <= 0 || s.wants_prompt_rows()) return hit;
   std::vector<int32_t> found;
   for (int64_t q = 0; (q + 1) * bs <= limit; ++q) {
     const int32_t b = blocks_.lookup(chain(s, q + 1));
@@ -185,7 +185,8 @@ void Scheduler::finish(Sequence* seq) {
 
 void Scheduler::end_sequence(std::unique_ptr<Sequence> s, StepPlan& plan, std::string reason, std::string error) {
   release_state(*s, plan.before);
-  plan.ended.push_back(EndedRequest{std::move(s->req), std::move(reason), std::move(error), s->num_generated()});
+  plan.ended.push_back(
+      EndedRequest{std::move(s->req), std::move(reason), std::move(error), s->num_generated(), s->timeline});
 }
 
 std::vector<EndedRequest> Scheduler::take_all(const std::string& finish_reason) {
@@ -224,6 +225,11 @@ int32_t Scheduler::blocks_needed(const Sequence& s, int64_t n) const {
   return static_cast<int32_t>(std::max<int64_t>(0, (s.num_computed + n + bs - 1) / bs - static_cast<int64_t>(s.blocks.size())));
 }
 
+int64_t Scheduler::chunk_limit(const Sequence& s, int64_t budget) const {
+  const int64_t want = std::min(s.remaining(), budget);
+  return s.wants_prompt_rows() ? std::min(want, kPromptLogprobsChunk) : want;
+}
+
 int64_t Scheduler::fitting(Sequence& s, int64_t want) {
   make_room(blocks_needed(s, want));
   const int64_t capacity =
@@ -251,7 +257,7 @@ bool Scheduler::admit(Sequence& s, int64_t& budget, StepPlan& plan, int64_t& chu
   s.num_computed = hit.tokens;
   s.num_registered = static_cast<int64_t>(hit.blocks.size());
   plan_snapshot_points(s, hit.matched_blocks);
-  const int64_t n = fitting(s, to_next_point(s, std::min(s.remaining(), budget)));
+  const int64_t n = fitting(s, to_next_point(s, chunk_limit(s, budget)));
   if (n == 0) {
     if (tail >= 0) blocks_.release(tail);
     for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.release(*it);
@@ -273,6 +279,7 @@ bool Scheduler::admit(Sequence& s, int64_t& budget, StepPlan& plan, int64_t& chu
     plan.before.push_back(StateOp{StateOp::Kind::kZeroState, -1, s.slot});
   }
   if (first) {
+    s.timeline.admitted = std::chrono::steady_clock::now();
     s.num_cached_tokens = hit.tokens;
     queries_ += static_cast<uint64_t>(s.prompt_len);
     hits_ += static_cast<uint64_t>(hit.tokens);
@@ -319,7 +326,7 @@ StepPlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
     if (chunk[i] != 0 || s.remaining() <= 1) continue;
-    const int64_t n = fitting(s, to_next_point(s, std::min(s.remaining(), budget)));
+    const int64_t n = fitting(s, to_next_point(s, chunk_limit(s, budget)));
     if (n == 0) continue;
     CHECK(grow(s, n));
     chunk[i] = n;
@@ -355,7 +362,10 @@ StepPlan Scheduler::schedule() {
     c.start_pos = s.num_computed;
     c.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.num_computed),
                                                           static_cast<size_t>(chunk[i]));
-    c.num_logits = s.num_computed + chunk[i] == static_cast<int64_t>(s.tokens.size()) ? 1 : 0;
+    // Every row while prompt logprobs are due; else one to sample after the last token.
+    c.num_logits = s.wants_prompt_rows() ? chunk[i]
+                   : s.num_computed + chunk[i] == static_cast<int64_t>(s.tokens.size()) ? 1
+                                                                                        : 0;
     plan.chunks.push_back(c);
     // A chunk that ends at a snapshot point: the state after it is saved once the forward ran.
     const auto& pts = s.snapshot_points;

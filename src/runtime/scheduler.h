@@ -19,6 +19,8 @@
 // there), every snapshot_interval tokens of a long prompt,
 // the end of the longest shared run of cached blocks found at admission (a branch point other
 // requests demonstrably share), and the end of every sequence (finished, cancelled or preempted).
+// A request that wants prompt logprobs never resumes from the cache while some are unreported
+// (every prompt position must go through the model to give its logits row).
 // Admission resumes from the longest prefix where both exist: a snapshot at n, the blocks before
 // n's block, and the snapshot's own copy of positions up to n in its tail block (copied into a new
 // block: shared blocks are never written). Prefill chunks end at snapshot points.
@@ -39,6 +41,10 @@
 #include "runtime/step_plan.h"
 
 namespace sparkserve {
+
+// Largest prefill chunk of a request that wants prompt logprobs: its logits rows (vocab floats
+// each) are all materialised.
+inline constexpr int64_t kPromptLogprobsChunk = 64;
 
 struct SchedulerConfig {
   int32_t max_num_seqs = 64;
@@ -103,6 +109,9 @@ class Scheduler {
   // blocks if that makes room).
   int64_t fitting(Sequence& s, int64_t want);
   int32_t blocks_needed(const Sequence& s, int64_t n) const;
+  // Tokens the next chunk of `s` may take: what remains, within the budget (and within
+  // kPromptLogprobsChunk while its prompt logprobs are being reported).
+  int64_t chunk_limit(const Sequence& s, int64_t budget) const;
   // Evicts least recently used snapshots whose tail block nobody else holds until `blocks` are
   // available; false when that is not enough.
   bool make_room(int32_t blocks);

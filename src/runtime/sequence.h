@@ -39,12 +39,17 @@ struct Sequence {
   // Post-processing.
   bool first_token_sent = false;
   std::chrono::steady_clock::time_point last_token_time;
+  int64_t prompt_logprobs_sent = 1;  // prompt positions reported (kept across a preemption)
+  RequestTimeline timeline;
 
   std::span<const int32_t> prompt() const { return std::span(tokens).first(static_cast<size_t>(prompt_len)); }
   std::span<const int32_t> output() const { return std::span(tokens).subspan(static_cast<size_t>(prompt_len)); }
   int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
   // Tokens still to go through the model before the next token can be sampled.
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+  // Prompt logprobs asked for (EngineRequest::prompt_logprobs) and not all reported yet: its chunks
+  // need every logits row, so it may not resume from the prefix cache.
+  bool wants_prompt_rows() const { return req->prompt_logprobs >= 0 && prompt_logprobs_sent < prompt_len; }
 };
 
 }  // namespace sparkserve

@@ -49,6 +49,7 @@ struct EndedRequest {
   std::string finish_reason;  // "abort" | "stop" | "error"
   std::string error;
   int64_t num_generated = 0;  // tokens it had produced (for the observer)
+  RequestTimeline timeline;
 };
 
 struct StepPlan {

@@ -4,8 +4,66 @@
 
 #include "core/check.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace sparkserve {
+
+namespace {
+
+// No '"', '\\' or control byte; well-formed UTF-8 from a character start (a cut last character is
+// fine: the next token continues it).
+bool json_plain_bytes(std::string_view b) {
+  if (b.empty() || (static_cast<uint8_t>(b[0]) & 0xC0) == 0x80) return false;
+  Utf8Stepper u;
+  for (char c : b) {
+    const auto x = static_cast<uint8_t>(c);
+    if (x == '"' || x == '\\' || x < 0x20) return false;
+    if (u.feed(x) == Utf8Stepper::kBad) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+VocabTrie::VocabTrie(const std::vector<int32_t>& tokens, const std::function<std::string_view(int32_t)>& texts) {
+  std::vector<int32_t> sorted = tokens;
+  std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return texts(a) < texts(b); });
+  nodes_.reserve(sorted.size() * 3);
+  build(sorted.cbegin(), sorted.cend(), 0, texts);
+}
+
+// Tokens in [begin, end) are sorted and share their first `depth` bytes; those of exactly that
+// length end at this node, the rest are grouped by their next byte.
+uint32_t VocabTrie::build(std::vector<int32_t>::const_iterator begin, std::vector<int32_t>::const_iterator end,
+                          size_t depth, const std::function<std::string_view(int32_t)>& texts) {
+  const auto self = static_cast<uint32_t>(nodes_.size());
+  nodes_.emplace_back();
+  auto it = begin;
+  const auto tok_begin = static_cast<uint32_t>(tokens_.size());
+  while (it != end && texts(*it).size() == depth) tokens_.push_back(*it++);
+  nodes_[self].token_begin = tok_begin;
+  nodes_[self].token_end = static_cast<uint32_t>(tokens_.size());
+  std::vector<std::pair<uint8_t, uint32_t>> kids;
+  while (it != end) {
+    const auto byte = static_cast<uint8_t>(texts(*it)[depth]);
+    auto group_end = std::find_if(it, end, [&](int32_t t) { return static_cast<uint8_t>(texts(t)[depth]) != byte; });
+    kids.emplace_back(byte, build(it, group_end, depth + 1, texts));
+    it = group_end;
+  }
+  nodes_[self].edge_begin = static_cast<uint32_t>(edges_.size());
+  for (auto [b, n] : kids) edges_.push_back({b, n});
+  nodes_[self].edge_end = static_cast<uint32_t>(edges_.size());
+  return self;
+}
+
+const VocabTrie& VocabTexts::trie() const {
+  std::call_once(trie_once_, [this] {
+    std::vector<int32_t> ids = plain_;  // every non-special, non-empty token
+    ids.insert(ids.end(), marked_.begin(), marked_.end());
+    trie_ = std::make_unique<VocabTrie>(ids, [this](int32_t id) { return bytes(id); });
+  });
+  return *trie_;
+}
 
 std::shared_ptr<const VocabTexts> VocabTexts::build(const Tokenizer& tokenizer) {
   const size_t n = tokenizer.vocab_size();
@@ -32,6 +90,9 @@ std::shared_ptr<const VocabTexts> VocabTexts::build(size_t vocab, const std::vec
     v->offsets_.push_back(static_cast<uint32_t>(v->data_.size()));
     const size_t last = b.find_last_of("<\n");
     v->marker_end_[i] = last == std::string::npos ? 0 : static_cast<uint32_t>(last + 1);
+    v->chars_.push_back(static_cast<uint32_t>(
+        std::count_if(b.begin(), b.end(), [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; })));
+    v->json_plain_.push_back(!special[i] && json_plain_bytes(b));
     if (special[i] || b.empty()) continue;
     const auto id = static_cast<int32_t>(i);
     v->by_first_[static_cast<uint8_t>(b[0])].push_back(id);

@@ -1,5 +1,7 @@
 #include "server/chat_messages.h"
 
+#include <algorithm>
+
 namespace sparkserve {
 namespace {
 
@@ -185,6 +187,66 @@ ApiResult<RequestJson> validate_tools(const RequestJson& tools) {
       return type_error(p + ".function.strict", "a boolean", *s);
   }
   return tools;
+}
+
+ApiResult<RequestJson> as_function_tool(const RequestJson& t, const char* params_key, const std::string& path) {
+  if (!t.contains("name") || !t["name"].is_string()) return bad_request(path + ".name: must be a string", path + ".name");
+  RequestJson fn = {{"name", t["name"]}};
+  if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
+  fn["parameters"] = t.contains(params_key) && !t[params_key].is_null() ? t[params_key] : RequestJson{{"type", "object"}};
+  return RequestJson{{"type", "function"}, {"function", std::move(fn)}};
+}
+
+RequestJson chat_content_from_parts(RequestJson parts, std::string_view sep) {
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i]["type"] != "text") return parts;
+    if (i > 0) text += sep;
+    text += parts[i]["text"].get<std::string>();
+  }
+  return text;
+}
+
+ApiResult<RequestJson> chat_content_of(const RequestJson& v, const std::string& path,
+                                       std::initializer_list<std::string_view> text_types, std::string_view sep,
+                                       std::string_view image_type, ImagePartMapper image_part) {
+  auto err = [](const std::string& p, const std::string& what) { return bad_request(p + ": " + what, p); };
+  if (v.is_string()) return v;
+  if (v.is_null()) return RequestJson(std::string());
+  if (!v.is_array()) return err(path, "must be a string or a list of content parts");
+  RequestJson parts = RequestJson::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const RequestJson& b = v[i];
+    const std::string p = path + "[" + std::to_string(i) + "]";
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      return err(p, "must be a content part with a \"type\"");
+    const std::string type = b["type"].get<std::string>();
+    const bool is_text = std::find(text_types.begin(), text_types.end(), type) != text_types.end();
+    if (is_text) {
+      if (!b.contains("text") || !b["text"].is_string()) return err(p + ".text", "must be a string");
+      parts.push_back({{"type", "text"}, {"text", b["text"]}});
+    } else if (type == "refusal" && b.contains("refusal") && b["refusal"].is_string()) {
+      parts.push_back({{"type", "text"}, {"text", b["refusal"]}});
+    } else if (image_part && type == image_type) {
+      auto part = image_part(b, p);
+      if (!part.ok()) return part.error();
+      parts.push_back(std::move(*part));
+    } else if (type == "image" || type == "document" || type == "input_image" || type == "input_file" ||
+               type == "input_audio") {
+      return err(p, "\"" + type + "\" parts are not supported here (" +
+                        (image_part ? "text and " + std::string(image_type) + " only" : std::string("text only")) + ")");
+    } else {
+      return err(p, "unexpected content part type \"" + type + "\"");
+    }
+  }
+  return chat_content_from_parts(std::move(parts), sep);
+}
+
+ApiResult<std::string> join_text_parts(const RequestJson& v, const std::string& path,
+                                       std::initializer_list<std::string_view> text_types, std::string_view sep) {
+  auto c = chat_content_of(v, path, text_types, sep);
+  if (!c.ok()) return c.error();
+  return c->get<std::string>();
 }
 
 }  // namespace sparkserve

@@ -38,8 +38,13 @@ void pump(Generation& g, const Tokenizer& tok, double timeout_s, Piece& p) {
   auto events = g.er->out.pop_all(std::chrono::milliseconds(0));
   for (auto& ev : events) {
     if (g.done) break;
+    if (!ev.finished && !ev.prompt.empty()) {
+      for (auto& pl : ev.prompt) g.prompt_logprobs.push_back(std::move(pl));
+      continue;
+    }
     if (!ev.finished) {
       if (ev.num_cached_tokens >= 0) g.cached_tokens = ev.num_cached_tokens;
+      if (!g.first_token) g.first_token = std::chrono::steady_clock::now();
       g.token_ids.push_back(ev.token);
       p.token_ids.push_back(ev.token);
       if (g.num_logprobs >= 0 && ev.sample.logprob) {

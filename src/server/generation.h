@@ -35,6 +35,8 @@ struct Generation {
   int64_t cached_tokens = -1;        // prompt tokens the prefix cache supplied (engine's first token)
   std::string text;                  // detokenized (completions)
   std::vector<TokenLogprobs> logprobs;
+  std::vector<PromptLogprob> prompt_logprobs;  // er->prompt_logprobs >= 0: positions 1.. in order
+  std::optional<std::chrono::steady_clock::time_point> first_token;  // when the first token arrived
   bool done = false;
   std::string finish_reason;
   ResponseJson stop_reason = nullptr;

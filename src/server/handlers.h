@@ -16,6 +16,7 @@
 #include "runtime/engine.h"
 #include "runtime/sampling_params.h"
 #include "runtime/token_constraint.h"
+#include "server/cors.h"
 #include "server/generation.h"
 #include "server/image_input.h"
 #include "server/metrics.h"
@@ -37,7 +38,8 @@ struct ServeContext {
   ImageInputOptions image_input;         // what image parts may use, and the model's preprocessing
   std::string model_root;                // /v1/models "root"
   GenerationDefaults defaults;           // eos ids already merged with the tokenizer's
-  std::string api_key;                   // empty: no authentication
+  std::string api_key;                   // empty: no authentication ("Authorization: Bearer" or "x-api-key")
+  CorsPolicy cors;                       // --allowed-origins
   size_t max_body_bytes = 0;
   size_t max_token_bytes = 0;            // bytes of the longest token (bounds text per context)
   double request_timeout_s = 0;          // 0: none

@@ -196,6 +196,24 @@ ApiResult<RequestJson> anthropic_image_block_to_chat_part(const RequestJson& blo
   return part;
 }
 
+ApiResult<RequestJson> responses_image_part_to_chat_part(const RequestJson& part, const std::string& path) {
+  auto url = part.find("image_url");
+  if (url == part.end() || url->is_null()) {
+    if (part.contains("file_id"))
+      return bad_request(path + ".file_id: this server stores no files; send the image as image_url "
+                         "(a data: URL)", path + ".file_id");
+    return bad_request(path + ".image_url: is required (a data: URL)", path + ".image_url");
+  }
+  if (!url->is_string()) return bad_request(path + ".image_url: must be a string (a data: URL)", path + ".image_url");
+  RequestJson image_url = {{"url", *url}};
+  if (auto d = part.find("detail"); d != part.end() && !d->is_null()) {
+    if (!d->is_string() || (*d != "auto" && *d != "low" && *d != "high"))
+      return bad_request(path + ".detail: must be \"auto\", \"low\" or \"high\"", path + ".detail");
+    image_url["detail"] = *d;
+  }
+  return RequestJson{{"type", "image_url"}, {"image_url", std::move(image_url)}};
+}
+
 ApiResult<media::PatchedImage> load_image(std::string_view bytes, const ImageInputOptions& opt,
                                           const std::string& param) {
   media::DecodeLimits limits;

@@ -52,6 +52,11 @@ ApiResult<std::string> image_url_bytes(std::string_view url, const ImageInputOpt
 // block's shape and media type only: the bytes are decoded with the other images of the request.
 ApiResult<RequestJson> anthropic_image_block_to_chat_part(const RequestJson& block, const std::string& path);
 
+// A Responses API input_image part ({"type": "input_image", "image_url": "data:...", "detail"?})
+// as the same chat part. file_id references are refused (this server stores no files); the URL is
+// read with the request's other images.
+ApiResult<RequestJson> responses_image_part_to_chat_part(const RequestJson& part, const std::string& path);
+
 // Decodes (EXIF orientation, alpha over white) and preprocesses one image's bytes.
 ApiResult<media::PatchedImage> load_image(std::string_view bytes, const ImageInputOptions& opt,
                                           const std::string& param);

@@ -72,11 +72,26 @@ const std::vector<double>& e2e_latency_buckets() {
   return b;
 }
 
-ServerMetrics::ServerMetrics(std::string model_name)
+std::vector<double> one_two_five_buckets(int64_t max) {
+  std::vector<double> b;
+  for (double base = 1; b.empty() || b.back() < static_cast<double>(max); base *= 10)
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (base * m > static_cast<double>(max)) return b;
+      b.push_back(base * m);
+    }
+  return b;
+}
+
+ServerMetrics::ServerMetrics(std::string model_name, int64_t max_model_len)
     : label_("model_name=\"" + prometheus_escape_label(model_name) + "\""),
       ttft_(ttft_buckets()),
       itl_(inter_token_latency_buckets()),
-      e2e_(e2e_latency_buckets()) {
+      e2e_(e2e_latency_buckets()),
+      queue_(e2e_latency_buckets()),
+      prefill_(e2e_latency_buckets()),
+      decode_(e2e_latency_buckets()),
+      prompt_len_(one_two_five_buckets(max_model_len)),
+      generation_len_(one_two_five_buckets(max_model_len)) {
   // vLLM pre-creates one series per finish reason so rates start from zero.
   for (const char* r : {"stop", "length", "abort", "error"}) finished_[r] = 0;
 }
@@ -103,9 +118,10 @@ void ServerMetrics::on_token(bool first, double seconds) {
   else observe_inter_token_latency(seconds);
 }
 
-void ServerMetrics::on_finished(std::string_view finish_reason, double e2e_seconds) {
-  count_finished_request(finish_reason);
-  observe_e2e_latency(e2e_seconds);
+void ServerMetrics::on_finished(const FinishedRequest& f) {
+  count_finished_request(f.finish_reason);
+  observe_e2e_latency(f.e2e_s);
+  observe_request(f.queue_s, f.prefill_s, f.decode_s, f.prompt_tokens, f.generation_tokens);
 }
 
 void ServerMetrics::on_gauges(const EngineGauges& g) {
@@ -137,6 +153,28 @@ void ServerMetrics::observe_time_to_first_token(double s) { std::lock_guard l(mu
 void ServerMetrics::observe_inter_token_latency(double s) { std::lock_guard l(mu_); itl_.observe(s); }
 void ServerMetrics::observe_e2e_latency(double s) { std::lock_guard l(mu_); e2e_.observe(s); }
 
+void ServerMetrics::observe_request(double queue_s, double prefill_s, double decode_s, int64_t prompt_tokens,
+                                    int64_t generation_tokens) {
+  std::lock_guard l(mu_);
+  queue_.observe(queue_s);
+  prefill_.observe(prefill_s);
+  decode_.observe(decode_s);
+  prompt_len_.observe(static_cast<double>(prompt_tokens));
+  generation_len_.observe(static_cast<double>(generation_tokens));
+}
+
+MetricsSnapshot ServerMetrics::snapshot() const {
+  std::lock_guard l(mu_);
+  MetricsSnapshot m;
+  m.prompt_tokens = prompt_tokens_;
+  m.generation_tokens = generation_tokens_;
+  for (const auto& [reason, n] : finished_) m.finished += n;
+  m.running = running_;
+  m.waiting = waiting_;
+  m.kv_usage = kv_usage_;
+  return m;
+}
+
 namespace {
 
 void header(std::string& out, const std::string& name, const char* type, const char* help) {
@@ -164,56 +202,66 @@ void histogram(std::string& out, const std::string& name, const char* help,
 
 std::string ServerMetrics::render() const {
   std::lock_guard l(mu_);
-  const std::string p = "sparkserve:";
   std::string out;
-  header(out, p + "num_requests_running", "gauge", "Number of requests in model execution batches.");
-  sample(out, p + "num_requests_running", label_, static_cast<double>(running_));
-  header(out, p + "num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
-  sample(out, p + "num_requests_waiting", label_, static_cast<double>(waiting_));
-  header(out, p + "kv_cache_usage_perc", "gauge", "KV-cache block usage. 1 means 100 percent usage.");
-  sample(out, p + "kv_cache_usage_perc", label_, kv_usage_);
-  header(out, p + "gdn_state_slots_usage_perc", "gauge",
-         "Gated DeltaNet state slot usage. 1 means 100 percent usage.");
-  sample(out, p + "gdn_state_slots_usage_perc", label_, slots_usage_);
+  for (const std::string p : {"sparkserve:", "vllm:"}) {
+    header(out, p + "num_requests_running", "gauge", "Number of requests in model execution batches.");
+    sample(out, p + "num_requests_running", label_, static_cast<double>(running_));
+    header(out, p + "num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+    sample(out, p + "num_requests_waiting", label_, static_cast<double>(waiting_));
+    header(out, p + "kv_cache_usage_perc", "gauge", "KV-cache block usage. 1 means 100 percent usage.");
+    sample(out, p + "kv_cache_usage_perc", label_, kv_usage_);
+    if (p == "sparkserve:") {
+      header(out, p + "gdn_state_slots_usage_perc", "gauge",
+             "Gated DeltaNet state slot usage. 1 means 100 percent usage.");
+      sample(out, p + "gdn_state_slots_usage_perc", label_, slots_usage_);
+    }
 
-  header(out, p + "prompt_tokens_total", "counter", "Number of prefill tokens processed.");
-  sample(out, p + "prompt_tokens_total", label_, static_cast<double>(prompt_tokens_));
-  header(out, p + "generation_tokens_total", "counter", "Number of generation tokens processed.");
-  sample(out, p + "generation_tokens_total", label_, static_cast<double>(generation_tokens_));
-  header(out, p + "request_success_total", "counter", "Count of finished requests by finish reason.");
-  for (const auto& [reason, n] : finished_)
-    sample(out, p + "request_success_total",
-           label_ + ",finished_reason=\"" + prometheus_escape_label(reason) + "\"",
-           static_cast<double>(n));
-  header(out, p + "prefix_cache_queries_total", "counter",
-         "Prefix cache queries, in terms of number of queried tokens.");
-  sample(out, p + "prefix_cache_queries_total", label_, static_cast<double>(prefix_cache_queries_));
-  header(out, p + "prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
-  sample(out, p + "prefix_cache_hits_total", label_, static_cast<double>(prefix_cache_hits_));
-  header(out, p + "num_preemptions_total", "counter", "Cumulative number of preemptions.");
-  sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
-  header(out, p + "nonfinite_logits_total", "counter", "Requests failed because the model produced NaN/Inf logits.");
-  sample(out, p + "nonfinite_logits_total", label_, static_cast<double>(nonfinite_logits_));
+    header(out, p + "prompt_tokens_total", "counter", "Number of prefill tokens processed.");
+    sample(out, p + "prompt_tokens_total", label_, static_cast<double>(prompt_tokens_));
+    header(out, p + "generation_tokens_total", "counter", "Number of generation tokens processed.");
+    sample(out, p + "generation_tokens_total", label_, static_cast<double>(generation_tokens_));
+    header(out, p + "request_success_total", "counter", "Count of finished requests by finish reason.");
+    for (const auto& [reason, n] : finished_)
+      sample(out, p + "request_success_total",
+             label_ + ",finished_reason=\"" + prometheus_escape_label(reason) + "\"", static_cast<double>(n));
+    header(out, p + "prefix_cache_queries_total", "counter",
+           "Prefix cache queries, in terms of number of queried tokens.");
+    sample(out, p + "prefix_cache_queries_total", label_, static_cast<double>(prefix_cache_queries_));
+    header(out, p + "prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
+    sample(out, p + "prefix_cache_hits_total", label_, static_cast<double>(prefix_cache_hits_));
+    header(out, p + "num_preemptions_total", "counter", "Cumulative number of preemptions.");
+    sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
+    if (p == "sparkserve:") {
+      header(out, p + "nonfinite_logits_total", "counter", "Requests failed because the model produced NaN/Inf logits.");
+      sample(out, p + "nonfinite_logits_total", label_, static_cast<double>(nonfinite_logits_));
+    }
 
-  header(out, p + "engine_steps_total", "counter", "Engine steps run.");
-  sample(out, p + "engine_steps_total", label_, static_cast<double>(steps_));
-  header(out, p + "engine_step_tokens_total", "counter", "Tokens run through the model, summed over steps.");
-  sample(out, p + "engine_step_tokens_total", label_, static_cast<double>(step_tokens_));
-  header(out, p + "engine_step_sequences_total", "counter", "Sequences in the batch, summed over steps.");
-  sample(out, p + "engine_step_sequences_total", label_, static_cast<double>(step_seqs_));
-  header(out, p + "engine_step_seconds_total", "counter",
-         "Engine thread time by step phase: schedule (planning), execute (forward incl. logits download), "
-         "postprocess (sampling, stop checks, events).");
-  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"schedule\"", step_schedule_s_);
-  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"execute\"", step_execute_s_);
-  sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"postprocess\"", step_postprocess_s_);
+    if (p == "sparkserve:") {
+      header(out, p + "engine_steps_total", "counter", "Engine steps run.");
+      sample(out, p + "engine_steps_total", label_, static_cast<double>(steps_));
+      header(out, p + "engine_step_tokens_total", "counter", "Tokens run through the model, summed over steps.");
+      sample(out, p + "engine_step_tokens_total", label_, static_cast<double>(step_tokens_));
+      header(out, p + "engine_step_sequences_total", "counter", "Sequences in the batch, summed over steps.");
+      sample(out, p + "engine_step_sequences_total", label_, static_cast<double>(step_seqs_));
+      header(out, p + "engine_step_seconds_total", "counter",
+             "Engine thread time by step phase: schedule (planning), execute (forward incl. logits download), "
+             "postprocess (sampling, stop checks, events).");
+      sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"schedule\"", step_schedule_s_);
+      sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"execute\"", step_execute_s_);
+      sample(out, p + "engine_step_seconds_total", label_ + ",phase=\"postprocess\"", step_postprocess_s_);
+    }
 
-  histogram(out, p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            label_, ttft_);
-  histogram(out, p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            label_, itl_);
-  histogram(out, p + "e2e_request_latency_seconds",
-            "Histogram of end-to-end request latency in seconds.", label_, e2e_);
+    histogram(out, p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.", label_, ttft_);
+    histogram(out, p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", label_, itl_);
+    histogram(out, p + "e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", label_, e2e_);
+    histogram(out, p + "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", label_, queue_);
+    histogram(out, p + "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", label_,
+              prefill_);
+    histogram(out, p + "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", label_,
+              decode_);
+    histogram(out, p + "request_prompt_tokens", "Number of prefill tokens processed.", label_, prompt_len_);
+    histogram(out, p + "request_generation_tokens", "Number of generation tokens processed.", label_, generation_len_);
+  }
   return out;
 }
 

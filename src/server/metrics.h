@@ -1,5 +1,8 @@
 // Server metrics in the Prometheus text exposition format (version 0.0.4), named as vLLM v1's
-// with a `sparkserve:` prefix and a model_name label on every sample (serving-api.md 5.6).
+// with a model_name label on every sample (serving-api.md 5.6): each under the `sparkserve:`
+// prefix, and again under `vllm:` so that dashboards made for vLLM work unchanged (the
+// sparkserve-only GDN slot gauge, NaN/Inf failure counter and engine step counters have no
+// vllm: twins).
 // All methods are thread-safe (one mutex; updates are a few per token, far from contended).
 #pragma once
 
@@ -37,15 +40,25 @@ class Histogram {
 const std::vector<double>& ttft_buckets();
 const std::vector<double>& inter_token_latency_buckets();
 const std::vector<double>& e2e_latency_buckets();
+// vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max (inclusive).
+std::vector<double> one_two_five_buckets(int64_t max);
+
+// Counters and gauges at one moment (the periodic stats line).
+struct MetricsSnapshot {
+  uint64_t prompt_tokens = 0, generation_tokens = 0, finished = 0;
+  int64_t running = 0, waiting = 0;
+  double kv_usage = 0.0;
+};
 
 class ServerMetrics final : public EngineObserver {
  public:
-  explicit ServerMetrics(std::string model_name);
+  // max_model_len: the top of the prompt / generation length histograms.
+  explicit ServerMetrics(std::string model_name, int64_t max_model_len = 1 << 20);
 
   // The engine's reports (EngineObserver), mapped onto the series below.
   void on_prompt(int64_t prompt_tokens, int64_t cached_tokens) override;
   void on_token(bool first, double seconds) override;
-  void on_finished(std::string_view finish_reason, double e2e_seconds) override;
+  void on_finished(const FinishedRequest& request) override;
   void on_preemption() override { count_preemption(); }
   void on_nonfinite_logits() override { count_nonfinite_logits(); }
   void on_gauges(const EngineGauges& g) override;
@@ -68,6 +81,12 @@ class ServerMetrics final : public EngineObserver {
   void observe_time_to_first_token(double seconds);
   void observe_inter_token_latency(double seconds);
   void observe_e2e_latency(double seconds);
+  // One finished request: time queued (arrival to first scheduled), in prefill (to the first
+  // token), in decode (first token to the end), and its prompt / generated token counts.
+  void observe_request(double queue_s, double prefill_s, double decode_s, int64_t prompt_tokens,
+                       int64_t generation_tokens);
+
+  MetricsSnapshot snapshot() const;
 
   // The whole exposition (Content-Type: text/plain; version=0.0.4; charset=utf-8).
   std::string render() const;
@@ -82,7 +101,7 @@ class ServerMetrics final : public EngineObserver {
   uint64_t steps_ = 0, step_tokens_ = 0, step_seqs_ = 0;
   double step_schedule_s_ = 0, step_execute_s_ = 0, step_postprocess_s_ = 0;
   std::map<std::string, uint64_t, std::less<>> finished_;
-  Histogram ttft_, itl_, e2e_;
+  Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, prompt_len_, generation_len_;
 };
 
 // Prometheus label-value escaping (\\, \", \n) and number formatting (shortest round-trip,

@@ -67,6 +67,14 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
   r.get("max_tokens", max_tokens);
   if (is_chat) r.get("max_completion_tokens", max_completion_tokens);
   if (!r.ok()) return r.error();
+  r.get("echo", g.echo);
+  if (!r.ok()) return r.error();
+  if (!is_chat && g.echo && max_tokens && *max_tokens == 0) {
+    // echo with max_tokens 0 (lm-eval style): prompt logprobs only. One token is budgeted so
+    // the sampling checks below hold; the engine stops after the prompt.
+    g.prompt_only = true;
+    max_tokens = 1;
+  }
   if (max_completion_tokens && *max_completion_tokens < 1)
     return bad_request("`max_completion_tokens` must be at least 1, got " +
                            std::to_string(*max_completion_tokens) + ".",
@@ -78,11 +86,12 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
   r.get("n", n);
   r.get("best_of", best_of);
   if (!r.ok()) return r.error();
-  if (n && *n != 1)
-    return bad_request("`n` must be 1: this server returns one choice per request (got n=" +
-                           std::to_string(*n) + ").", "n");
-  if (best_of && *best_of != 1)
-    return bad_request("`best_of` must be 1: this server returns one choice per request (got " +
+  if (n && (*n < 1 || *n > kMaxChoices))
+    return bad_request("`n` must be in [1, " + std::to_string(kMaxChoices) + "] (got n=" + std::to_string(*n) + ").",
+                       "n");
+  g.n = n.value_or(1);
+  if (best_of && *best_of != g.n)
+    return bad_request("`best_of` is not supported: it must be absent or equal to `n` (got " +
                            std::to_string(*best_of) + ").", "best_of");
   std::optional<bool> beam;
   r.get("use_beam_search", beam);
@@ -162,24 +171,12 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
   r.get("spaces_between_special_tokens", g.spaces_between_special_tokens);
   r.get("include_stop_str_in_output", g.include_stop_str_in_output);
   r.get("return_token_ids", g.return_token_ids);
-  r.get("echo", g.echo);
   std::optional<std::string> user;
   r.get("user", user);  // accepted and ignored, as vLLM
 
-  if (const RequestJson* rf = r.raw("response_format")) {
-    if (!rf->is_object()) return type_error("response_format", "an object", *rf);
-    auto t = rf->find("type");
-    if (t == rf->end() || !t->is_string())
-      return bad_request("`response_format.type` must be a string.", "response_format.type");
-    if (t->get<std::string>() != "text")
-      return bad_request("`response_format.type` \"" + t->get<std::string>() +
-                             "\" is not supported: this server has no structured (JSON) output "
-                             "yet; only \"text\" is accepted.",
-                         "response_format.type");
-  }
+  if (auto e = read_structured_output(r, g.structured)) return e;
   // Fields that would change what is generated or returned: refused rather than ignored.
-  for (const char* key : {"structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                          "guided_grammar", "prompt_logprobs", "bad_words", "truncate_prompt_tokens",
+  for (const char* key : {"guided_grammar", "guided_whitespace_pattern", "prompt_logprobs", "bad_words", "truncate_prompt_tokens",
                           "logprob_token_ids", "thinking_token_budget", "suffix"}) {
     const RequestJson* v = r.raw(key);
     if (v && !(v->is_array() && v->empty()))
@@ -327,26 +324,28 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body,
 
   const RequestJson* prompt = r.raw("prompt");
   if (!prompt) return bad_request("`prompt` is required.", "prompt");
-  const RequestJson* p = prompt;
-  std::string path = "prompt";
-  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-    if (p->size() != 1)
-      return bad_request("`prompt` holds " + std::to_string(p->size()) +
-                             " prompts; this server takes one prompt per request.", "prompt");
-    p = &p->front();
-    path = "prompt[0]";
-  }
-  if (p->is_string()) {
-    if (p->get_ref<const std::string&>().empty())
-      return bad_request("`" + path + "` must not be empty.", path);
-    c.prompt_text = p->get<std::string>();
-  } else if (p->is_array()) {
-    std::vector<int32_t> ids;
-    if (auto e = read_token_list(*p, path, info.vocab_size, ids)) return *e;
-    if (ids.empty()) return bad_request("`" + path + "` must not be empty.", path);
-    c.prompt_tokens = std::move(ids);
+  // A string, a list of token ids, or a list of several of either (a batch).
+  std::vector<std::pair<const RequestJson*, std::string>> items;
+  if (prompt->is_array() && !prompt->empty() && (prompt->front().is_string() || prompt->front().is_array())) {
+    for (size_t i = 0; i < prompt->size(); ++i) items.emplace_back(&(*prompt)[i], "prompt[" + std::to_string(i) + "]");
   } else {
-    return type_error("prompt", "a string, a list of token ids, or a list with one of those", *prompt);
+    items.emplace_back(prompt, "prompt");
+  }
+  if (static_cast<int64_t>(items.size()) * c.n > kMaxChoices)
+    return bad_request("`prompt` holds " + std::to_string(items.size()) + " prompts with n=" + std::to_string(c.n) +
+                           "; at most " + std::to_string(kMaxChoices) + " choices per request.", "prompt");
+  for (const auto& [p, path] : items) {
+    CompletionRequest::Prompt one;
+    if (p->is_string()) {
+      if (p->get_ref<const std::string&>().empty()) return bad_request("`" + path + "` must not be empty.", path);
+      one.text = p->get<std::string>();
+    } else if (p->is_array()) {
+      if (auto e = read_token_list(*p, path, info.vocab_size, one.tokens)) return *e;
+      if (one.tokens.empty()) return bad_request("`" + path + "` must not be empty.", path);
+    } else {
+      return type_error(path, "a string, a list of token ids, or a list of those", *p);
+    }
+    c.prompts.push_back(std::move(one));
   }
   r.get("add_special_tokens", c.add_special_tokens);
 

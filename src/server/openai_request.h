@@ -14,6 +14,7 @@
 #include "runtime/sampling_params.h"
 #include "server/api_error.h"
 #include "server/json_fields.h"
+#include "server/structured_request.h"
 
 namespace sparkserve {
 
@@ -44,8 +45,17 @@ struct GenerationRequest {
   bool return_token_ids = false;     // vLLM: token_ids per choice / chunk (llama-benchy uses it)
   bool return_tokens_as_token_ids = false;  // logprob tokens written as "token_id:<id>"
   bool echo = false;
+  int64_t n = 1;                     // choices per prompt
+  bool prompt_only = false;          // completions: echo with max_tokens 0 (prompt logprobs only)
+  // Anthropic max_tokens / Responses max_output_tokens are upper bounds: past what the context
+  // leaves they are lowered to it (agents send 32000 whatever the model), not refused.
+  bool clamp_max_tokens = false;
+  StructuredOutput structured;       // response_format / structured_outputs / guided_*
   std::vector<std::string> unknown_fields;
 };
+
+// Choices one request may ask for (n times the prompts of a completion request).
+inline constexpr int64_t kMaxChoices = 128;
 
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
@@ -68,8 +78,11 @@ struct ChatRequest : GenerationRequest {
 };
 
 struct CompletionRequest : GenerationRequest {
-  std::optional<std::string> prompt_text;          // exactly one of the two is set
-  std::optional<std::vector<int32_t>> prompt_tokens;
+  struct Prompt {
+    std::optional<std::string> text;  // text, or else token ids
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Prompt> prompts;       // one or more (a batch: lm-eval sends several)
   bool add_special_tokens = true;
 };
 

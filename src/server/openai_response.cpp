@@ -102,26 +102,79 @@ ResponseJson chat_logprobs_json(const std::vector<TokenLogprobs>& tokens) {
   return {{"content", std::move(content)}};
 }
 
-ResponseJson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
-                                      int64_t text_offset_start) {
-  ResponseJson offsets = ResponseJson::array(), lps = ResponseJson::array(),
-               toks = ResponseJson::array(), tops = ResponseJson::array();
-  int64_t offset = text_offset_start;
-  for (const TokenLogprobs& t : tokens) {
+namespace {
+
+// Completions' logprobs object, built one token at a time.
+struct CompletionLogprobs {
+  ResponseJson offsets = ResponseJson::array(), lps = ResponseJson::array(), toks = ResponseJson::array(),
+               tops = ResponseJson::array();
+  int64_t offset = 0;
+
+  // lp null: a token without a logprob (the first of an echoed prompt). with_chosen: the top
+  // dict also holds the token itself (vLLM's prompt logprobs).
+  void add(const std::string& text, const TokenLogprobs* lp, bool with_chosen) {
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(t.chosen.text.size());
-    lps.push_back(finite_logprob(t.chosen.logprob));
-    toks.push_back(t.chosen.text);
+    offset += static_cast<int64_t>(text.size());
+    toks.push_back(text);
+    if (!lp) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      return;
+    }
+    lps.push_back(finite_logprob(lp->chosen.logprob));
     ResponseJson top = ResponseJson::object();
-    for (const LogprobToken& x : t.top) top[x.text] = finite_logprob(x.logprob);
+    for (const LogprobToken& x : lp->top) top[x.text] = finite_logprob(x.logprob);
+    if (with_chosen) top[lp->chosen.text] = finite_logprob(lp->chosen.logprob);
     tops.push_back(std::move(top));
   }
-  ResponseJson j = ResponseJson::object();
-  j["text_offset"] = std::move(offsets);
-  j["token_logprobs"] = std::move(lps);
-  j["tokens"] = std::move(toks);
-  j["top_logprobs"] = std::move(tops);
-  return j;
+  ResponseJson json() {
+    ResponseJson j = ResponseJson::object();
+    j["text_offset"] = std::move(offsets);
+    j["token_logprobs"] = std::move(lps);
+    j["tokens"] = std::move(toks);
+    j["top_logprobs"] = std::move(tops);
+    return j;
+  }
+};
+
+}  // namespace
+
+ResponseJson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
+                                      int64_t text_offset_start) {
+  CompletionLogprobs c;
+  c.offset = text_offset_start;
+  for (const TokenLogprobs& t : tokens) c.add(t.chosen.text, &t, false);
+  return c.json();
+}
+
+ResponseJson echo_logprobs_json(const std::vector<std::string>& prompt_tokens,
+                                const std::vector<TokenLogprobs>& prompt_lps,
+                                const std::vector<TokenLogprobs>& generated, int64_t text_offset_start) {
+  CompletionLogprobs c;
+  c.offset = text_offset_start;
+  for (size_t i = 0; i < prompt_tokens.size(); ++i)
+    c.add(prompt_tokens[i], i == 0 || i - 1 >= prompt_lps.size() ? nullptr : &prompt_lps[i - 1], true);
+  for (const TokenLogprobs& t : generated) c.add(t.chosen.text, &t, false);
+  return c.json();
+}
+
+ResponseJson merge_choices(std::vector<ResponseJson> responses, const UsageInfo& usage) {
+  ResponseJson out = std::move(responses.front());
+  ResponseJson choices = ResponseJson::array();
+  for (size_t i = 0; i < responses.size(); ++i) {
+    ResponseJson& r = i == 0 ? out : responses[i];
+    ResponseJson c = std::move(r["choices"][0]);
+    c["index"] = i;
+    choices.push_back(std::move(c));
+  }
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ResponseJson with_choice_index(ResponseJson chunk, size_t index) {
+  if (chunk.contains("choices") && !chunk["choices"].empty()) chunk["choices"][0]["index"] = index;
+  return chunk;
 }
 
 namespace {

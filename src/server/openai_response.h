@@ -53,6 +53,18 @@ ResponseJson chat_logprobs_json(const std::vector<TokenLogprobs>& tokens);
 ResponseJson completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
                                       int64_t text_offset_start = 0);
 
+// Completions with echo: the prompt's tokens first (the first has no logprob: null, as vLLM),
+// then the generated ones. prompt_lps[i] belongs to prompt token i + 1; its top dict also holds
+// the prompt token itself (vLLM reports the token and the top k).
+ResponseJson echo_logprobs_json(const std::vector<std::string>& prompt_tokens,
+                                const std::vector<TokenLogprobs>& prompt_lps,
+                                const std::vector<TokenLogprobs>& generated, int64_t text_offset_start = 0);
+
+// Several single-choice responses as one: choice i is responses[i]'s, with index i; usage set.
+ResponseJson merge_choices(std::vector<ResponseJson> responses, const UsageInfo& usage);
+// The (single) choice of a chunk gets index i.
+ResponseJson with_choice_index(ResponseJson chunk, size_t index);
+
 // How a choice ended. stop_reason (vLLM extension): the matched stop string, the stop token id,
 // or null (EOS / length).
 struct ChoiceEnd {

@@ -12,4 +12,8 @@ std::string sse_error_and_done(const ApiError& error) {
   return sse_event(error_json(error)) + std::string(kSseDone);
 }
 
+std::string named_sse_event(std::string_view name, const ResponseJson& payload) {
+  return "event: " + std::string(name) + "\ndata: " + serialize_json(payload) + "\n\n";
+}
+
 }  // namespace sparkserve

@@ -14,6 +14,8 @@ namespace sparkserve {
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 
 std::string sse_event(const ResponseJson& payload);
+// An event with a name (Anthropic's and the Responses API's streams): "event: NAME\ndata: JSON\n\n".
+std::string named_sse_event(std::string_view name, const ResponseJson& payload);
 // The error event followed by [DONE]: what a stream that fails midway ends with.
 std::string sse_error_and_done(const ApiError& error);
 

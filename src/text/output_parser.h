@@ -42,6 +42,26 @@ struct OutputDelta {
   bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
 };
 
+// Agent APIs put content in blocks (Anthropic text blocks, Responses message items): whitespace
+// before a tool call (the model writes "\n\n" after </think>) should open none. `pass` holds
+// content that is only whitespace while no text block is open and returns what to emit now.
+class BlankContentHold {
+ public:
+  std::string pass(const std::string& content, bool block_open) {
+    std::string text = held_ + content;
+    held_.clear();
+    if (!block_open && is_blank(text)) {
+      held_ = std::move(text);
+      return "";
+    }
+    return text;
+  }
+  static bool is_blank(std::string_view s) { return s.find_first_not_of(" \t\r\n") == std::string_view::npos; }
+
+ private:
+  std::string held_;
+};
+
 // Incremental form for streaming responses: feed each new piece of detokenized text, send the
 // returned delta (skip it when empty()); at the end call finish() for the held-back rest, then
 // result() for the complete message (same as parse_output over the whole text, ids included).

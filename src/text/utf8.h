@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,5 +37,42 @@ void append_utf8(std::string& out, char32_t cp);
 // Replaces each maximal ill-formed subpart with U+FFFD (Unicode's recommended practice; the same
 // result as Rust's String::from_utf8_lossy, which HF tokenizers' decode uses).
 std::string utf8_lossy(std::string_view s);
+
+
+// Incremental UTF-8 decoding one byte at a time, with the well-formedness rules of Unicode
+// Table 3-7 (no overlongs, surrogates or code points above U+10FFFF), for the byte-level
+// automata of constrained decoding. Equality compares the whole state.
+struct Utf8Stepper {
+  enum Result : uint8_t { kChar, kMore, kBad };  // kChar: cp holds a complete code point
+  uint8_t need = 0;               // continuation bytes still expected
+  uint8_t lo = 0x80, hi = 0xBF;   // allowed range of the next continuation byte
+  char32_t cp = 0;
+
+  Result feed(uint8_t b) {
+    if (need == 0) {
+      lo = 0x80, hi = 0xBF;
+      if (b < 0x80) { cp = b; return kChar; }
+      if (b >= 0xC2 && b <= 0xDF) { need = 1; cp = b & 0x1Fu; return kMore; }
+      if (b >= 0xE0 && b <= 0xEF) {
+        need = 2; cp = b & 0x0Fu;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+        return kMore;
+      }
+      if (b >= 0xF0 && b <= 0xF4) {
+        need = 3; cp = b & 0x07u;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+        return kMore;
+      }
+      return kBad;
+    }
+    if (b < lo || b > hi) return kBad;
+    cp = (cp << 6) | (b & 0x3Fu);
+    lo = 0x80, hi = 0xBF;
+    return --need == 0 ? kChar : kMore;
+  }
+  bool operator==(const Utf8Stepper&) const = default;
+};
 
 }  // namespace sparkserve

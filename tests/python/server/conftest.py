@@ -42,14 +42,20 @@ def tiny_model() -> str:
 
 
 class Server:
-    def __init__(self, model: str, *extra: str, env=None, command=(BIN, "serve")):
+    """`sparkserve serve` (or command, e.g. the scripted server): with --model (or, positional=True,
+    as `serve MODEL`), served as MODEL_NAME unless extra has --served-model-name, with small test
+    defaults for what extra does not set (defaults=False: none)."""
+
+    def __init__(self, model: str, *extra: str, env=None, command=(BIN, "serve"), positional=False, defaults=True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
-        defaults = {"--threads": "2", "--max-model-len": "512", "--max-body-bytes": "65536", "--kv-cache-mb": "32"}
-        cmd = [*command, "--model", model, "--port", str(self.port), "--served-model-name", MODEL_NAME]
-        for k, v in defaults.items():
-            if k not in extra:
+        small = {"--threads": "2", "--max-model-len": "512", "--max-body-bytes": "65536", "--kv-cache-mb": "32"}
+        cmd = [*command] + ([model] if positional else ["--model", model]) + ["--port", str(self.port)]
+        if "--served-model-name" not in extra:
+            cmd += ["--served-model-name", MODEL_NAME]
+        for k, v in small.items():
+            if defaults and k not in extra:
                 cmd += [k, v]
         cmd += list(extra)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,

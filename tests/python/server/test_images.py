@@ -6,7 +6,8 @@ for one and for several JPEG / PNG / WebP images, streamed and not, the server's
 ids equal the CLI's and its greedy tokens equal the CLI's. The server runs with 32-token prefill
 chunks, so every image is split across chunks and the decode steps rely on the rope delta the
 engine keeps per sequence. Every malformed image is a 400 with OpenAI's error object naming the
-content part, and the server stays up."""
+content part, and the server stays up. Anthropic image blocks and Responses input_image parts take
+the same path."""
 import base64
 import json
 import os
@@ -115,6 +116,50 @@ def test_tokenize_expands_images(vserver, vclient):
     t = httpx.post(vserver.url + "/tokenize", json={"model": MODEL_NAME, "messages": user(image_part(JPEG))}, timeout=60)
     assert t.status_code == 200, t.text
     assert t.json()["tokens"] == r.prompt_token_ids
+
+
+def test_anthropic_and_responses_images(vserver):
+    """Anthropic image blocks and Responses input_image parts run the chat path's images: the same
+    prompt (token count) and greedy output as the chat request with an image_url part."""
+    import anthropic
+    import openai
+    png = base64.b64encode(read(PNG)).decode()
+    chat = httpx.post(vserver.url + "/v1/chat/completions", timeout=300, json={
+        "model": MODEL_NAME, "messages": user(image_part(PNG)), "max_tokens": MAX_TOKENS, "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False}}).json()
+    text = chat["choices"][0]["message"]["content"] or ""
+    ac = anthropic.Anthropic(base_url=vserver.url, api_key="x", timeout=300, max_retries=0)
+    blocks = [{"type": "text", "text": "Describe these."},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]
+    a = ac.messages.create(model=MODEL_NAME, max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
+                           messages=[{"role": "user", "content": blocks}])
+    assert a.usage.input_tokens + a.usage.cache_read_input_tokens == chat["usage"]["prompt_tokens"]
+    assert a.usage.output_tokens == chat["usage"]["completion_tokens"]
+    # (a whitespace-only reply opens no text block)
+    assert "".join(b.text for b in a.content if b.type == "text") == (text if text.strip() else "")
+    assert ac.messages.count_tokens(model=MODEL_NAME, messages=[{"role": "user", "content": blocks}]).input_tokens == \
+        chat["usage"]["prompt_tokens"]
+    oc = openai.OpenAI(base_url=vserver.url + "/v1", api_key="x", timeout=300, max_retries=0)
+    r = oc.responses.create(model=MODEL_NAME, max_output_tokens=MAX_TOKENS, temperature=0, reasoning={"effort": "none"},
+                            input=[{"role": "user", "content": [
+                                {"type": "input_text", "text": "Describe these."},
+                                {"type": "input_image", "image_url": data_url(read(PNG))}]}])
+    assert r.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    assert r.output_text == text
+    # An image in a tool result (a screenshot tool) adds the tokens it adds to a user turn.
+    def count(content):
+        return ac.messages.count_tokens(model=MODEL_NAME, messages=[
+            {"role": "user", "content": "Look"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content}]}]).input_tokens
+
+    def tokens(content):
+        return len(httpx.post(vserver.url + "/tokenize", timeout=60, json={
+            "model": MODEL_NAME, "messages": [{"role": "user", "content": content}]}).json()["tokens"])
+
+    added = tokens([{"type": "text", "text": "x"}, image_part(PNG)]) - tokens("x")
+    assert added > 0
+    assert count(blocks) - count(blocks[:1]) == added
 
 
 # ---- malformed images -----------------------------------------------------------------------------

@@ -257,21 +257,27 @@ TEST(ChatRequestErrors, OutOfRangeSamplingValues) {
 }
 
 TEST(ChatRequestErrors, UnsupportedFeaturesAreClear) {
-  expect_error(body(R"("n": 2)"), 400, "n", "`n` must be 1");
+  EXPECT_EQ(parse_ok(body(R"("n": 2)")).n, 2);
   expect_error(body(R"("n": 0)"), 400, "n", "got n=0");
-  expect_error(body(R"("best_of": 3)"), 400, "best_of", "must be 1");
+  expect_error(body(R"("n": 2, "best_of": 3)"), 400, "best_of", "equal to `n`");
   expect_error(body(R"("use_beam_search": true)"), 400, "use_beam_search", "Beam search");
   expect_error(body(R"("response_format": {"type": "json_schema", "json_schema": {}})"), 400,
-               "response_format.type", "\"json_schema\" is not supported");
-  expect_error(body(R"("response_format": {"type": "json_object"})"), 400, "response_format.type",
-               "json_object");
+               "response_format.json_schema.schema", "is required");
+  expect_error(body(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": true}}})"),
+               400, "response_format.json_schema.schema", "unsupported JSON Schema keyword \"uniqueItems\" (at #)");
+  expect_error(body(R"("response_format": {"type": "grammar"})"), 400, "response_format.type", "not supported");
+  EXPECT_TRUE(parse_ok(body(R"("response_format": {"type": "json_object"})")).structured.grammar);
+  EXPECT_TRUE(parse_ok(body(R"("structured_outputs": {"choice": ["a", "b"]})")).structured.grammar);
+  EXPECT_TRUE(parse_ok(body(R"("guided_regex": "[0-9]+")")).structured.grammar);
+  expect_error(body(R"("structured_outputs": {"grammar": "root ::= x"})"), 400, "structured_outputs.grammar",
+               "not supported");
+  expect_error(body(R"("structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"})"), 400,
+               "structured_outputs.regex", "cannot be combined");
   expect_error(body(R"("stream_options": {"include_usage": true})"), 400, "stream_options",
                "only be set when `stream` is true");
   expect_error(body(R"("add_generation_prompt": true, "continue_final_message": true)"), 400,
                "continue_final_message", "Cannot set both");
   expect_error(body(R"("chat_template": "{{ x }}")"), 400, "chat_template", "per-request");
-  expect_error(body(R"("structured_outputs": {"json": {}})"), 400, "structured_outputs",
-               "not supported");
   expect_error(body(R"("prompt_logprobs": 1)"), 400, "prompt_logprobs", "not supported");
   expect_error(body(R"("bad_words": ["x"])"), 400, "bad_words", "not supported");
   parse_ok(body(R"("bad_words": [], "prompt_logprobs": null, "return_tokens_as_token_ids": true)"));

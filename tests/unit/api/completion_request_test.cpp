@@ -27,13 +27,23 @@ CompletionRequest completion_ok(const std::string& body) {
 
 TEST(CompletionRequest, PromptShapes) {
   CompletionRequest c = completion_ok(R"({"prompt": "Once upon"})");
-  EXPECT_EQ(*c.prompt_text, "Once upon");
-  EXPECT_FALSE(c.prompt_tokens);
+  ASSERT_EQ(c.prompts.size(), 1u);
+  EXPECT_EQ(*c.prompts[0].text, "Once upon");
   EXPECT_EQ(*c.sampling.max_tokens, 16);  // vLLM's completions default
   EXPECT_TRUE(c.add_special_tokens);
-  EXPECT_EQ(*completion_ok(R"({"prompt": ["only one"]})").prompt_text, "only one");
-  EXPECT_EQ(*completion_ok(R"({"prompt": [1, 2, 3]})").prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(*completion_ok(R"({"prompt": [[4, 5]]})").prompt_tokens, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(*completion_ok(R"({"prompt": ["only one"]})").prompts.at(0).text, "only one");
+  EXPECT_EQ(completion_ok(R"({"prompt": [1, 2, 3]})").prompts.at(0).tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(completion_ok(R"({"prompt": [[4, 5]]})").prompts.at(0).tokens, (std::vector<int32_t>{4, 5}));
+  // A batch (lm-eval sends several prompts per request), n per prompt.
+  CompletionRequest b = completion_ok(R"({"prompt": [[4, 5], [6]], "n": 3})");
+  ASSERT_EQ(b.prompts.size(), 2u);
+  EXPECT_EQ(b.prompts[1].tokens, (std::vector<int32_t>{6}));
+  EXPECT_EQ(b.n, 3);
+  EXPECT_EQ(completion_ok(R"({"prompt": ["a", "b"]})").prompts.size(), 2u);
+  // echo with max_tokens 0: the prompt only.
+  CompletionRequest e = completion_ok(R"({"prompt": [1, 2], "echo": true, "max_tokens": 0, "logprobs": 1})");
+  EXPECT_TRUE(e.prompt_only);
+  EXPECT_EQ(*e.sampling.max_tokens, 1);
 }
 
 TEST(CompletionRequest, FieldsAndLogprobsAsInteger) {
@@ -52,16 +62,16 @@ TEST(CompletionRequest, Errors) {
   expect_error(P, "{}", 400, "prompt", "`prompt` is required");
   expect_error(P, R"({"prompt": ""})", 400, "prompt", "must not be empty");
   expect_error(P, R"({"prompt": []})", 400, "prompt", "must not be empty");
-  expect_error(P, R"({"prompt": ["a", "b"]})", 400, "prompt", "one prompt per request");
   expect_error(P, R"({"prompt": [1, "b"]})", 400, "prompt[1]", "integer token id");
   expect_error(P, R"({"prompt": [1, 5000]})", 400, "prompt[1]", "outside the vocabulary");
-  expect_error(P, R"({"prompt": [[1], [2]]})", 400, "prompt", "one prompt per request");
+  expect_error(P, R"({"prompt": [[1], [2]], "n": 100})", 400, "prompt", "at most 128 choices");
+  expect_error(P, R"({"prompt": [[1], []]})", 400, "prompt[1]", "must not be empty");
   expect_error(P, R"({"prompt": 5})", 400, "prompt", "a string, a list of token ids");
   expect_error(P, R"({"prompt": "x", "suffix": "y"})", 400, "suffix", "not supported");
   expect_error(P, R"({"prompt": "x", "logprobs": true})", 400, "logprobs", "an integer");
   expect_error(P, R"({"prompt": "x", "logprobs": 30})", 400, "logprobs", "[0, 20]");
   expect_error(P, R"({"prompt": "x", "model": "other"})", 404, "model", "`other` does not exist");
-  expect_error(P, R"({"prompt": "x", "n": 4})", 400, "n", "must be 1");
+  expect_error(P, R"({"prompt": "x", "n": 0})", 400, "n", "[1, 128]");
   expect_error(P, R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", "at least 1");
   expect_error(P, R"({"prompt": "x", "top_p": 1.5})", 400, "top_p", "(0, 1]");
 }

@@ -108,9 +108,9 @@ TEST(Metrics, EveryLineIsValidExposition) {
   std::string t = m.render();
   ASSERT_FALSE(t.empty());
   EXPECT_EQ(t.back(), '\n');
-  std::regex comment(R"(# (HELP|TYPE) (sparkserve:[a-z0-9_]+) .+)");
+  std::regex comment(R"(# (HELP|TYPE) ((sparkserve|vllm):[a-z0-9_]+) .+)");
   std::regex sample_re(
-      R"((sparkserve:[a-z0-9_]+)\{([a-z_]+="([^"\\\n]|\\\\|\\"|\\n)*")(,[a-z_]+="([^"\\\n]|\\\\|\\"|\\n)*")*\} ([0-9.e+-]+|\+Inf|NaN))");
+      R"(((?:sparkserve|vllm):[a-z0-9_]+)\{([a-z_]+="([^"\\\n]|\\\\|\\"|\\n)*")(,[a-z_]+="([^"\\\n]|\\\\|\\"|\\n)*")*\} ([0-9.e+-]+|\+Inf|NaN))");
   std::istringstream is(t);
   std::set<std::string> typed;
   std::string last_bucket_series;

@@ -3,10 +3,12 @@
 // and-overwritten block fails the step): hits where the issue asks for them (identical prompts,
 // prompts shorter than a block, prompts ending on a block boundary, multi-turn, branching), outputs
 // equal to a run with the cache off, exact accounting after eviction, preemption and cancellation,
-// and hundreds of interleaved multi-turn sessions through a small cache. Plus SipHash-2-4 against
+// hundreds of interleaved multi-turn sessions through a small cache, and no cached prefix for
+// requests that want prompt logprobs. Plus SipHash-2-4 against
 // its reference vectors and the block pool's LRU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -109,7 +111,7 @@ Out drain(EngineRequest& r) {
   for (auto& e : r.out.pop_all(std::chrono::milliseconds(0))) {
     if (e.num_cached_tokens >= 0) o.cached = e.num_cached_tokens;
     if (e.finished) o.finish_reason = e.finish_reason;
-    else o.tokens.push_back(e.token);
+    else if (e.prompt.empty()) o.tokens.push_back(e.token);
   }
   return o;
 }
@@ -212,6 +214,61 @@ TEST(PrefixCache, LongPromptsGetSnapshotsEveryInterval) {
   // Another prompt sharing 700 tokens resumes at the last interval point before the divergence.
   Out o = run_one(on, cat(std::vector<int32_t>(p.begin(), p.begin() + 700), ids(50, 4)), 2);
   EXPECT_EQ(o.cached, 512);
+}
+
+// Prompt logprobs (echo with logprobs) need every prompt position's logits row: such a request
+// recomputes a prompt that is cached (and others still find it afterwards), in chunks of at most
+// kPromptLogprobsChunk rows, and reports each position once, equal to the log-softmax of its row
+// (the fake runner's one-hot row: 10 at (previous token + 1) % vocab, 0 elsewhere).
+TEST(PrefixCache, PromptLogprobsNeverResumeFromTheCache) {
+  CacheRig on(4, 64, 16, 16, true, /*budget=*/256);
+  on.runner.prefix_dependent = false;
+  const auto p = ids(150, 3);
+  EXPECT_EQ(run_one(on, p, 3).cached, 0);
+  const double log_z = std::log(std::exp(10.0) + (kFakeVocab - 1));
+  for (bool prompt_only : {false, true}) {
+    auto r = request(p, 1);
+    r->prompt_logprobs = 2;
+    r->prompt_only = prompt_only;
+    const int64_t before = on.runner.tokens_run;
+    const size_t steps_before = on.runner.batches.size();
+    on.engine->submit(r);
+    on.run_all();
+    std::vector<int32_t> positions;
+    Out o;
+    for (auto& e : r->out.pop_all(std::chrono::milliseconds(0))) {
+      if (e.num_cached_tokens >= 0) o.cached = e.num_cached_tokens;
+      if (e.finished) o.finish_reason = e.finish_reason;
+      else if (e.prompt.empty()) o.tokens.push_back(e.token);
+      for (const PromptLogprob& pl : e.prompt) {
+        positions.push_back(pl.position);
+        const int32_t predicted = (p[static_cast<size_t>(pl.position) - 1] + 1) % kFakeVocab;
+        const double want = (pl.lp.token == predicted ? 10.0 : 0.0) - log_z;
+        EXPECT_EQ(pl.lp.token, p[static_cast<size_t>(pl.position)]);
+        EXPECT_NEAR(*pl.lp.logprob, want, 1e-5);
+        ASSERT_EQ(pl.lp.top.size(), 2u);
+        EXPECT_EQ(pl.lp.top[0].token, predicted);
+        EXPECT_NEAR(pl.lp.top[0].logprob, 10.0 - log_z, 1e-5);
+        EXPECT_EQ(pl.lp.top[1].token, predicted == 0 ? 1 : 0);  // ties: the lowest id
+      }
+    }
+    std::vector<int32_t> want_positions;
+    for (int32_t i = 1; i < 150; ++i) want_positions.push_back(i);
+    EXPECT_EQ(positions, want_positions) << prompt_only;
+    EXPECT_EQ(on.runner.tokens_run - before, 150) << prompt_only;  // the whole prompt, nothing from the cache
+    for (size_t s = steps_before; s < on.runner.batches.size(); ++s)
+      for (int64_t n : on.runner.batches[s]) EXPECT_LE(n, kPromptLogprobsChunk);
+    if (prompt_only) {
+      EXPECT_TRUE(o.tokens.empty());
+      EXPECT_EQ(o.finish_reason, "length");
+    } else {
+      EXPECT_EQ(o.tokens.size(), 1u);
+      EXPECT_EQ(o.cached, 0);
+    }
+  }
+  // A request without prompt logprobs still finds the prompt cached.
+  EXPECT_EQ(run_one(on, p, 2).cached, 149);
+  on.expect_idle();
 }
 
 TEST(PrefixCache, EvictionKeepsOutputsExactAndAccountingClean) {

@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
 #include "runtime/sampler.h"
+#include "runtime/structured_constraint.h"
+#include "text/json_schema_compiler.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
 
@@ -83,6 +86,29 @@ std::vector<int32_t> end_ids(const Tokenizer& tok) {
   return {*tok.token_to_id("<|im_end|>"), *tok.token_to_id("<|endoftext|>")};
 }
 
+// Compares a mask with brute force: end ids allowed iff `accepting`, special and empty tokens
+// never, every other token iff `walks(bytes)`. Prints the count and the mask's time.
+void expect_mask_equals(const std::vector<uint8_t>& mask, double ms, const std::string& label, bool accepting,
+                        const std::function<bool(std::string_view)>& walks) {
+  const Fixture& f = fixture();
+  size_t allowed = 0, mismatches = 0;
+  const auto ends = end_ids(f.tok);
+  for (size_t id = 0; id < mask.size(); ++id) {
+    const auto tid = static_cast<int32_t>(id);
+    bool expect;
+    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) expect = accepting;
+    else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) expect = false;
+    else expect = walks(f.vocab->bytes(tid));
+    allowed += mask[id];
+    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
+      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
+                    << ", automaton " << expect << " after '" << label << "'";
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_GT(allowed, 0u);
+  std::printf("mask after %-60s %6zu allowed, %.2f ms\n", ("'" + label + "'").substr(0, 60).c_str(), allowed, ms);
+}
+
 // The mask after feeding `prefix` (as token texts would: byte by byte) against brute force.
 void expect_mask_matches_brute_force(bool thinking, const std::string& prefix, std::optional<std::string> only = {}) {
   const Fixture& f = fixture();
@@ -102,27 +128,10 @@ void expect_mask_matches_brute_force(bool thinking, const std::string& prefix, s
   auto t0 = std::chrono::steady_clock::now();
   c.allowed_tokens(mask);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  size_t allowed = 0, mismatches = 0;
-  const auto ends = end_ids(f.tok);
-  for (size_t id = 0; id < mask.size(); ++id) {
-    const auto tid = static_cast<int32_t>(id);
-    bool expect;
-    if (std::find(ends.begin(), ends.end(), tid) != ends.end()) {
-      expect = g.accepting(s);
-    } else if (f.tok.is_special(tid) || f.vocab->bytes(tid).empty()) {
-      expect = false;
-    } else {
-      ToolCallState t = s;
-      expect = g.step_all(t, f.vocab->bytes(tid));
-    }
-    allowed += mask[id];
-    if (static_cast<bool>(mask[id]) != expect && ++mismatches <= 5)
-      ADD_FAILURE() << "token " << id << " '" << f.vocab->bytes(tid) << "': mask " << int(mask[id])
-                    << ", automaton " << expect << " after '" << prefix << "'";
-  }
-  EXPECT_EQ(mismatches, 0u);
-  EXPECT_GT(allowed, 0u);
-  std::printf("mask after %-60s %6zu allowed, %.2f ms\n", ("'" + prefix + "'").substr(0, 60).c_str(), allowed, ms);
+  expect_mask_equals(mask, ms, prefix, g.accepting(s), [&](std::string_view b) {
+    ToolCallState t = s;
+    return g.step_all(t, b);
+  });
 }
 
 TEST(ToolCallConstraint, MasksEqualBruteForceAlongACall) {
@@ -162,37 +171,49 @@ TEST(ToolCallConstraint, WholeTagTokensAreAllowed) {
   EXPECT_FALSE(mask[static_cast<size_t>(*tc)]);
 }
 
+// Samples random logits (a stand-in for a random-weight model) under constraint c until an end
+// token or max_steps: the tokens before the end, whether it ended, and the masks' time.
+struct Sampled {
+  std::vector<int32_t> out;
+  bool ended = false;
+};
+Sampled sample_under(TokenConstraint& c, bool thinking, uint64_t seed, int max_steps, std::mt19937& rng,
+                     double& total_ms, int& steps) {
+  const Fixture& f = fixture();
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(f.vocab->size());
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.seed = seed;
+  sp.eos_token_ids = end_ids(f.tok);
+  if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};  // end the thought soon
+  Sampled s;
+  std::vector<uint8_t> mask(f.vocab->size());
+  for (int i = 0; i < max_steps && !s.ended; ++i) {
+    for (float& x : logits) x = normal(rng);
+    auto t0 = std::chrono::steady_clock::now();
+    c.allowed_tokens(mask);
+    total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++steps;
+    SampleResult r = sample_token(logits, sp, {}, s.out, mask);
+    c.accept(r.token);
+    s.ended = sp.is_stop_token(r.token);
+    if (!s.ended) s.out.push_back(r.token);
+  }
+  return s;
+}
+
 // Random logits (a stand-in for a random-weight model) under the mask: the sampled output is
 // always a complete call of the named function with schema-conforming arguments.
 TEST(ToolCallConstraint, RandomLogitsUnderTheMaskGiveValidCalls) {
   const Fixture& f = fixture();
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> logits(f.vocab->size());
   double total_ms = 0;
   int steps = 0;
   for (int trial = 0; trial < 6; ++trial) {
     const bool thinking = trial % 2 == 1;
     ToolCallConstraint c(grammar(thinking, std::string("get_weather")), f.vocab, end_ids(f.tok));
-    SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.seed = static_cast<uint64_t>(trial);
-    sp.eos_token_ids = end_ids(f.tok);
-    if (thinking) sp.logit_bias = {{*f.tok.token_to_id("</think>"), 30.0f}};  // end the thought soon
-    std::vector<int32_t> out;
-    std::vector<uint8_t> mask(f.vocab->size());
-    bool ended = false;
-    for (int i = 0; i < 200 && !ended; ++i) {
-      for (float& x : logits) x = normal(rng);
-      auto t0 = std::chrono::steady_clock::now();
-      c.allowed_tokens(mask);
-      total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++steps;
-      SampleResult r = sample_token(logits, sp, {}, out, mask);
-      c.accept(r.token);
-      ended = sp.is_stop_token(r.token);
-      if (!ended) out.push_back(r.token);
-    }
+    auto [out, ended] = sample_under(c, thinking, static_cast<uint64_t>(trial), 200, rng, total_ms, steps);
     ASSERT_TRUE(ended) << "no EOS in 200 tokens: " << f.tok.decode(out);
     OutputParserOptions po;
     po.thinking_enabled = thinking;
@@ -208,6 +229,93 @@ TEST(ToolCallConstraint, RandomLogitsUnderTheMaskGiveValidCalls) {
     if (args.contains("days")) EXPECT_TRUE(args["days"].is_number_integer()) << text;
   }
   std::printf("mean mask time over %d sampled steps: %.2f ms\n", steps, total_ms / steps);
+}
+
+
+// ---- structured outputs (runtime/structured_constraint.h) ---------------------------------------
+
+const char* kSchema = R"({"type":"object","properties":{
+  "name":{"type":"string","maxLength":12},
+  "age":{"type":"integer","minimum":0,"maximum":150},
+  "tags":{"type":"array","items":{"enum":["a","bb","c d"]},"maxItems":3},
+  "score":{"anyOf":[{"type":"number"},{"type":"null"}]},
+  "ok":{"type":"boolean"}},"required":["name","ok"],"additionalProperties":false})";
+
+std::shared_ptr<const JsonGrammar> schema_grammar(const char* schema) {
+  auto g = compile_json_schema(OrderedJson::parse(schema));
+  if (!g.ok()) ADD_FAILURE() << g.message();
+  return *g;
+}
+
+// The mask after `prefix` (fed through single-byte tokens) against walking every token's bytes.
+void expect_structured_mask(const std::shared_ptr<const JsonGrammar>& g, bool thinking, const std::string& prefix) {
+  const Fixture& f = fixture();
+  StructuredConstraint c(g, thinking, f.vocab, end_ids(f.tok));
+  static const std::vector<int32_t> byte_token = [&] {  // the single-byte token of every byte
+    std::vector<int32_t> t(256, -1);
+    for (size_t id = 0; id < f.vocab->size(); ++id) {
+      const auto b = f.vocab->bytes(static_cast<int32_t>(id));
+      if (b.size() == 1 && !f.tok.is_special(static_cast<int32_t>(id)) && t[static_cast<uint8_t>(b[0])] < 0)
+        t[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(id);
+    }
+    return t;
+  }();
+  for (char ch : prefix) {
+    const int32_t id = byte_token[static_cast<uint8_t>(ch)];
+    ASSERT_GE(id, 0) << int(ch);
+    c.accept(id);
+  }
+  ASSERT_FALSE(c.state().dead) << prefix;
+  const StructuredConstraint::State s = c.state();
+  std::vector<uint8_t> mask(f.vocab->size());
+  auto t0 = std::chrono::steady_clock::now();
+  c.allowed_tokens(mask);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  expect_mask_equals(mask, ms, prefix, c.accepting(s), [&](std::string_view b) {
+    StructuredConstraint::State t = s;
+    return c.step_text(t, b);
+  });
+}
+
+TEST(StructuredConstraint, MasksEqualBruteForce) {
+  auto g = schema_grammar(kSchema);
+  const std::string doc = R"({"name": "Zoé", "age": 42, "tags": ["a", "c d"], "score": -1.5e3, "ok": true})";
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{9}, size_t{12}, size_t{13}, size_t{20}, size_t{25},
+                   size_t{33}, size_t{38}, size_t{45}, size_t{60}, size_t{66}, doc.size() - 1, doc.size()})
+    expect_structured_mask(g, false, doc.substr(0, n));
+  for (const char* thought : {"", "hmm", "hmm </thi", "done</think>\n\n", "done</think>\n\n{\"na"})
+    expect_structured_mask(g, true, thought);
+  expect_structured_mask(json_object_grammar(), false, "{\"a\": [1, {\"b\": \"x");
+  expect_structured_mask(json_object_grammar(), false, "{\"a\": 1, \"ke");  // a free key: the fast path
+  auto re = regex_grammar("(yes|no) [0-9]{2}");
+  ASSERT_TRUE(re.ok());
+  expect_structured_mask(*re, false, "");
+  expect_structured_mask(*re, false, "ye");
+  expect_structured_mask(*re, false, "no 1");
+}
+
+// Random logits under the mask: every sampled output that ends is a document the grammar accepts
+// (nlohmann parses it; the Python suite validates with jsonschema).
+TEST(StructuredConstraint, RandomLogitsUnderTheMaskGiveValidJson) {
+  const Fixture& f = fixture();
+  auto g = schema_grammar(kSchema);
+  std::mt19937 rng(5);
+  double total_ms = 0;
+  int steps = 0, finished = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    const bool thinking = trial % 2 == 1;
+    StructuredConstraint c(g, thinking, f.vocab, end_ids(f.tok));
+    auto [out, ended] = sample_under(c, thinking, static_cast<uint64_t>(trial), 300, rng, total_ms, steps);
+    ASSERT_TRUE(ended) << "no EOS in 300 tokens: " << f.tok.decode(out);
+    ++finished;
+    std::string text = f.tok.decode(out);
+    if (thinking) text = text.substr(text.find("</think>") + 8);
+    auto doc = OrderedJson::parse(text);
+    EXPECT_TRUE(doc.contains("name") && doc.contains("ok")) << text;
+    EXPECT_FALSE(c.state().dead);
+  }
+  EXPECT_EQ(finished, 4);
+  std::printf("mean structured mask time over %d sampled steps: %.2f ms\n", steps, total_ms / steps);
 }
 
 }  // namespace
