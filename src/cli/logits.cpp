@@ -1,6 +1,9 @@
 // `sparkserve logits`: teacher-forced logits for every prompt position, written as a float32 .npy
 // [T, vocab_size] (one forward over the whole prompt). With --image, T counts the expanded
-// image tokens.
+// image tokens. With --mtp-drafts K: the multi-token-prediction layer's draft logits instead,
+// [T - 1 + K - 1, vocab]: row p < T - 1 reads the target's hidden state at p and token p + 1
+// (teacher forced), then K - 1 chained rows from the last one (each feeds the MTP's output and the
+// argmax draft of the row before, one position further).
 #include <cstdio>
 
 #include "backend/backend_factory.h"
@@ -23,6 +26,7 @@ struct LogitsOptions {
   int threads = 0;
   std::string device = "cpu";
   std::vector<std::string> images;
+  int mtp_drafts = 0;
   LoadCliOptions load;
   KvCliOptions kv;
 };
@@ -46,6 +50,9 @@ int run_logits(const LogitsOptions& o) {
   std::vector<std::string> notes;
   auto load_opts = make_load_options(o.load);
   if (!load_opts) return fail(load_opts.message());
+  if (o.mtp_drafts < 0) return fail("--mtp-drafts must be >= 1");
+  if (o.mtp_drafts > 0 && ids->size() < 2) return fail("--mtp-drafts needs at least 2 prompt tokens");
+  load_opts->load_mtp = o.mtp_drafts > 0;
   auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
   for (const auto& n : notes) std::fprintf(stderr, "%s\n", n.c_str());
@@ -57,18 +64,33 @@ int run_logits(const LogitsOptions& o) {
   if (T > max_pos)
     return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  auto limits = one_sequence_state(*backend, c, T, *kv_dtype, o.kv.gpu_memory_utilization);
+  auto limits = one_sequence_state(*backend, c, T + o.mtp_drafts, *kv_dtype, o.kv.gpu_memory_utilization);
   if (!limits) return fail(limits.message());
+  limits->mtp = o.mtp_drafts > 0;
   DirectState state(*backend, c, *limits);
   auto seq = state.open_sequence();
   if (!seq) return fail(seq.message());
   std::vector<SequenceInput> batch(1);
   batch[0].state = &*seq;
   batch[0].tokens = *ids;
-  batch[0].all_logits = true;
+  batch[0].all_logits = o.mtp_drafts == 0;
   batch[0].mm = mm->get();
-  auto logits = state.forward(**model, batch);
+  SpecCapture capture;
+  auto logits = state.forward(**model, batch, o.mtp_drafts > 0 ? &capture : nullptr);
   if (!logits) return fail(logits.message());
+  if (o.mtp_drafts > 0) {
+    if (Status st = state.reserve(*seq, T + o.mtp_drafts); !st.ok()) return fail(st.message());
+    Qwen35Model::DraftSeq d;
+    d.block_table = seq->block_table;
+    d.next_tokens = std::span<const int32_t>(*ids).subspan(1);
+    d.num_drafts = o.mtp_drafts;
+    d.mm = mm->get();
+    d.rope_delta = seq->rope_delta;
+    d.all_logits = true;
+    auto drafted = (*model)->draft({&d, 1}, capture.hidden, state.state().pools());
+    if (!drafted) return fail(drafted.message());
+    *logits = std::move(drafted->logits);
+  }
   Status st = write_npy_f32(o.out, {logits->rows, logits->vocab}, logits->data.data());
   if (!st.ok()) return fail(st.message());
   return 0;
@@ -85,6 +107,9 @@ void register_logits(CLI::App& root, int& exit_code) {
   cmd->add_option("--image", opts->images,
                   "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "
                   "into that image's tokens, and the logits are those of the expanded sequence");
+  cmd->add_option("--mtp-drafts", opts->mtp_drafts,
+                  "Write the multi-token-prediction layer's draft logits instead: the T-1 teacher-forced rows, "
+                  "then K-1 chained ones");
   add_load_options(cmd, opts->load);
   add_kv_options(cmd, opts->kv);
   cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });

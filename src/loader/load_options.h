@@ -29,6 +29,9 @@ struct LoadOptions {
   uint64_t buffer_bytes = kDefaultLoadBuffer;  // host staging budget (conversion / upload pieces)
   bool drop_page_cache = true;                 // posix_fadvise(DONTNEED) on every range read
   LoadProgress* progress = nullptr;            // optional: told the total, then every piece read
+  // Load the multi-token-prediction layer (mtp.*) for speculative decoding; an error when the
+  // checkpoint has none. Off: its tensors are reported as unused.
+  bool load_mtp = false;
 };
 
 // "4GiB", "512MiB", "1.5GB", "65536", "64k" -> bytes. Units: B, K/KB/KiB, M/MB/MiB, G/GB/GiB,

@@ -244,7 +244,7 @@ class SynthBuilder {
 
 }  // namespace
 
-Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, uint64_t seed) {
+Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, uint64_t seed, bool with_mtp) {
   SynthModel out;
   SS_ASSIGN_OR_RETURN(out.config, parse_model_config(plan.config.dump(), "synth config.json"));
   SS_ASSIGN_OR_RETURN(QuantConfig qc, parse_quant_config(plan.config, plan.hf_quant_config));
@@ -281,12 +281,16 @@ Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, 
       SS_RETURN_IF_ERROR(weight_layout::vision(L, c.vision, vp, w.vision));
       break;
     }
+  if (with_mtp) {
+    if (!L.find("mtp.fc.weight")) return make_error("synth plan: no mtp.* tensors (mtp_num_hidden_layers is 0)");
+    SS_RETURN_IF_ERROR(weight_layout::mtp(L, c, w.mtp));
+  }
   for (const SynthTensor& t : plan.tensors) {
     const std::string& n = t.spec.name;
     if (n.rfind("model.visual.", 0) == 0 || n.rfind("visual.", 0) == 0) {
       if (!w.vision.present) ++w.report.visual_tensors;
     } else if (n.rfind("mtp.", 0) == 0) {
-      ++w.report.mtp_tensors;
+      if (!w.mtp.present) ++w.report.mtp_tensors;
     }
   }
   backend.synchronize();

@@ -27,9 +27,11 @@ struct SynthModel {
   uint64_t loaded_bytes = 0;  // bytes allocated for the text model's weights
 };
 
-// `seed` as `sparkserve synth --seed`. Errors: the plan's config or quantization config do not parse,
-// or a module's format is not one the loader accepts.
-Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, uint64_t seed = 0);
+// `seed` as `sparkserve synth --seed`; with_mtp builds the MTP layer too (as LoadOptions::load_mtp).
+// Errors: the plan's config or quantization config do not parse, or a module's format is not one the
+// loader accepts.
+Expected<SynthModel> build_synth_model(const SynthPlan& plan, Backend& backend, uint64_t seed = 0,
+                                       bool with_mtp = false);
 
 // Every Linear of the text model in model order, named ("layers.3.moe.experts_down", "lm_head").
 std::vector<std::pair<std::string, const Linear*>> model_linears(const ModelWeights& w);

@@ -168,5 +168,33 @@ Status text_model(Source& L, const ModelConfig& c, const std::string& prefix, Mo
   return Status::Ok();
 }
 
+// The multi-token-prediction layer under `mtp.` (model-qwen35.md §3, MTP table): one full-attention
+// decoder layer (MoE or dense MLP as the text model's layers), routed experts fused or per expert.
+template <class Source>
+Status mtp(Source& L, const ModelConfig& c, MtpWeights& m) {
+  const int64_t H = c.hidden_size;
+  if (c.mtp_num_hidden_layers != 1)
+    return make_error("config.json: mtp_num_hidden_layers is " + std::to_string(c.mtp_num_hidden_layers) +
+                      "; speculative decoding supports checkpoints with exactly one MTP layer");
+  SS_ASSIGN_OR_RETURN(m.fc, L.linear("mtp.fc.weight", H, 2 * H));
+  SS_ASSIGN_OR_RETURN(m.pre_fc_norm_embedding, L.vector_f32({"mtp.pre_fc_norm_embedding.weight", {H}}));
+  SS_ASSIGN_OR_RETURN(m.pre_fc_norm_hidden, L.vector_f32({"mtp.pre_fc_norm_hidden.weight", {H}}));
+  const std::string P = "mtp.layers.0.";
+  LayerWeights& lw = m.layer;
+  lw.type = LayerType::kFullAttention;
+  SS_ASSIGN_OR_RETURN(lw.input_norm, L.vector_f32({P + "input_layernorm.weight", {H}}));
+  SS_ASSIGN_OR_RETURN(lw.post_attention_norm, L.vector_f32({P + "post_attention_layernorm.weight", {H}}));
+  SS_RETURN_IF_ERROR(attention(L, c, P + "self_attn.", lw.attn));
+  if (c.is_moe) {
+    bool per_expert = false;
+    SS_RETURN_IF_ERROR(moe(L, c, P + "mlp.", lw.moe, per_expert));
+  } else {
+    SS_RETURN_IF_ERROR(mlp(L, c, P + "mlp.", lw.mlp));
+  }
+  SS_ASSIGN_OR_RETURN(m.norm, L.vector_f32({"mtp.norm.weight", {H}}));
+  m.present = true;
+  return Status::Ok();
+}
+
 }  // namespace weight_layout
 }  // namespace sparkserve

@@ -21,7 +21,8 @@ std::vector<std::string> LoadReport::notes() const {
                   " vision tower tensors (model.visual.*) unused: config.json has no vision_config (text-only model)");
   if (mtp_tensors > 0)
     out.push_back("note: " + std::to_string(mtp_tensors) +
-                  " multi-token-prediction tensors (mtp.*) recognised, not used yet");
+                  " multi-token-prediction tensors (mtp.*) not loaded (used for speculative decoding: "
+                  "--speculative-tokens K)");
   for (const auto& name : unexpected)
     out.push_back("warning: checkpoint tensor '" + name + "' is not used by the model");
   for (const auto& line : quant_warnings) out.push_back("warning: " + line);
@@ -285,7 +286,7 @@ bool has_quantized_tensors(const Checkpoint& ckpt) {
 
 namespace {
 Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const ModelConfig& c, Backend& backend,
-                                             WeightStream& stream) {
+                                             WeightStream& stream, bool load_mtp) {
   ModelWeights w;
   // Every module's format is decided from its tensors and checked against the quantization config
   // first: a module with no consistent reading fails the load here, by name.
@@ -323,6 +324,13 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
       SS_RETURN_IF_ERROR(weight_layout::vision(L, c.vision, vp, w.vision));
       break;
     }
+  if (load_mtp) {
+    if (!ckpt.find("mtp.fc.weight"))
+      return make_error(ckpt.dir().string() +
+                        ": speculative decoding needs the multi-token-prediction layer, but the checkpoint has no "
+                        "'mtp.fc.weight' (no mtp.* tensors)");
+    SS_RETURN_IF_ERROR(weight_layout::mtp(L, c, w.mtp));
+  }
   for (const auto& [name, info] : ckpt.tensors()) {
     if (L.used().count(name)) continue;
     if (name.rfind("model.visual.", 0) == 0 || name.rfind("visual.", 0) == 0) {
@@ -338,11 +346,12 @@ Expected<ModelWeights> load_weights_streamed(const Checkpoint& ckpt, const Model
 }
 }  // namespace
 
-uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision) {
+uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision, bool with_mtp) {
   uint64_t total = 0;
   for (const auto& [name, info] : ckpt.tensors()) {
     const bool visual = name.rfind("model.visual.", 0) == 0 || name.rfind("visual.", 0) == 0;
-    if ((with_vision || !visual) && name.rfind("mtp.", 0) != 0) total += info.nbytes;
+    const bool mtp = name.rfind("mtp.", 0) == 0;
+    if ((with_vision || !visual) && (with_mtp || !mtp)) total += info.nbytes;
   }
   return total;
 }
@@ -353,8 +362,8 @@ Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
     return make_error("load buffer of " + format_bytes(options.buffer_bytes) + " is below the minimum of " +
                       format_bytes(kMinLoadBuffer));
   WeightStream stream(ckpt, backend, options);
-  if (options.progress) options.progress->start(text_model_bytes(ckpt, c.vision.present));
-  auto w = load_weights_streamed(ckpt, c, backend, stream);
+  if (options.progress) options.progress->start(text_model_bytes(ckpt, c.vision.present, options.load_mtp));
+  auto w = load_weights_streamed(ckpt, c, backend, stream, options.load_mtp);
   backend.synchronize();
   // Folios that straddled two tensors (each dropped only its own whole pages) go now.
   if (options.drop_page_cache) ckpt.drop_cached_files();

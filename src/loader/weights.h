@@ -62,12 +62,24 @@ struct LayerWeights {
   MlpWeights mlp;              // otherwise
 };
 
+// The multi-token-prediction layer (`mtp.*`, model-qwen35.md §2.9): fc over [norm(embedding(next
+// token)) ; norm(hidden)], one full-attention decoder layer with its MoE (or MLP), a final norm. It
+// shares the text model's embedding and lm_head.
+struct MtpWeights {
+  bool present = false;
+  Linear fc;                     // [H, 2H]: input columns = embedding (first H) then hidden
+  Tensor pre_fc_norm_embedding;  // [H] f32 (zero-centred)
+  Tensor pre_fc_norm_hidden;     // [H] f32 (zero-centred)
+  LayerWeights layer;            // type kFullAttention
+  Tensor norm;                   // [H] f32 (zero-centred)
+};
+
 // What the loader saw but did not use.
 struct LoadReport {
   std::string prefix;        // "model.language_model." or "model."
   bool per_expert_layout = false;
   int visual_tensors = 0;    // model.visual.* left unused (a checkpoint without vision_config)
-  int mtp_tensors = 0;       // mtp.* (multi-token prediction head: not used yet)
+  int mtp_tensors = 0;       // mtp.* left unused (loaded only for speculative decoding: LoadOptions::load_mtp)
   std::vector<std::string> unexpected;  // anything else the model does not know
   std::vector<std::string> quant_warnings;  // QuantPlan::warnings (overlapping targets, unmatched ignores ...)
   std::vector<std::pair<std::string, uint64_t>> nonfinite;  // float tensors with NaN/Inf values, and how many
@@ -83,6 +95,7 @@ struct ModelWeights {
   Tensor final_norm;  // [H] f32
   Linear lm_head;     // [V, H]; the embedding itself when tie_word_embeddings
   VisionWeights vision;  // vision.present: config.json has a vision tower and the checkpoint its tensors
+  MtpWeights mtp;        // mtp.present: loaded on request (LoadOptions::load_mtp)
   LoadReport report;
   std::vector<Buffer> storage;  // owns every tensor above
 };
@@ -98,8 +111,8 @@ struct ModelWeights {
 Expected<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend,
                                     const LoadOptions& options = {});
 
-// Bytes of every tensor but the MTP head and (unless with_vision) the vision tower: what a load
-// reads (the progress line's total).
-uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision = false);
+// Bytes of every tensor but (unless with_mtp) the MTP layer and (unless with_vision) the vision
+// tower: what a load reads (the progress line's total).
+uint64_t text_model_bytes(const Checkpoint& ckpt, bool with_vision = false, bool with_mtp = false);
 
 }  // namespace sparkserve

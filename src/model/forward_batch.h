@@ -1,5 +1,6 @@
 // What one forward pass reads and writes, as plain data: the sequences of the batch (which state
-// rows and KV blocks each one uses), the state pools themselves, and the logits that come back.
+// rows and KV blocks each one uses), the state pools themselves, and the logits that come back (plus,
+// for speculative decoding, what the draft and commit steps after it read).
 // The model never allocates or frees any of it: whoever calls forward (the engine's scheduler and
 // model runner, or a tool running one sequence) owns the accounting.
 #pragma once
@@ -33,6 +34,25 @@ struct ForwardSeq {
   // sequence's logits rows (Backend::argmax, taken where the logits are); 0: the whole rows. A
   // served greedy step then downloads a few ids instead of [rows, vocab] floats.
   int64_t argmax_vocab = 0;
+  // A speculative verify span (the sequence's next token and the drafts after it, num_logits =
+  // tokens.size()): its GDN state is read but not advanced (the decode form runs over a copy of the
+  // state row), and the forward's SpecCapture keeps what Qwen35Model::commit_speculative needs to
+  // advance it by the accepted prefix afterwards. Keys and values are written as for any span; those
+  // past the accepted prefix are rewritten by later steps.
+  bool speculative = false;
+};
+
+// What a forward keeps for speculative decoding (Qwen35Model::forward's optional output): the inputs of
+// the multi-token-prediction pass and of the GDN commit that follow acceptance.
+struct SpecCapture {
+  Buffer hidden;  // [T, H] f32: the final-normalised hidden row of every token of the batch
+  // The speculative spans in batch order: row_begin indexes the stash rows below, gdn_slot is the
+  // sequence's live state row; seq[i] is the span's index in the forward's batch.
+  std::vector<SeqSpan> spans;
+  std::vector<int64_t> seq;
+  // Per GDN layer, the speculative spans' tokens (rows as `spans`): conv inputs [Ts, conv_dim] and
+  // gates g, beta [Ts, Hv].
+  std::vector<Buffer> mixed, g, beta;
 };
 
 // Logits rows in batch order: for each sequence, its num_logits rows in position order.
@@ -61,6 +81,9 @@ struct StatePools {
   int64_t num_slots = 0;
   std::vector<KvPool> kv;
   std::vector<Tensor> conv, recurrent;
+  // The multi-token-prediction layer's own paged KV pool, indexed by the same block tables as kv
+  // (position p holds the MTP row of position p); no tensors when the model runs without its MTP layer.
+  KvPool mtp_kv;
 };
 
 }  // namespace sparkserve

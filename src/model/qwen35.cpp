@@ -1,5 +1,7 @@
 #include "model/qwen35.h"
 
+#include "model/qwen35_layout.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,25 +11,6 @@
 #include <string>
 
 namespace sparkserve {
-
-// The batch seen by the state ops: all spans, and the same spans split by which GDN form runs
-// them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
-struct Qwen35Model::Layout {
-  BatchLayout all, prefill, decode;
-  Tensor positions;  // [T] i32, device
-  Buffer positions_storage;
-  // Prompt chunks with images: M-RoPE positions [T, 3] (t, h, w), needed only when some token's
-  // three positions differ (the image tokens); and the rows whose embedding an image provides.
-  bool mrope = false;
-  Tensor positions3;
-  Buffer positions3_storage;
-  struct ImageRows {
-    MultimodalPrompt* mm = nullptr;
-    std::vector<int64_t> rows;        // batch rows
-    std::vector<int64_t> embed_rows;  // their rows of mm->embeddings
-  };
-  std::vector<ImageRows> images;
-};
 
 // One recorded decode step of `batch` sequences. Its inputs live in one device buffer refreshed by a
 // single host->device copy per step: token ids [B] | positions [B] | the packed layout, which has
@@ -116,43 +99,9 @@ int count_layers(const ModelConfig& c, LayerType type) {
   return n;
 }
 
-Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const StatePools& state) {
-  const ModelConfig& c = config_;
-  // Validate everything before touching any state.
-  int64_t T = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const ForwardSeq& in = batch[s];
-    if (in.gdn_slot < 0 || in.gdn_slot >= state.num_slots)
-      return make_error("sequence " + std::to_string(s) + " has no state slot");
-    if (in.tokens.empty()) return make_error("sequence " + std::to_string(s) + " has no new tokens");
-    if (in.num_logits < 0 || in.num_logits > static_cast<int64_t>(in.tokens.size()))
-      return make_error("sequence " + std::to_string(s) + " asks for " + std::to_string(in.num_logits) +
-                        " logits rows of " + std::to_string(in.tokens.size()) + " tokens");
-    const int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
-    if (static_cast<int64_t>(in.block_table.size()) * state.block_size < end)
-      return make_error("sequence " + std::to_string(s) + ": its " + std::to_string(in.block_table.size()) +
-                        " KV blocks do not cover position " + std::to_string(end - 1));
-    for (int32_t id : in.tokens)
-      if (id < 0 || id >= c.vocab_size)
-        return make_error("token id " + std::to_string(id) + " is out of range [0, " +
-                          std::to_string(c.vocab_size) + ")");
-    if (in.argmax_vocab < 0)
-      return make_error("sequence " + std::to_string(s) + " asks for an argmax over " +
-                        std::to_string(in.argmax_vocab) + " columns");
-    T += static_cast<int64_t>(in.tokens.size());
-    if (in.mm) SS_RETURN_IF_ERROR(encode_images(*in.mm));
-  }
-  if (T == 0) return make_error("empty batch");
-  for (size_t s = 0; s < batch.size(); ++s)
-    for (size_t r = 0; r < s; ++r)
-      if (batch[s].gdn_slot == batch[r].gdn_slot)
-        return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " share one state");
-
-  // Rows, spans, positions.
-  Layout layout;
-  bool decode_only = true;
-  std::vector<int32_t> ids, pos, pos3;
-  std::vector<int64_t> logit_rows, row_argmax;  // row_argmax: each logits row's argmax_vocab
+void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout,
+                              std::vector<int32_t>& ids, std::vector<int32_t>& pos, std::vector<int32_t>& pos3,
+                              std::vector<int64_t>& logit_rows, std::vector<int64_t>& row_argmax) {
   for (const ForwardSeq& in : batch) {
     const int64_t rope_delta = in.mm ? in.mm->rope_delta : in.rope_delta;
     Layout::ImageRows images{in.mm, {}, {}};
@@ -171,7 +120,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
         pos3.insert(pos3.end(), thw, thw + 3);
         layout.mrope = layout.mrope || thw[1] != thw[0] || thw[2] != thw[0];
         const int64_t e = in.mm->embed_row[static_cast<size_t>(p)];
-        if (e >= 0) {
+        if (e >= 0 && with_images) {
           images.rows.push_back(span.row_begin + i);
           images.embed_rows.push_back(e);
         }
@@ -182,21 +131,31 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
       pos.push_back(pos3.back());
       if (i >= span.num_tokens - in.num_logits) {
         logit_rows.push_back(span.row_begin + i);
-        row_argmax.push_back(std::min<int64_t>(in.argmax_vocab, c.vocab_size));
+        row_argmax.push_back(std::min<int64_t>(in.argmax_vocab, config_.vocab_size));
       }
     }
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
     layout.all.seqs.push_back(span);
-    (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
-    decode_only = decode_only && span.num_tokens == 1 && in.num_logits == 1;
+    if (in.speculative) {
+      // Decode-form GDN over a copy of the state row (the copy's index in verify_tmp).
+      SeqSpan tmp = span;
+      tmp.gdn_slot = static_cast<int32_t>(layout.verify.seqs.size());
+      layout.verify.seqs.push_back(span);
+      layout.verify_tmp.seqs.push_back(tmp);
+      for (int64_t i = 0; i < span.num_tokens; ++i) layout.verify_rows.push_back(span.row_begin + i);
+    } else {
+      (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
+      layout.stateful.seqs.push_back(span);
+    }
   }
-  layout.all.total_rows = layout.prefill.total_rows = layout.decode.total_rows = T;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  for (BatchLayout* b : {&layout.all, &layout.prefill, &layout.decode, &layout.stateful, &layout.verify,
+                         &layout.verify_tmp})
+    b->total_rows = T;
+}
 
-  if (decode_only && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
-    std::optional<Logits> out = forward_recorded(layout, ids, pos, state, row_argmax);
-    if (out) return std::move(*out);
-  }
-
+void Qwen35Model::upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3) {
+  const auto T = static_cast<int64_t>(pos.size());
   layout.positions_storage = buffer({T}, DType::kI32);
   layout.positions = layout.positions_storage.tensor();
   backend_.upload(layout.positions, pos.data());
@@ -205,15 +164,92 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
     layout.positions3 = layout.positions3_storage.tensor();
     backend_.upload(layout.positions3, pos3.data());
   }
+}
+
+Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const StatePools& state,
+                                      SpecCapture* capture) {
+  const ModelConfig& c = config_;
+  // Validate everything before touching any state.
+  int64_t T = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const ForwardSeq& in = batch[s];
+    if (in.gdn_slot < 0 || in.gdn_slot >= state.num_slots)
+      return make_error("sequence " + std::to_string(s) + " has no state slot");
+    if (in.tokens.empty()) return make_error("sequence " + std::to_string(s) + " has no new tokens");
+    if (in.num_logits < 0 || in.num_logits > static_cast<int64_t>(in.tokens.size()))
+      return make_error("sequence " + std::to_string(s) + " asks for " + std::to_string(in.num_logits) +
+                        " logits rows of " + std::to_string(in.tokens.size()) + " tokens");
+    if (in.speculative && !capture)
+      return make_error("sequence " + std::to_string(s) + " is speculative but the forward captures nothing");
+    if (in.argmax_vocab < 0)
+      return make_error("sequence " + std::to_string(s) + " asks for an argmax over " +
+                        std::to_string(in.argmax_vocab) + " columns");
+    const int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
+    if (static_cast<int64_t>(in.block_table.size()) * state.block_size < end)
+      return make_error("sequence " + std::to_string(s) + ": its " + std::to_string(in.block_table.size()) +
+                        " KV blocks do not cover position " + std::to_string(end - 1));
+    for (int32_t id : in.tokens)
+      if (id < 0 || id >= c.vocab_size)
+        return make_error("token id " + std::to_string(id) + " is out of range [0, " +
+                          std::to_string(c.vocab_size) + ")");
+    T += static_cast<int64_t>(in.tokens.size());
+    if (in.mm) SS_RETURN_IF_ERROR(encode_images(*in.mm));
+  }
+  if (T == 0) return make_error("empty batch");
+  for (size_t s = 0; s < batch.size(); ++s)
+    for (size_t r = 0; r < s; ++r)
+      if (batch[s].gdn_slot == batch[r].gdn_slot)
+        return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " share one state");
+
+  Layout layout;
+  std::vector<int32_t> ids, pos, pos3;
+  std::vector<int64_t> logit_rows, row_argmax;  // row_argmax: each logits row's argmax_vocab
+  make_layout(batch, /*with_images=*/true, layout, ids, pos, pos3, logit_rows, row_argmax);
+  bool decode_only = true;
+  for (const ForwardSeq& in : batch)
+    decode_only = decode_only && in.tokens.size() == 1 && in.num_logits == 1 && !in.speculative;
+
+  if (decode_only && !capture && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
+    std::optional<Logits> out = forward_recorded(layout, ids, pos, state, row_argmax);
+    if (out) return std::move(*out);
+  }
+
+  upload_positions(layout, pos, pos3);
   Buffer tok = buffer({T}, DType::kI32);
   backend_.upload(tok, ids.data());
   Buffer h = buffer({T, c.hidden_size});
+  if (capture) {
+    *capture = SpecCapture();
+    const int64_t Ts = static_cast<int64_t>(layout.verify_rows.size());
+    int64_t row = 0;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      if (!batch[s].speculative) continue;
+      SeqSpan span = layout.all.seqs[s];
+      span.row_begin = row;
+      row += span.num_tokens;
+      capture->spans.push_back(span);
+      capture->seq.push_back(static_cast<int64_t>(s));
+    }
+    if (Ts > 0) {
+      const GdnDims dims = gdn_dims(c);
+      for (int l = 0; l < count_layers(c, LayerType::kLinearAttention); ++l) {
+        capture->mixed.push_back(buffer({Ts, dims.conv_dim()}));
+        capture->g.push_back(buffer({Ts, dims.num_v_heads}));
+        capture->beta.push_back(buffer({Ts, dims.num_v_heads}));
+      }
+    }
+  }
+  capture_ = capture;
   trunk(h, tok, layout, state);
-  if (logit_rows.empty()) return Logits{0, c.vocab_size, {}};
-
-  Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), c.hidden_size});
-  backend_.gather_rows(last, h, logit_rows);
-  return lm_head(last, row_argmax);
+  capture_ = nullptr;
+  Logits out{0, c.vocab_size, {}};
+  if (!logit_rows.empty()) {
+    Buffer last = buffer({static_cast<int64_t>(logit_rows.size()), c.hidden_size});
+    backend_.gather_rows(last, h, logit_rows);
+    out = lm_head(last, row_argmax);
+  }
+  if (capture) capture->hidden = std::move(h);
+  return out;
 }
 
 void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state) {
@@ -247,7 +283,8 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
     if (lw.type == LayerType::kLinearAttention) {
       gdn_layer(d, h, lw, layer_slot_[l], layout, state);
     } else {
-      attention_layer(d, h, lw, layer_slot_[l], layout, state);
+      const auto a = static_cast<size_t>(layer_slot_[l]);
+      attention_layer(d, h, lw, layout, state.kv[a], state.block_size);
     }
     backend_.add_rmsnorm(x, h, d, lw.post_attention_norm, c.rms_norm_eps);
     // h = final norm after the last layer
@@ -323,6 +360,7 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
     Layout fixed;
     fixed.all = layout.all;
     fixed.decode = layout.decode;
+    fixed.stateful = layout.stateful;
     fixed.prefill.total_rows = B;
     fixed.positions = Tensor(in.ptr<int32_t>() + B, DType::kI32, {B}, in.device);
     const Tensor packed(in.ptr<int32_t>() + 2 * B, DType::kI32, {in.numel() - 2 * B}, in.device);
@@ -365,7 +403,7 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const Tensor& rec = state.recurrent[static_cast<size_t>(gdn_index)];
   const Tensor& conv = state.conv[static_cast<size_t>(gdn_index)];
   Buffer normed = buffer({T, Hv * dv});
-  if (fused_ && layout.prefill.seqs.empty()) {
+  if (fused_ && layout.prefill.seqs.empty() && layout.verify.seqs.empty()) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
                              config_.rms_norm_eps, conv, rec, layout.decode, dims);
@@ -376,21 +414,48 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.linear(b, h, w.in_proj_b);
   backend_.linear(a, h, w.in_proj_a);
   Buffer qkv = buffer({T, dims.conv_dim()});
-  backend_.gdn_conv(qkv, mixed, w.conv, conv, layout.all);
+  if (!layout.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, w.conv, conv, layout.stateful);
   Buffer g = buffer({T, Hv}), beta = buffer({T, Hv});
   backend_.gdn_gating(g, beta, a, b, w.A_log, w.dt_bias);
 
   Buffer core = buffer({T, Hv, dv});
   if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
   if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
+  if (!layout.verify.seqs.empty()) {
+    gdn_verify(qkv, core, mixed, g, beta, w, conv, rec, layout);
+    // What commit_speculative replays once the accepted prefix is known.
+    const auto i = static_cast<size_t>(gdn_index);
+    backend_.gather_rows(capture_->mixed[i], mixed, layout.verify_rows);
+    backend_.gather_rows(capture_->g[i], g, layout.verify_rows);
+    backend_.gather_rows(capture_->beta[i], beta, layout.verify_rows);
+  }
 
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
   backend_.linear(out, normed, w.out_proj);
 }
 
-void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw,
-                                  int attn_index, const Layout& layout, const StatePools& state) {
+void Qwen35Model::gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
+                             const Tensor& beta, const GdnWeights& w, const Tensor& conv_pool, const Tensor& rec_pool,
+                             const Layout& layout) {
+  // Copies of the spans' state rows (one gather per pool for the whole batch), run through the decode
+  // form's ops token by token: each token's output is what decoding it alone gives, and the live rows
+  // keep the state before the span.
+  const GdnDims dims = gdn_dims(config_);
+  const auto n = static_cast<int64_t>(layout.verify.seqs.size());
+  std::vector<int64_t> live;
+  for (const SeqSpan& s : layout.verify.seqs) live.push_back(s.gdn_slot);
+  const int64_t conv_row = conv_pool.numel() / conv_pool.dim(0), rec_row = rec_pool.numel() / rec_pool.dim(0);
+  Buffer conv_tmp = buffer({n, conv_pool.dim(1), conv_pool.dim(2)});
+  Buffer rec_tmp = buffer({n, rec_pool.dim(1), rec_pool.dim(2), rec_pool.dim(3)});
+  backend_.gather_rows(conv_tmp.tensor().view({n, conv_row}), conv_pool.view({conv_pool.dim(0), conv_row}), live);
+  backend_.gather_rows(rec_tmp.tensor().view({n, rec_row}), rec_pool.view({rec_pool.dim(0), rec_row}), live);
+  backend_.gdn_conv(qkv, mixed, w.conv, conv_tmp, layout.verify_tmp);
+  backend_.gdn_recurrent(core, qkv, g, beta, rec_tmp, layout.verify_tmp, dims);
+}
+
+void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, const Layout& layout,
+                                  const KvPool& pool, int64_t block_size) {
   const AttentionWeights& w = lw.attn;
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
@@ -398,7 +463,6 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   backend_.run_branches({[&] { backend_.linear(qg, h, w.q_proj); }, [&] { backend_.linear(k, h, w.k_proj); },
                          [&] { backend_.linear(v, h, w.v_proj); }});
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
-  const KvPool& pool = state.kv[static_cast<size_t>(attn_index)];
   if (fused_ && !layout.mrope) {
     // The same chain as below in one op (one kernel on CUDA).
     backend_.attention_prep(q, gate, qg, k, v, w.q_norm, w.k_norm, c.rms_norm_eps, layout.positions,
@@ -410,7 +474,7 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
   dims.num_heads = nh;
   dims.num_kv_heads = kvh;
   dims.head_dim = hd;
-  dims.block_size = state.block_size;
+  dims.block_size = block_size;
   dims.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Buffer o = buffer({T, nh, hd});
   if (fused_) {

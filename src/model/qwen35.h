@@ -44,7 +44,40 @@ class Qwen35Model {
   // recorded for B once B has been seen before: one host->device copy of the step's inputs, one graph
   // launch, one copy of the logits back. Same kernels on the same data: the logits are bitwise those
   // of running the ops one by one.
-  Expected<Logits> forward(std::span<const ForwardSeq> batch, const StatePools& state);
+  // capture (speculative decoding): receives the batch's final-normalised hidden rows and, for
+  // speculative spans (required for them), the GDN inputs commit_speculative replays.
+  Expected<Logits> forward(std::span<const ForwardSeq> batch, const StatePools& state,
+                           SpecCapture* capture = nullptr);
+
+  // ---- speculative decoding (multi-token prediction, model-qwen35.md §2.9) ----------------------
+  // The checkpoint's MTP layer was loaded (LoadOptions::load_mtp).
+  bool has_mtp() const { return w_.mtp.present; }
+  // Advances the GDN state of the captured speculative spans by their accepted prefix: accepted[i]
+  // tokens of batch sequence i (as forward saw the batch; 0 leaves the state as it is, e.g. for a
+  // sequence that ended). Runs the decode form over the stashed inputs: the state is what decoding
+  // those tokens one by one gives. accepted: one entry per batch sequence.
+  Status commit_speculative(const SpecCapture& capture, std::span<const int64_t> accepted, const StatePools& state);
+
+  // One sequence's multi-token-prediction pass: rows pair the target's hidden row of position p with
+  // the token at p + 1 (MTP row p, at position p, keys/values into state.mtp_kv); then
+  // num_drafts tokens are proposed after the last row, chained (draft j feeds the MTP's own output and
+  // draft j - 1 at the next position).
+  struct DraftSeq {
+    std::span<const int32_t> block_table;  // covers start_pos + rows + max(num_drafts - 1, 0) positions
+    int64_t start_pos = 0;                 // position of the first row
+    std::span<const int32_t> next_tokens;  // one per row: the token after the row's position
+    int64_t hidden_row = 0;                // row of `hidden` holding the first row's target hidden state
+    int64_t num_drafts = 0;                // 0: only the rows' keys/values (the MTP's history)
+    MultimodalPrompt* mm = nullptr;        // positions inside a prompt with images (M-RoPE)
+    int64_t rope_delta = 0;
+    bool all_logits = false;               // return the draft logits of every row and chain step
+  };
+  struct DraftResult {
+    std::vector<std::vector<int32_t>> drafts;  // per sequence: num_drafts tokens (argmax of the draft logits)
+    Logits logits;  // the rows of sequences with all_logits: each row's, then each chain step's, in order
+  };
+  // hidden: [T, H] f32, the hidden rows of the target forward these rows continue (SpecCapture::hidden).
+  Expected<DraftResult> draft(std::span<const DraftSeq> seqs, const Tensor& hidden, const StatePools& state);
 
   // Recorded decode steps are on by default; off only for A/B measurements (bench --no-graphs) and tests.
   void set_graphs_enabled(bool on);
@@ -80,8 +113,24 @@ class Qwen35Model {
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
   void gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int gdn_index,
                  const Layout& layout, const StatePools& state);
-  void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int attn_index,
-                       const Layout& layout, const StatePools& state);
+  // pool: this layer's paged KV pool [num_blocks, block_size, kvh, hd].
+  void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, const Layout& layout,
+                       const KvPool& pool, int64_t block_size);
+  // The GDN state ops of the speculative spans: conv and delta rule over copies of their state rows.
+  // mixed: [T, conv_dim], g, beta: [T, Hv] -> qkv: [T, conv_dim], core: [T, Hv, dv] (their rows).
+  void gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g, const Tensor& beta,
+                  const GdnWeights& w, const Tensor& conv_pool, const Tensor& rec_pool, const Layout& layout);
+  // Rows, spans and positions of a batch; with_images collects the rows image embeddings replace.
+  // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (each logits row's argmax_vocab): filled.
+  void make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout, std::vector<int32_t>& ids,
+                   std::vector<int32_t>& pos, std::vector<int32_t>& pos3, std::vector<int64_t>& logit_rows,
+                   std::vector<int64_t>& row_argmax);
+  // Uploads the layout's positions (and M-RoPE positions when needed).
+  void upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3);
+  // The MTP layer over R rows: tok [R] i32 (device), hidden [R, H] -> out [R, H], the MTP's
+  // final-normalised output (what lm_head reads and the next chained draft takes as hidden).
+  void mtp_layer(const Tensor& out, const Tensor& tok, const Tensor& hidden, const Layout& layout,
+                 const StatePools& state);
   // The attention input chain op by op (split, q/k norms, RoPE, KV write): what attention_prep
   // fuses; run when fused ops are off. qg: [T, nh, 2hd], k, v: [T, kvh, hd] -> q, gate: [T, nh, hd].
   void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
@@ -111,6 +160,7 @@ class Qwen35Model {
   bool graphs_enabled_ = true;
   bool fused_ = true;
   GraphStats graph_stats_;
+  SpecCapture* capture_ = nullptr;  // the running forward's capture (speculative spans' GDN inputs)
   std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by batch size
   std::vector<uintptr_t> graph_state_key_;  // block size and the state pools the recordings write
   Buffer graph_logits_;                        // [slots, V]: every recording's logits rows

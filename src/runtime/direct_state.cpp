@@ -41,7 +41,20 @@ Status DirectState::skip_ahead(SequenceState& seq, int64_t n) {
   return Status::Ok();
 }
 
-Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceInput>& batch) {
+Status DirectState::reserve(SequenceState& seq, int64_t positions) {
+  const int64_t bs = state_.kv().block_size();
+  const int64_t need = (positions + bs - 1) / bs - static_cast<int64_t>(seq.block_table.size());
+  if (need > static_cast<int64_t>(free_blocks_.size()))
+    return make_error("KV cache full: " + std::to_string(need) + " more blocks of " + std::to_string(bs) +
+                      " needed for " + std::to_string(positions) + " positions");
+  for (int64_t i = 0; i < need; ++i) {
+    seq.block_table.push_back(free_blocks_.back());
+    free_blocks_.pop_back();
+  }
+  return Status::Ok();
+}
+
+Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceInput>& batch, SpecCapture* capture) {
   const int64_t bs = state_.kv().block_size();
   std::vector<size_t> had;
   auto give_back = [&] {
@@ -85,7 +98,7 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     f.rope_delta = in.state->rope_delta;
     fwd.push_back(f);
   }
-  auto logits = model.forward(fwd, state_.pools());
+  auto logits = model.forward(fwd, state_.pools(), capture);
   if (!logits.ok()) {
     give_back();
     return logits;

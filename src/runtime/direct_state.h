@@ -47,7 +47,12 @@ class DirectState {
 
   // Reserves the KV blocks the new tokens need, runs `model`, advances every num_tokens. Errors
   // (no block left, a model error) leave every sequence and the free lists as they were.
-  Expected<Logits> forward(Qwen35Model& model, std::vector<SequenceInput>& batch);
+  // Grows seq's block table to cover `positions` positions (e.g. the MTP's chained draft rows past
+  // its tokens); error when the blocks run out (nothing taken then).
+  Status reserve(SequenceState& seq, int64_t positions);
+
+  // capture: as Qwen35Model::forward's (speculative decoding's hidden rows).
+  Expected<Logits> forward(Qwen35Model& model, std::vector<SequenceInput>& batch, SpecCapture* capture = nullptr);
 
   ModelState& state() { return state_; }
   int32_t free_blocks() const { return static_cast<int32_t>(free_blocks_.size()); }

@@ -21,6 +21,7 @@ struct StateLimits {
   int64_t block_size = 16;
   int32_t num_snapshots = 0;  // GDN state rows kept for the prefix cache
   DType kv_dtype = DType::kF32;  // KvPool: kF32, kBF16 or kF8E4M3
+  bool mtp = false;              // a KV pool for the multi-token-prediction layer too (speculative decoding)
 };
 
 // Bytes of one sequence's GDN state (every linear-attention layer's conv window and recurrent

@@ -1,0 +1,35 @@
+// Qwen35Model::Layout: the rows, spans and positions of one batch as the model's ops see them.
+// Private to the model's own sources (qwen35.cpp, qwen35_mtp.cpp).
+#pragma once
+
+#include <vector>
+
+#include "model/qwen35.h"
+
+namespace sparkserve {
+
+// The batch seen by the state ops: all spans, and the same spans split by which GDN form runs
+// them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
+struct Qwen35Model::Layout {
+  BatchLayout all, prefill, decode;
+  // GDN spans split by whether their state advances: `stateful` (prefill and decode spans) or not
+  // (`verify`: speculative spans, whose state ops run on copies; verify_tmp is the same spans with
+  // gdn_slot = their index among the copies). verify_rows: the batch rows of verify's tokens in order.
+  BatchLayout stateful, verify, verify_tmp;
+  std::vector<int64_t> verify_rows;
+  Tensor positions;  // [T] i32, device
+  Buffer positions_storage;
+  // Prompt chunks with images: M-RoPE positions [T, 3] (t, h, w), needed only when some token's
+  // three positions differ (the image tokens); and the rows whose embedding an image provides.
+  bool mrope = false;
+  Tensor positions3;
+  Buffer positions3_storage;
+  struct ImageRows {
+    MultimodalPrompt* mm = nullptr;
+    std::vector<int64_t> rows;        // batch rows
+    std::vector<int64_t> embed_rows;  // their rows of mm->embeddings
+  };
+  std::vector<ImageRows> images;
+};
+
+}  // namespace sparkserve
