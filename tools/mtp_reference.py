@@ -56,6 +56,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as dense_mod  # noqa: E
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe_mod  # noqa: E402
 
 CHAIN = 2  # chained rows after the teacher-forced ones (3 drafts in all)
+PROMPTS = ("short", "long")  # the shortest and the longest fixture prompt (keeps the .npy files small)
 DENSE_MTP_SEED = 20261130 + 12
 FIXTURES = {"qwen35-moe-tiny": Qwen3_5MoeForConditionalGeneration,
             "qwen35-dense-tiny": Qwen3_5ForConditionalGeneration}
@@ -180,7 +181,7 @@ def main():
         loaded = mtp.load(mtp_state(folder))
         ref = json.load(open(os.path.join(folder, "reference.json")))
         prompts = []
-        for p in ref["prompts"]:
+        for p in [q for q in ref["prompts"] if q["name"] in PROMPTS]:
             ids = p["prompt_ids"] + p["greedy_ids"]
             logits, drafts = reference(model, mtp, ids)
             top = torch.topk(logits, 2, dim=-1).values

@@ -78,6 +78,13 @@ TEST_P(SynthWeightsTest, SameStructsAndBytesAsTheLoaderOnTheWrittenCheckpoint) {
   EXPECT_EQ(synth->weights.report.visual_tensors, loaded->report.visual_tensors);
   EXPECT_EQ(synth->weights.report.mtp_tensors, loaded->report.mtp_tensors);
   EXPECT_TRUE(loaded->report.unexpected.empty());
+  // The MTP layer: built on request, as the loader's load_mtp does.
+  EXPECT_FALSE(synth->weights.mtp.present);
+  auto with_mtp = build_synth_model(plan, *backend, seed, /*with_mtp=*/true);
+  ASSERT_TRUE(with_mtp.ok()) << with_mtp.message();
+  EXPECT_TRUE(with_mtp->weights.mtp.present);
+  EXPECT_EQ(with_mtp->weights.report.mtp_tensors, 0);
+  EXPECT_EQ(with_mtp->weights.mtp.fc.in_features, 2 * synth->config.hidden_size);
 
   const auto a = model_linears(*loaded);
   const auto b = model_linears(synth->weights);
