@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "core/check.h"
+
 namespace sparkserve {
 namespace {
 
@@ -18,9 +20,11 @@ Engine::Engine(ModelRunner& runner, EngineConfig config, EngineObserver* observe
       config_(config),
       observer_(observer),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching,
-                                 config.snapshot_interval},
+                                 config.snapshot_interval, config.num_speculative_tokens},
                  runner.geometry(), observer),
       post_(config.vocab_size, config.max_model_len, observer, config.sampling_threads) {
+  CHECK_MSG(config.num_speculative_tokens <= 0 || runner.can_speculate(),
+            "speculative decoding asked of a model runner without an MTP layer");
   stats_.total_blocks = scheduler_.geometry().num_blocks;
   stats_.total_slots = scheduler_.geometry().num_slots;
   publish(nullptr);
@@ -95,15 +99,58 @@ bool Engine::step() {
   const Expected<StepOutput> out = runner_.execute(plan);
   scheduler_.commit(plan, out.ok());
   const auto t2 = Clock::now();
-  post_.run(plan, out, scheduler_);
+  // The MTP proposal after post-processing is model work: counted as execute time.
+  double spec_s = 0;
+  if (config_.num_speculative_tokens > 0 && out.ok()) {
+    SpecFollowUp follow;
+    post_.run(plan, out, scheduler_, &follow);
+    const auto ts = Clock::now();
+    speculate(plan, follow);
+    spec_s = std::chrono::duration<double>(Clock::now() - ts).count();
+  } else {
+    post_.run(plan, out, scheduler_);
+  }
   const auto t3 = Clock::now();
   publish(&plan);
   if (observer_) {
     auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-    observer_->on_step(StepTiming{secs(t0, t1), secs(t1, t2), secs(t2, t3), plan.num_tokens(),
+    observer_->on_step(StepTiming{secs(t0, t1), secs(t1, t2) + spec_s, secs(t2, t3) - spec_s, plan.num_tokens(),
                                   static_cast<int64_t>(plan.chunks.size())});
   }
   return true;
+}
+
+void Engine::speculate(const StepPlan& plan, const SpecFollowUp& follow) {
+  uint64_t proposed = 0, accepted = 0, verify = 0;
+  bool any = !follow.drafts.empty();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (!c.speculative) continue;
+    any = true;
+    ++verify;
+    proposed += static_cast<uint64_t>(c.num_logits - 1);
+    accepted += static_cast<uint64_t>(follow.drafts_accepted[i]);
+  }
+  if (verify > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.drafts_proposed += proposed;
+    stats_.drafts_accepted += accepted;
+    stats_.verify_chunks += verify;
+  }
+  if (!any) return;
+  Expected<std::vector<std::vector<int32_t>>> drafts = runner_.speculate(plan, follow);
+  if (!drafts.ok()) {
+    // The GDN state of these sequences is not what their tokens say: they cannot go on.
+    for (const DraftRequest& d : follow.drafts) {
+      EngineEvent err;
+      err.finish_reason = "error";
+      err.error = "speculative decoding: " + drafts.message();
+      post_.end(*d.seq->req, std::move(err));
+      scheduler_.finish(d.seq);
+    }
+    return;
+  }
+  for (size_t i = 0; i < follow.drafts.size(); ++i) follow.drafts[i].seq->drafts = std::move((*drafts)[i]);
 }
 
 void Engine::publish(const StepPlan* plan) {

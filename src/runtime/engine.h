@@ -31,6 +31,9 @@ struct EngineConfig {
   // Threads drawing a step's tokens from full logits rows (each row is ~1 ms of CPU work at Qwen3.5's
   // 248K vocabulary; greedy rows come back as argmaxes and need none).
   int sampling_threads = 1;
+  // Speculative decoding with the model's MTP layer: drafts per step for every request that does
+  // not set its own (EngineRequest::num_speculative_tokens); 0: off. Needs runner.can_speculate().
+  int64_t num_speculative_tokens = 0;
 };
 
 // Counts for tests and /metrics.
@@ -43,11 +46,13 @@ struct EngineStats {
   int64_t last_batch_tokens = 0, last_batch_seqs = 0;
   int32_t blocks_held_by_sequences = 0;  // 0 when idle (cached blocks are not held)
   PrefixCacheStats prefix_cache;
+  uint64_t drafts_proposed = 0, drafts_accepted = 0, verify_chunks = 0;  // speculative decoding
 };
 
 class Engine {
  public:
   // The runner's geometry sizes the scheduler's accounting; observer may be null.
+  // config.num_speculative_tokens > 0 with a runner that cannot speculate: a broken caller (CHECK).
   Engine(ModelRunner& runner, EngineConfig config, EngineObserver* observer = nullptr);
   ~Engine();
 
@@ -69,6 +74,8 @@ class Engine {
   void take_submissions();
   void publish(const StepPlan* plan);
   void loop();
+  // After post-processing a step's plan: GDN commit and next drafts (speculative decoding).
+  void speculate(const StepPlan& plan, const SpecFollowUp& follow);
 
   ModelRunner& runner_;
   EngineConfig config_;

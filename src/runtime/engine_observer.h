@@ -41,6 +41,8 @@ class EngineObserver {
   virtual void on_preemption() = 0;
   // A request failed because the model produced NaN/Inf logits.
   virtual void on_nonfinite_logits() {}
+  // A verify chunk was checked: `proposed` drafts, the first `accepted` of them taken.
+  virtual void on_speculation(int64_t proposed, int64_t accepted) { (void)proposed, (void)accepted; }
   // After every step.
   virtual void on_gauges(const EngineGauges& gauges) = 0;
   virtual void on_step(const StepTiming&) {}

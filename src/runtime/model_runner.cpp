@@ -25,9 +25,14 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
   if (!plan.chunks.empty()) {
     std::vector<ForwardSeq> batch;
     batch.reserve(plan.chunks.size());
+    chunk_row_.clear();
+    int64_t rows = 0;
     for (const ScheduledChunk& c : plan.chunks) {
       ForwardSeq f{c.gdn_slot, c.block_table, c.start_pos, c.tokens, c.num_logits};
       f.argmax_vocab = c.argmax_vocab;
+      f.speculative = c.speculative;
+      chunk_row_.push_back(rows);
+      rows += static_cast<int64_t>(c.tokens.size());
       // A prompt with images: its chunks take their positions and image rows from mm; every later
       // token (decode, or the output part of a recompute after preemption) sits at index + delta.
       if (MultimodalPrompt* mm = c.seq ? c.seq->req->mm.get() : nullptr) {
@@ -36,10 +41,32 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
       }
       batch.push_back(f);
     }
-    SS_ASSIGN_OR_RETURN(out.logits, model_.forward(batch, state_.pools()));
+    SS_ASSIGN_OR_RETURN(out.logits, model_.forward(batch, state_.pools(), can_speculate() ? &capture_ : nullptr));
   }
   run_ops(plan.after);
   return out;
+}
+
+bool Qwen35Runner::can_speculate() const { return model_.has_mtp() && state_.limits().mtp; }
+
+Expected<std::vector<std::vector<int32_t>>> Qwen35Runner::speculate(const StepPlan& plan, const SpecFollowUp& follow) {
+  if (!can_speculate()) return ModelRunner::speculate(plan, follow);
+  SS_RETURN_IF_ERROR(model_.commit_speculative(capture_, follow.accepted, state_.pools()));
+  std::vector<Qwen35Model::DraftSeq> seqs;
+  for (const DraftRequest& d : follow.drafts) {
+    Qwen35Model::DraftSeq q;
+    q.block_table = d.block_table;
+    q.start_pos = d.start_pos;
+    q.next_tokens = d.next_tokens;
+    q.hidden_row = chunk_row_.at(d.chunk);
+    q.num_drafts = d.num_drafts;
+    q.mm = d.mm;
+    q.rope_delta = d.rope_delta;
+    seqs.push_back(q);
+  }
+  if (seqs.empty()) return std::vector<std::vector<int32_t>>{};
+  SS_ASSIGN_OR_RETURN(Qwen35Model::DraftResult r, model_.draft(seqs, capture_.hidden, state_.pools()));
+  return std::move(r.drafts);
 }
 
 }  // namespace sparkserve

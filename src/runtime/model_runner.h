@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/status.h"
 #include "model/forward_batch.h"
@@ -33,6 +34,16 @@ class ModelRunner {
   // plan.before in order, the forward of plan.chunks (when there are any), plan.after in order.
   // On a forward error plan.after is skipped.
   virtual Expected<StepOutput> execute(const StepPlan& plan) = 0;
+
+  // Speculative decoding (multi-token prediction): whether the runner can verify drafts and
+  // propose them. After post-processing of the plan execute() just ran: folds the accepted prefix
+  // of every verify chunk into its GDN state, writes the MTP rows of follow.drafts and returns
+  // their drafts (one list per DraftRequest, num_drafts each).
+  virtual bool can_speculate() const { return false; }
+  virtual Expected<std::vector<std::vector<int32_t>>> speculate(const StepPlan& plan, const SpecFollowUp& follow) {
+    (void)plan, (void)follow;
+    return make_error("this model runner has no multi-token-prediction layer");
+  }
 };
 
 class Qwen35Runner final : public ModelRunner {
@@ -40,12 +51,17 @@ class Qwen35Runner final : public ModelRunner {
   Qwen35Runner(Qwen35Model& model, ModelState& state) : model_(model), state_(state) {}
   CacheGeometry geometry() const override;
   Expected<StepOutput> execute(const StepPlan& plan) override;
+  // The model has its MTP layer and the state a KV pool for it (StateLimits::mtp).
+  bool can_speculate() const override;
+  Expected<std::vector<std::vector<int32_t>>> speculate(const StepPlan& plan, const SpecFollowUp& follow) override;
 
  private:
   void run_ops(const std::vector<StateOp>& ops);
 
   Qwen35Model& model_;
   ModelState& state_;
+  SpecCapture capture_;            // the last forward's hidden rows and verify stash
+  std::vector<int64_t> chunk_row_;  // the last forward's first batch row of each chunk
 };
 
 }  // namespace sparkserve

@@ -36,7 +36,8 @@ void PostProcessor::end(EngineRequest& req, EngineEvent event, int64_t num_gener
   req.out.push(std::move(event));
 }
 
-void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler) {
+void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler,
+                        SpecFollowUp* follow) {
   for (const EndedRequest& e : plan.ended) {
     EngineEvent ev;
     ev.finish_reason = e.finish_reason;
@@ -55,33 +56,52 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
   }
   // Draw every row's token first: sample_token is a pure function of the row and the sequence, so
   // the rows without a constraint (whose matcher state is the engine thread's) are drawn on the
-  // pool; then each sequence takes its token in plan order, exactly as if drawn one by one.
+  // pool; then each sequence takes its tokens in plan order, exactly as if drawn one by one. Row j
+  // of a verify chunk is drawn against the output it would follow: the sequence's, then d1 .. dj.
   const Logits& logits = out->logits;
   struct Draw {
     Sequence* seq;
-    const float* row;         // null when only the argmax came back
-    const RowArgmax* argmax;  // else null
+    const float* row;             // null when only the argmax came back
+    const RowArgmax* argmax;      // else null
+    std::vector<int32_t> output;  // row j > 0 of a verify chunk: the output followed by d1 .. dj
     SampleResult result;
   };
   std::vector<Draw> draws;
+  std::vector<size_t> first_draw(plan.chunks.size()), num_draws(plan.chunks.size(), 0);
+  std::vector<bool> ended(plan.chunks.size(), false);
   int64_t row = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    first_draw[i] = draws.size();
     if (c.num_logits == 0) continue;  // a prefill chunk short of the end: nothing to sample
     const int64_t first_row = row;
     row += c.num_logits;
     Sequence& s = *c.seq;
-    if (s.req->prompt_logprobs >= 0) report_prompt_logprobs(c, logits, first_row);
-    if (s.remaining() != 0) continue;  // committed: a prompt chunk short of the end (rows for logprobs only)
-    if (s.req->prompt_only && s.num_generated() == 0) {  // echo with max_tokens 0: the prompt was all
-      EngineEvent e;
-      e.finish_reason = "length";
-      end(*s.req, std::move(e), 0, s.timeline);
-      scheduler.finish(&s);
-      continue;
+    if (!c.speculative) {
+      if (s.req->prompt_logprobs >= 0) report_prompt_logprobs(c, logits, first_row);
+      if (s.remaining() != 0) continue;  // committed: a prompt chunk short of the end (rows for logprobs only)
+      if (s.req->prompt_only && s.num_generated() == 0) {  // echo with max_tokens 0: the prompt was all
+        EngineEvent e;
+        e.finish_reason = "length";
+        end(*s.req, std::move(e), 0, s.timeline);
+        scheduler.finish(&s);
+        ended[i] = true;
+        continue;
+      }
     }
-    const bool values = logits.has_values(row - 1);
-    draws.push_back(Draw{c.seq, values ? logits.row(row - 1) : nullptr,
-                         values ? nullptr : &logits.argmax[static_cast<size_t>(row - 1)], {}});
+    // Every row of a verify chunk; the last row of any other.
+    for (int64_t j = c.speculative ? 0 : c.num_logits - 1; j < c.num_logits; ++j) {
+      const int64_t r = first_row + j;
+      const bool values = logits.has_values(r);
+      Draw d{c.seq, values ? logits.row(r) : nullptr, values ? nullptr : &logits.argmax[static_cast<size_t>(r)], {}, {}};
+      if (c.speculative && j > 0) {
+        const auto o = s.output();
+        d.output.assign(o.begin(), o.end());
+        d.output.insert(d.output.end(), c.tokens.begin() + 1, c.tokens.begin() + 1 + j);
+      }
+      draws.push_back(std::move(d));
+      ++num_draws[i];
+    }
   }
   const int64_t vocab = vocab_of(logits.vocab);
   auto free_draw = [&](Draw& d) {
@@ -89,23 +109,82 @@ void PostProcessor::run(const StepPlan& plan, const Expected<StepOutput>& out, S
       if (d.argmax->nonfinite >= 0) d.result.nonfinite_logit = d.argmax->nonfinite;
       else d.result.token = d.argmax->id;
     } else {
+      const std::span<const int32_t> output = d.output.empty() ? d.seq->output() : std::span<const int32_t>(d.output);
       d.result = sample_token(std::span<const float>(d.row, static_cast<size_t>(vocab)), d.seq->req->params,
-                              d.seq->prompt(), d.seq->output());
+                              d.seq->prompt(), output);
     }
   };
   pool_.parallel_for(static_cast<int64_t>(draws.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       if (!draws[static_cast<size_t>(i)].seq->req->constraint) free_draw(draws[static_cast<size_t>(i)]);
   });
-  for (Draw& d : draws) {
+  // A constrained row is drawn when its sequence reaches it: the mask follows every token taken.
+  auto take = [&](Draw& d) {
     if (const auto& constraint = d.seq->req->constraint) {
       mask_.resize(static_cast<size_t>(vocab));
       constraint->allowed_tokens(mask_);
       d.result = sample_token(std::span<const float>(d.row, static_cast<size_t>(vocab)), d.seq->req->params,
                               d.seq->prompt(), d.seq->output(), mask_);
     }
-    emit(*d.seq, std::move(d.result), scheduler);
+    return std::move(d.result);
+  };
+  if (follow) {
+    follow->accepted.assign(plan.chunks.size(), 0);
+    follow->drafts_accepted.assign(plan.chunks.size(), 0);
   }
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    Sequence& s = *c.seq;
+    int64_t in_state = static_cast<int64_t>(c.tokens.size());  // tokens of the chunk now in s's state
+    bool running = !ended[i];
+    if (c.speculative) {
+      // Row j verifies draft j + 1: reaching row j means token j of the chunk is accepted. A sample
+      // equal to its draft counts as accepted even when it ends the request.
+      int64_t j = 0, matched = 0;
+      for (;; ++j) {
+        scheduler.advance(&s, 1);
+        SampleResult r = take(draws[first_draw[i] + static_cast<size_t>(j)]);
+        const bool match =
+            !r.nonfinite_logit && j + 1 < c.num_logits && r.token == c.tokens[static_cast<size_t>(j + 1)];
+        running = emit(s, std::move(r), scheduler);
+        matched += match;
+        if (!running || !match) break;
+      }
+      if (observer_) observer_->on_speculation(c.num_logits - 1, matched);
+      if (follow) follow->drafts_accepted[i] = matched;
+      in_state = j + 1;
+    } else if (num_draws[i] > 0) {
+      running = emit(s, take(draws[first_draw[i]]), scheduler);
+    }
+    if (!follow) continue;
+    follow->accepted[i] = in_state;
+    if (!running || s.spec_tokens <= 0) continue;
+    // The MTP rows of this chunk's tokens now in the state (row p with the token at p + 1), and
+    // drafts once the sequence has its next token.
+    DraftRequest d;
+    d.seq = &s;
+    d.chunk = i;
+    d.start_pos = c.start_pos;
+    const auto from = static_cast<size_t>(c.start_pos + 1);
+    d.next_tokens.assign(s.tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                         s.tokens.begin() + static_cast<std::ptrdiff_t>(from + static_cast<size_t>(in_state)));
+    d.num_drafts = num_draws[i] > 0 ? draft_count(s, scheduler) : 0;
+    d.block_table = s.blocks;
+    if (MultimodalPrompt* mm = s.req->mm.get()) {
+      if (c.start_pos < mm->length) d.mm = mm;
+      d.rope_delta = mm->rope_delta;
+    }
+    follow->drafts.push_back(std::move(d));
+  }
+}
+
+int64_t PostProcessor::draft_count(Sequence& s, Scheduler& scheduler) const {
+  // A verify chunk sits at positions tokens.size() - 1 .. tokens.size() - 1 + k; drafts past the
+  // last token the request may produce are never used.
+  const auto len = static_cast<int64_t>(s.tokens.size());
+  int64_t k = std::min(s.spec_tokens, max_model_len_ - len);
+  k = std::min(k, s.req->params.max_tokens - s.num_generated() - 1);
+  return k > 0 ? scheduler.reserve_drafts(s, k) : 0;
 }
 
 void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
@@ -113,10 +192,12 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
   const int64_t vocab = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int64_t>::max();
   for (ScheduledChunk& c : plan.chunks) {
     const EngineRequest& r = *c.seq->req;
-    // Rows that report prompt logprobs need their values.
-    if (c.num_logits > 0 && r.prompt_logprobs < 0 &&
-        argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated()))
-      c.argmax_vocab = vocab;
+    // Rows that report prompt logprobs need their values; row j of a verify chunk is drawn after j
+    // more tokens.
+    bool decides = c.num_logits > 0 && r.prompt_logprobs < 0;
+    for (int64_t j = 0; decides && j < (c.speculative ? c.num_logits : 1); ++j)
+      decides = argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated() + j);
+    if (decides) c.argmax_vocab = vocab;
   }
 }
 
@@ -144,7 +225,7 @@ void PostProcessor::report_prompt_logprobs(const ScheduledChunk& c, const Logits
   if (!ev.prompt.empty()) s.req->out.push(std::move(ev));
 }
 
-void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler) {
+bool PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler) {
   const EngineRequest& r = *s.req;
   EngineEvent ev;
   ev.sample = std::move(sample);
@@ -156,7 +237,7 @@ void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler)
     if (observer_) observer_->on_nonfinite_logits();
     end(*s.req, std::move(err), s.num_generated(), s.timeline);
     scheduler.finish(&s);
-    return;
+    return false;
   }
   ev.token = ev.sample.token;
   if (!s.first_token_sent) ev.num_cached_tokens = s.num_cached_tokens;
@@ -179,7 +260,9 @@ void PostProcessor::emit(Sequence& s, SampleResult sample, Scheduler& scheduler)
     e.stop_token = stop->stop_token;
     end(*s.req, std::move(e), s.num_generated(), s.timeline);
     scheduler.finish(&s);
+    return false;
   }
+  return true;
 }
 
 }  // namespace sparkserve

@@ -4,6 +4,16 @@
 // (min_tokens, EOS, stop ids, max_tokens, context), push the events, report to the observer, and
 // tell the scheduler which sequences are done. Also the final event of every request the scheduler
 // ended itself (cancelled, refused) or the forward failed on.
+//
+// Speculative decoding: a verify chunk [t, d1 .. dk] has k + 1 logits rows. Row j is sampled
+// exactly as a plain decode step would be (same sampler, same (seed, step) draw, constraint and
+// penalties over the tokens so far); draft d(j+1) is accepted iff that sample equals it, and the
+// first mismatch (or a stop) ends the chunk. For a deterministic draft (the MTP's argmax, q = a
+// point mass) this is the standard rejection rule: accept with probability min(1, p(d)/q(d)) =
+// p(d), else draw from norm(max(0, p - q)) = p restricted to x != d, which is what "draw x ~ p,
+// accept iff x == d, else emit x" does. Hence the output is the one without speculation, token for
+// token, greedy or sampled. Row j's draw reads the sequence as it is when row j is reached (its
+// output followed by d1 .. dj), so the rows of unconstrained chunks are drawn in parallel too.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +38,11 @@ class PostProcessor {
   // Marks the chunks whose next token the argmax of their logits row decides (argmax_decides), so
   // the runner brings back only that choice.
   void mark_argmax_rows(StepPlan& plan) const;
-  void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler);
+  // follow (speculative decoding, may be null): receives per chunk the tokens now in its state
+  // and, for every sequence that takes drafts (Sequence::spec_tokens) and is still running, the
+  // MTP rows and draft count of the runner's next proposal.
+  void run(const StepPlan& plan, const Expected<StepOutput>& out, Scheduler& scheduler,
+           SpecFollowUp* follow = nullptr);
   // The final event of a request that will not run any further (it generated num_generated tokens).
   void end(EngineRequest& req, EngineEvent event, int64_t num_generated = 0, const RequestTimeline& timeline = {});
 
@@ -38,8 +52,11 @@ class PostProcessor {
   // The prompt logprobs of chunk c's rows (the first at logits row `first_row`) not yet reported.
   void report_prompt_logprobs(const ScheduledChunk& c, const Logits& logits, int64_t first_row);
   // Appends the drawn token (or fails the request on a non-finite row), checks the stops, pushes the
-  // event, reports to the observer.
-  void emit(Sequence& s, SampleResult sample, Scheduler& scheduler);
+  // event, reports to the observer. Returns false when the sequence ended (it is gone then).
+  bool emit(Sequence& s, SampleResult sample, Scheduler& scheduler);
+  // How many drafts s should get after this step (its setting, the tokens it may still produce,
+  // the context length); blocks reserved.
+  int64_t draft_count(Sequence& s, Scheduler& scheduler) const;
 
   int64_t vocab_size_;
   int64_t max_model_len_;

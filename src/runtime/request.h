@@ -85,6 +85,9 @@ struct EngineRequest {
   // Prompt positions where a conversation is likely to continue differently (the HTTP side gives
   // where the chat template's generation prompt starts): the prefix cache saves the state there.
   std::vector<int64_t> snapshot_hints;
+  // Speculative decoding: drafts per step for this request, at most the engine's setting;
+  // -1: the engine's setting, 0: none (per-request opt-out).
+  int64_t num_speculative_tokens = -1;
   std::atomic<bool> cancelled{false};  // set by the HTTP side (disconnect, timeout, stop string)
   // Set (before `cancelled`) when the HTTP side ended the request on a stop string: the engine
   // then counts it as finished with "stop", not "abort".

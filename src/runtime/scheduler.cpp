@@ -23,6 +23,9 @@ void Scheduler::add(std::shared_ptr<EngineRequest> request) {
   auto s = std::make_unique<Sequence>();
   s->tokens = request->prompt;
   s->prompt_len = static_cast<int64_t>(request->prompt.size());
+  s->spec_tokens = request->num_speculative_tokens < 0
+                       ? config_.num_speculative_tokens
+                       : std::min(request->num_speculative_tokens, config_.num_speculative_tokens);
   if (request->mm && !request->mm->image_begin.empty()) s->cacheable_len = request->mm->image_begin.front();
   s->req = std::move(request);
   waiting_.push_back(std::move(s));
@@ -174,6 +177,7 @@ void Scheduler::release_state(Sequence& s, std::vector<StateOp>& ops) {
   s.num_computed = 0;
   s.num_registered = 0;
   s.snapshot_points.clear();
+  s.drafts.clear();
 }
 
 void Scheduler::finish(Sequence* seq) {
@@ -300,14 +304,21 @@ StepPlan Scheduler::schedule() {
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<int64_t> chunk(running_.size(), 0);  // tokens scheduled per running sequence
 
-  // 1. Decodes, oldest first; a decode that needs a block takes it from the newest sequence.
+  // 1. Decodes, oldest first; a decode that needs a block takes it from the newest sequence. A
+  // sequence with drafts verifies them in the same chunk when the budget and its blocks allow.
   for (size_t i = 0; i < running_.size();) {
     Sequence& s = *running_[i];
     if (s.remaining() != 1 || budget < 1) {
       ++i;
       continue;
     }
-    bool grown = grow(s, 1);
+    int64_t want = 1 + std::min<int64_t>(static_cast<int64_t>(s.drafts.size()), budget - 1);
+    bool grown = grow(s, want);
+    if (!grown && want > 1) {
+      s.drafts.clear();
+      want = 1;
+      grown = grow(s, 1);
+    }
     while (!grown && running_.size() - 1 > i) {
       preempt(running_.size() - 1, plan);
       chunk.pop_back();
@@ -318,8 +329,8 @@ StepPlan Scheduler::schedule() {
       chunk.erase(chunk.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    chunk[i] = 1;
-    budget -= 1;
+    chunk[i] = want;
+    budget -= want;
     ++i;
   }
   // 2. Running sequences still in prefill.
@@ -360,6 +371,18 @@ StepPlan Scheduler::schedule() {
     c.gdn_slot = s.slot;
     c.block_table = s.blocks;
     c.start_pos = s.num_computed;
+    if (s.remaining() == 1 && chunk[i] > 1) {
+      // A verify chunk: the next token and the first chunk[i] - 1 drafts, a logits row each.
+      s.verify.assign(1, s.tokens.back());
+      s.verify.insert(s.verify.end(), s.drafts.begin(), s.drafts.begin() + (chunk[i] - 1));
+      c.tokens = s.verify;
+      c.num_logits = chunk[i];
+      c.speculative = true;
+      s.drafts.clear();
+      plan.chunks.push_back(c);
+      continue;  // never a snapshot point: the state it leaves is decided by post-processing
+    }
+    s.drafts.clear();
     c.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.num_computed),
                                                           static_cast<size_t>(chunk[i]));
     // Every row while prompt logprobs are due; else one to sample after the last token.
@@ -389,11 +412,30 @@ void Scheduler::commit(const StepPlan& plan, bool ran_ok) {
     return;
   }
   for (const ScheduledChunk& c : plan.chunks) {
+    if (c.speculative) continue;  // post-processing advances it by the accepted prefix
     c.seq->num_computed += static_cast<int64_t>(c.tokens.size());
     register_full_blocks(*c.seq);
   }
   for (int32_t id : pending_publish_) snapshots_.publish(id);
   pending_publish_.clear();
+}
+
+void Scheduler::advance(Sequence* seq, int64_t n) {
+  CHECK(seq->num_computed + n <= static_cast<int64_t>(seq->tokens.size()));
+  seq->num_computed += n;
+  register_full_blocks(*seq);
+}
+
+int64_t Scheduler::reserve_drafts(Sequence& s, int64_t k) {
+  // Positions num_computed .. num_computed + k: the next verify chunk (the MTP's chained rows stay
+  // below it). Never evicts cached state for a draft.
+  for (; k > 0; --k) {
+    const int32_t need = blocks_needed(s, k + 1);
+    if (need > blocks_.num_available()) continue;
+    for (int32_t i = 0; i < need; ++i) s.blocks.push_back(*blocks_.allocate());
+    return k;
+  }
+  return 0;
 }
 
 PrefixCacheStats Scheduler::prefix_cache_stats() const {

@@ -24,7 +24,10 @@
 // Admission resumes from the longest prefix where both exist: a snapshot at n, the blocks before
 // n's block, and the snapshot's own copy of positions up to n in its tail block (copied into a new
 // block: shared blocks are never written). Prefill chunks end at snapshot points.
-// The plan's positions become real in commit(), after the runner executed it.
+// The plan's positions become real in commit(), after the runner executed it; a verify chunk's
+// (speculative decoding: the next token and its drafts, step 1) in advance(), by the accepted prefix.
+// Drafts never reach a snapshot: a verify chunk is never a snapshot point, and the GDN state row
+// holds only accepted tokens (the runner folds them in after acceptance).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,8 @@ struct SchedulerConfig {
   bool prefix_caching = true;
   // Snapshots every this many tokens of a long prompt (rounded up to whole blocks; 0: none).
   int64_t snapshot_interval = 2048;
+  // Speculative decoding: the most drafts a sequence takes per step (Sequence::spec_tokens).
+  int64_t num_speculative_tokens = 0;
 };
 
 // Prefix-cache accounting, for tests and metrics.
@@ -72,6 +77,11 @@ class Scheduler {
   // After the runner executed `plan`: its chunks' tokens are now in the state (ran_ok), or the
   // forward failed and its sequences are about to be finished with an error.
   void commit(const StepPlan& plan, bool ran_ok);
+  // Speculative decoding (post-processing): n more tokens of seq's verify chunk are in its state.
+  void advance(Sequence* seq, int64_t n);
+  // Blocks for a verify chunk of k drafts after s's next token; returns the k that fits (0: none),
+  // without evicting anything cached.
+  int64_t reserve_drafts(Sequence& s, int64_t k);
   // A running sequence ended (post-processing): its state is snapshotted (prefix cache), its slot
   // and blocks are released and it is gone.
   void finish(Sequence* seq);

@@ -35,6 +35,12 @@ struct Sequence {
   // would hand one picture's KV to another; with images the cache stops at the first one.
   int64_t cacheable_len = INT64_MAX;
   std::vector<int64_t> snapshot_points;  // ascending
+  // Speculative decoding: how many drafts it may take per step (0: none), the drafts proposed for
+  // the next step (they follow `tokens`; dropped whenever the sequence loses its state), and the
+  // verify chunk's tokens (the last token, then the drafts) while a step runs.
+  int64_t spec_tokens = 0;
+  std::vector<int32_t> drafts;
+  std::vector<int32_t> verify;
 
   // Post-processing.
   bool first_token_sent = false;

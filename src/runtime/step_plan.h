@@ -2,10 +2,9 @@
 // the state storage and which tokens of which sequences go through the model. The runner executes
 // it without making any decision of its own; the post-processing step reads it back to sample.
 //
-// Room for what comes later without another rewrite:
-// - a speculative verify step is a chunk of k+1 tokens with num_logits = k+1 (the acceptance and
-//   the rollback of positions are post-processing and scheduler work; GDN rollback is state ops);
-// - sampling on the device: the runner may return sampled ids instead of logits rows (StepOutput).
+// Speculative decoding: a verify chunk is a sequence's next token and the k drafts after it, with
+// num_logits = k + 1; post-processing accepts a prefix of it (SpecFollowUp), the runner then folds
+// only that prefix into the GDN state and proposes the next drafts with the MTP layer.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +40,7 @@ struct ScheduledChunk {
   std::span<const int32_t> tokens;
   int64_t num_logits = 0;  // rows wanted for the last num_logits tokens (1: sample after this chunk)
   int64_t argmax_vocab = 0;  // > 0: only the greedy choice over these columns is needed (ForwardSeq)
+  bool speculative = false;  // a verify chunk: tokens = next token + drafts, its GDN state not advanced
 };
 
 // A request the scheduler ended without running it further (cancelled, impossible to serve).
@@ -63,6 +63,27 @@ struct StepPlan {
     return n;
   }
   bool empty() const { return before.empty() && chunks.empty() && after.empty() && ended.empty(); }
+};
+
+// What follows a step's post-processing when speculative decoding is on (Engine::step -> runner).
+struct DraftRequest {
+  Sequence* seq = nullptr;  // gets the drafts
+  size_t chunk = 0;  // index in the plan's chunks: its first rows (hidden states) are this one's
+  // MTP rows at positions start_pos .. start_pos + next_tokens.size() - 1, row p paired with the
+  // token at p + 1; then num_drafts chained drafts after the last row.
+  std::span<const int32_t> block_table;  // covers start_pos + rows + num_drafts positions
+  int64_t start_pos = 0;
+  std::vector<int32_t> next_tokens;
+  int64_t num_drafts = 0;
+  MultimodalPrompt* mm = nullptr;  // the chunk's prompt images (positions), as ScheduledChunk's
+  int64_t rope_delta = 0;
+};
+struct SpecFollowUp {
+  // Per chunk of the plan: tokens of the chunk now part of the sequence's state. Speculative chunks
+  // fold exactly these into their GDN state (0 for a chunk that failed); other chunks are ignored.
+  std::vector<int64_t> accepted;
+  std::vector<int64_t> drafts_accepted;  // per chunk: drafts whose verify sample equalled them
+  std::vector<DraftRequest> drafts;
 };
 
 }  // namespace sparkserve
