@@ -56,7 +56,7 @@ Expected<int32_t> serve_kv_blocks(Backend& backend, const ModelConfig& c, const 
                                   int64_t step_tokens) {
   if (backend.device() == Device::kCpu) return limits.num_kv_blocks;
   SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, limits.max_sequences + limits.num_snapshots, step_tokens));
-  const double per_block = static_cast<double>(std::max(count_layers(c, LayerType::kFullAttention), 1)) *
+  const double per_block = static_cast<double>(std::max(count_layers(c, LayerType::kFullAttention) + (limits.mtp ? 1 : 0), 1)) *
                            static_cast<double>(limits.block_size) *
                            static_cast<double>(kv_bytes_per_token(limits.kv_dtype, c.num_key_value_heads, c.head_dim));
   const double room = std::max(0.0, b.kv);

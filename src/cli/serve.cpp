@@ -65,6 +65,7 @@ class CheckpointRunner final : public ModelRunner {
                                                      const StateLimits& requested) {
     auto load_opts = make_load_options(o.load);
     if (!load_opts) return make_error(load_opts.message());
+    load_opts->load_mtp = requested.mtp;
     auto backend = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
     if (!backend) return make_error(backend.message());
     std::vector<std::string> notes;
@@ -78,6 +79,10 @@ class CheckpointRunner final : public ModelRunner {
   }
   CacheGeometry geometry() const override { return runner_.geometry(); }
   Expected<StepOutput> execute(const StepPlan& plan) override { return runner_.execute(plan); }
+  bool can_speculate() const override { return runner_.can_speculate(); }
+  Expected<std::vector<std::vector<int32_t>>> speculate(const StepPlan& plan, const SpecFollowUp& follow) override {
+    return runner_.speculate(plan, follow);
+  }
 
  private:
   CheckpointRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen35Model> model, const StateLimits& limits)
@@ -168,6 +173,43 @@ class StatsLogger {
 
 }  // namespace
 
+// The most drafts per step: acceptance falls with every further draft (public Qwen3.5 MTP accept
+// lengths: ~1.9 / 2.4 / 2.8 tokens per step with 1 / 2 / 3 drafts), while each costs a verify row.
+constexpr int64_t kMaxSpeculativeTokens = 8;
+
+Expected<int64_t> speculative_tokens_from(const ServeOptions& o) {
+  int64_t k = o.speculative_tokens;
+  if (!o.speculative_config.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(o.speculative_config);
+    } catch (const std::exception& e) {
+      return make_error(std::string("--speculative-config is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) return make_error("--speculative-config must be a JSON object");
+    for (const auto& [key, value] : j.items()) {
+      if (key == "method") {
+        // vLLM's names for a checkpoint's own MTP layer.
+        if (!value.is_string() || (value != "mtp" && value != "qwen3_next_mtp" && value != "qwen3_5_mtp"))
+          return make_error("--speculative-config: method " + value.dump() +
+                            " is not supported (only \"mtp\": the checkpoint's own multi-token-prediction layer)");
+      } else if (key == "num_speculative_tokens") {
+        if (!value.is_number_integer()) return make_error("--speculative-config: num_speculative_tokens must be an integer");
+        if (o.speculative_tokens > 0 && value.get<int64_t>() != o.speculative_tokens)
+          return make_error("--speculative-config num_speculative_tokens and --speculative-tokens disagree");
+        k = value.get<int64_t>();
+      } else {
+        return make_error("--speculative-config: unknown key '" + key + "' (known: method, num_speculative_tokens)");
+      }
+    }
+    if (!j.contains("num_speculative_tokens"))
+      return make_error("--speculative-config needs num_speculative_tokens");
+  }
+  if (k < 0 || k > kMaxSpeculativeTokens)
+    return make_error("--speculative-tokens must be in [0, " + std::to_string(kMaxSpeculativeTokens) + "] (0: off)");
+  return k;
+}
+
 int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   namespace fs = std::filesystem;
   auto level = parse_log_level(o.log_level);
@@ -227,6 +269,8 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   }
   auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
   if (!kv_dtype) return fail(kv_dtype.message());
+  auto spec_tokens = speculative_tokens_from(o);
+  if (!spec_tokens) return fail(spec_tokens.message());
 
   // glibc's default malloc made RSS creep under load (measured: +30 MiB over 512 requests of 64
   // concurrent streams): logits buffers of varying size (rows x vocab floats) fall under the
@@ -314,7 +358,7 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   // --gpu-memory-utilization leaves after the weights, the GDN state and activations (decided by
   // the runner once the weights are loaded: cli/kv_sizing.h); one GDN slot per sequence.
   const int attn_layers = count_layers(c, LayerType::kFullAttention);
-  const int64_t bytes_per_block = std::max(attn_layers, 1) * int64_t{o.block_size} *
+  const int64_t bytes_per_block = std::max(attn_layers + (*spec_tokens > 0 ? 1 : 0), 1) * int64_t{o.block_size} *
                                   kv_bytes_per_token(*kv_dtype, c.num_key_value_heads, c.head_dim);
   int64_t blocks = o.kv_blocks > 0     ? o.kv_blocks
                    : o.kv_cache_mb > 0 ? (o.kv_cache_mb << 20) / bytes_per_block
@@ -331,6 +375,7 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   limits.num_kv_blocks = static_cast<int32_t>(blocks);
   limits.block_size = o.block_size;
   limits.kv_dtype = *kv_dtype;
+  limits.mtp = *spec_tokens > 0;
   // Prefix-cache snapshots: whole GDN states of one sequence each, from the --prefix-cache-state-mb
   // budget, at most 4 per sequence slot (enough for every running conversation's last turns; a
   // tiny model would otherwise get millions). On a GPU the KV sizing counts them as GDN state.
@@ -341,6 +386,8 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   }
   auto runner = make_runner(o, c, limits);
   if (!runner) return fail(runner.message());
+  if (*spec_tokens > 0 && !(*runner)->can_speculate())
+    return fail("--speculative-tokens: the model runner cannot speculate (no multi-token-prediction layer)");
   blocks = (*runner)->geometry().num_blocks;
   const int64_t pool_tokens = blocks * o.block_size;
   if (max_model_len > pool_tokens) {
@@ -364,6 +411,7 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   ec.sampling_threads = std::min(8, default_thread_count());
   ec.enable_prefix_caching = !o.no_prefix_caching;
   ec.snapshot_interval = o.prefix_cache_snapshot_interval;
+  ec.num_speculative_tokens = *spec_tokens;
   Engine engine(**runner, ec, &metrics);
 
   ctx.engine = &engine;
@@ -414,11 +462,11 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   }
   std::fprintf(stderr,
                "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d = %lld tokens, %s "
-               "%.2f GB, %d sequences, prefix cache %s with %d state snapshots)\n",
+               "%.2f GB, %d sequences, prefix cache %s with %d state snapshots, %lld MTP draft tokens per step)\n",
                name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len), static_cast<long long>(blocks),
                o.block_size, static_cast<long long>(pool_tokens), kv_cache_dtype_name(*kv_dtype),
                static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs, o.no_prefix_caching ? "off" : "on",
-               limits.num_snapshots);
+               limits.num_snapshots, static_cast<long long>(*spec_tokens));
   std::fprintf(stderr, "sparkserve: on %s; chat page at http://%s:%d/ ; OpenAI API at http://%s:%d/v1 ; Anthropic API at http://%s:%d\n",
                o.device.c_str(), o.host.c_str(), *bound, o.host.c_str(), *bound, o.host.c_str(), *bound);
   std::fflush(stderr);
@@ -503,6 +551,12 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
                   "Tokens between state snapshots of a long prompt (0: only at its end and at shared prefixes)")
       ->default_val(2048);
   add_serve_image_flags(cmd, o->images);
+  cmd->add_option("--speculative-tokens", o->speculative_tokens,
+                  "Speculative decoding with the checkpoint's multi-token-prediction layer (mtp.*): draft tokens per "
+                  "step, 0 = off (a request may opt out with \"num_speculative_tokens\": 0)")
+      ->default_val(0);
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "vLLM's form of --speculative-tokens: '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'");
 }
 
 namespace {

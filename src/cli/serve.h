@@ -60,7 +60,14 @@ struct ServeOptions {
   int64_t prefix_cache_state_mb = 4096;     // GDN state snapshots (device memory on CUDA)
   int64_t prefix_cache_snapshot_interval = 2048;
   ServeImageFlags images;
+  // Speculative decoding with the checkpoint's MTP layer: drafts per step (0: off), or vLLM's
+  // --speculative-config JSON ({"method": "mtp", "num_speculative_tokens": K}).
+  int64_t speculative_tokens = 0;
+  std::string speculative_config;
 };
+
+// --speculative-tokens / --speculative-config -> drafts per step (0: off). Errors name the flag.
+Expected<int64_t> speculative_tokens_from(const ServeOptions& o);
 
 void add_serve_options(CLI::App* cmd, ServeOptions& o);
 // --max-num-batched-tokens, or when 0 the device's default: 8192 on cuda (a larger prefill chunk

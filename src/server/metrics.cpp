@@ -105,6 +105,13 @@ void ServerMetrics::add_generation_tokens(uint64_t n) { std::lock_guard l(mu_); 
 void ServerMetrics::count_preemption() { std::lock_guard l(mu_); preemptions_++; }
 void ServerMetrics::count_nonfinite_logits() { std::lock_guard l(mu_); nonfinite_logits_++; }
 
+void ServerMetrics::on_speculation(int64_t proposed, int64_t accepted) {
+  std::lock_guard l(mu_);
+  spec_drafts_++;
+  spec_draft_tokens_ += static_cast<uint64_t>(proposed);
+  spec_accepted_tokens_ += static_cast<uint64_t>(accepted);
+}
+
 void ServerMetrics::on_prompt(int64_t prompt_tokens, int64_t cached_tokens) {
   std::lock_guard l(mu_);
   prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
@@ -231,6 +238,14 @@ std::string ServerMetrics::render() const {
     sample(out, p + "prefix_cache_hits_total", label_, static_cast<double>(prefix_cache_hits_));
     header(out, p + "num_preemptions_total", "counter", "Cumulative number of preemptions.");
     sample(out, p + "num_preemptions_total", label_, static_cast<double>(preemptions_));
+    // Speculative decoding, as vLLM's spec_decode series: mean acceptance length per verify step =
+    // 1 + num_accepted_tokens / num_drafts.
+    header(out, p + "spec_decode_num_drafts_total", "counter", "Verify steps of speculative decoding (one per sequence).");
+    sample(out, p + "spec_decode_num_drafts_total", label_, static_cast<double>(spec_drafts_));
+    header(out, p + "spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.");
+    sample(out, p + "spec_decode_num_draft_tokens_total", label_, static_cast<double>(spec_draft_tokens_));
+    header(out, p + "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+    sample(out, p + "spec_decode_num_accepted_tokens_total", label_, static_cast<double>(spec_accepted_tokens_));
     if (p == "sparkserve:") {
       header(out, p + "nonfinite_logits_total", "counter", "Requests failed because the model produced NaN/Inf logits.");
       sample(out, p + "nonfinite_logits_total", label_, static_cast<double>(nonfinite_logits_));

@@ -61,6 +61,7 @@ class ServerMetrics final : public EngineObserver {
   void on_finished(const FinishedRequest& request) override;
   void on_preemption() override { count_preemption(); }
   void on_nonfinite_logits() override { count_nonfinite_logits(); }
+  void on_speculation(int64_t proposed, int64_t accepted) override;
   void on_gauges(const EngineGauges& g) override;
   void on_step(const StepTiming& t) override;
 
@@ -100,6 +101,7 @@ class ServerMetrics final : public EngineObserver {
   uint64_t prefix_cache_queries_ = 0, prefix_cache_hits_ = 0;  // tokens
   uint64_t steps_ = 0, step_tokens_ = 0, step_seqs_ = 0;
   double step_schedule_s_ = 0, step_execute_s_ = 0, step_postprocess_s_ = 0;
+  uint64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;  // verify chunks, drafts
   std::map<std::string, uint64_t, std::less<>> finished_;
   Histogram ttft_, itl_, e2e_, queue_, prefill_, decode_, prompt_len_, generation_len_;
 };

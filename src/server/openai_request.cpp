@@ -63,6 +63,12 @@ std::optional<ApiError> read_generation_fields(FieldReader& r, const ServedModel
   r.get("seed", s.seed);
   if (s.seed && *s.seed == -1) s.seed.reset();  // vLLM: -1 means "no seed"
 
+  r.get("num_speculative_tokens", g.num_speculative_tokens);
+  if (!r.ok()) return r.error();
+  if (g.num_speculative_tokens && *g.num_speculative_tokens < 0)
+    return bad_request("`num_speculative_tokens` must be at least 0, got " + std::to_string(*g.num_speculative_tokens) +
+                           ".",
+                       "num_speculative_tokens");
   std::optional<int64_t> max_tokens, max_completion_tokens;
   r.get("max_tokens", max_tokens);
   if (is_chat) r.get("max_completion_tokens", max_completion_tokens);

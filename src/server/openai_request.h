@@ -51,6 +51,9 @@ struct GenerationRequest {
   // leaves they are lowered to it (agents send 32000 whatever the model), not refused.
   bool clamp_max_tokens = false;
   StructuredOutput structured;       // response_format / structured_outputs / guided_*
+  // sparkserve extension: drafts per step for this request with speculative decoding on (at most
+  // the server's --speculative-tokens; 0 opts out); unset: the server's setting.
+  std::optional<int64_t> num_speculative_tokens;
   std::vector<std::string> unknown_fields;
 };
 

@@ -54,6 +54,7 @@ GenerationPtr new_generation(ServeContext& ctx, const GenerationRequest& r, std:
   g->er->id = g_next_request_id.fetch_add(1);
   g->er->prompt = std::move(prompt);
   g->er->params = std::move(params);
+  if (r.num_speculative_tokens) g->er->num_speculative_tokens = *r.num_speculative_tokens;
   g->num_logprobs = g->er->params.num_logprobs;
   DetokenizerOptions dopt;
   dopt.stop = r.stop;

@@ -60,3 +60,31 @@ def test_mtp_needs_the_layer(tmp_path):
                            "--out", str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "mtp.fc.weight" in proc.stderr
+
+
+@pytest.mark.skipif(not FIXTURES, reason="no fixtures")
+@pytest.mark.parametrize("fx", FIXTURES, ids=lambda f: f.name)
+def test_generate_speculative_equals_greedy_reference(fx):
+    # The transformers greedy continuation, with speculative decoding (2 MTP drafts per step).
+    ref = json.loads((fx / "reference.json").read_text())
+    p = next(q for q in ref["prompts"] if q["name"] == "short")
+    proc = subprocess.run([BIN, "generate", "--model", str(fx), "--prompt-ids", ",".join(map(str, p["prompt_ids"])),
+                           "--max-tokens", str(len(p["greedy_ids"])), "--ignore-eos", "--json", "--spec-k", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["output_ids"] == p["greedy_ids"]
+    assert out["speculative"]["verify_steps"] > 0
+    assert out["speculative"]["draft_tokens"] >= out["speculative"]["verify_steps"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--spec-k", "9"], "--spec-k must be in [0, 8]"),
+    (["--spec-k", "-1"], "--spec-k must be in [0, 8]"),
+])
+def test_generate_speculative_bad_k(args, message):
+    fx = ROOT / "tests" / "fixtures" / "qwen35-moe-tiny"
+    proc = subprocess.run([BIN, "generate", "--model", str(fx), "--prompt-ids", "1,2,3"] + args,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert message in proc.stderr

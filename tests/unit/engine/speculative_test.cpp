@@ -16,6 +16,9 @@
 #include <map>
 
 #include "backend/cpu/cpu_backend.h"
+#include "loader/model_shapes.h"
+#include "loader/synth_checkpoint.h"
+#include "loader/synth_weights.h"
 #include "model/load.h"
 #include "runtime/engine.h"
 #include "runtime/sequence.h"
@@ -30,17 +33,34 @@ constexpr int64_t kVocab = 1000;
 struct Model {
   std::unique_ptr<Backend> backend = make_cpu_backend(2);
   std::unique_ptr<Qwen35Model> model;
-  Model() {
-    LoadOptions o;
-    o.load_mtp = true;
-    auto m = load_qwen35(kTiny, *backend, nullptr, o);
-    EXPECT_TRUE(m.ok()) << m.message();
-    if (m.ok()) model = std::move(*m);
-  }
 };
 
+// The fixture checkpoint with its MTP layer.
 Model& tiny() {
-  static Model m;
+  static Model m = [] {
+    Model t;
+    LoadOptions o;
+    o.load_mtp = true;
+    auto loaded = load_qwen35(kTiny, *t.backend, nullptr, o);
+    EXPECT_TRUE(loaded.ok()) << loaded.message();
+    if (loaded.ok()) t.model = std::move(*loaded);
+    return t;
+  }();
+  return m;
+}
+
+// bench --synth's in-memory model ("tiny" shapes) with its MTP layer, NVFP4 experts and FP8 dense
+// layers: quantized linears in the MTP layer too.
+Model& synth() {
+  static Model m = [] {
+    Model t;
+    auto like = model_like("tiny");
+    EXPECT_TRUE(like.ok()) << like.message();
+    auto built = build_synth_model(synth_plan(*like, SynthLayout::kNvfp4Fp8Dense), *t.backend, 7, /*with_mtp=*/true);
+    EXPECT_TRUE(built.ok()) << built.message();
+    if (built.ok()) t.model = std::make_unique<Qwen35Model>(*t.backend, built->config, std::move(built->weights));
+    return t;
+  }();
   return m;
 }
 
@@ -80,9 +100,9 @@ struct Rig {
   Qwen35Runner runner;
   OracleRunner oracle;
   Engine engine;
-  Rig(int64_t spec, bool use_oracle, bool caching = false, int32_t blocks = 64)
-      : state(*tiny().backend, tiny().model->config(), limits(spec, blocks)),
-        runner(*tiny().model, state),
+  Rig(int64_t spec, bool use_oracle, bool caching = false, int32_t blocks = 64, Model& m = tiny())
+      : state(*m.backend, m.model->config(), limits(spec, blocks)),
+        runner(*m.model, state),
         oracle(runner),
         engine(use_oracle ? static_cast<ModelRunner&>(oracle) : runner, config(spec, caching)) {}
   static StateLimits limits(int64_t spec, int32_t blocks) {
@@ -208,6 +228,18 @@ TEST(Speculative, GreedyWithOracleDraftsMixedKEqualsPlain) {
     EXPECT_GT(st.drafts_accepted, 0u);
     if (wrong_every < 1000) EXPECT_LT(st.drafts_accepted, st.drafts_proposed);
   }
+}
+
+TEST(Speculative, SyntheticQuantizedModelEqualsPlain) {
+  const std::vector<Req> reqs = mixed_batch(-1);
+  Rig plain(0, false, false, 64, synth());
+  const auto want = run(plain, reqs);
+  Rig own(3, false, false, 64, synth());
+  expect_same(want, run(own, reqs));
+  Rig oracle(3, true, false, 64, synth());
+  teach(oracle.oracle, reqs, want);
+  expect_same(want, run(oracle, mixed_batch(3)));
+  EXPECT_GT(oracle.engine.stats().drafts_accepted, 0u);
 }
 
 TEST(Speculative, WithThePrefixCacheEqualsPlain) {
