@@ -15,6 +15,10 @@
 //   state floor   = the same plus the per-sequence state a step must touch: the KV cache read over
 //                   the context (K and V of every attention layer, in --kv-cache-dtype) and the GDN recurrent and conv
 //                   state read and written once.
+// With --spec-k K1,K2..: speculative decoding cases per (batch, context, K) (cli/bench_spec.h): ms per
+// verify step and per MTP proposal, tokens per step, tokens/s and both against the plain decode step of
+// the same case; --spec-accept A forces the acceptance rate (a simulation: random weights accept
+// nothing), otherwise the model's own greedy acceptance is measured.
 // Token ids are random (fixed seed): speed does not depend on them. A case predicted to take longer
 // than --max-case-s (from the prefill rate already measured) or to need more device memory than is
 // free is skipped and reported as such, never run into an out-of-memory abort.
@@ -23,12 +27,14 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
 
 #include "backend/backend_factory.h"
 #include "backend/synth_fill.h"
+#include "cli/bench_spec.h"
 #include "cli/bench_url.h"
 #include "cli/command.h"
 #include "cli/kv_sizing.h"
@@ -71,7 +77,22 @@ struct BenchOptions {
   std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = 0.9;
   std::string context_fill = "prefill";
+  std::string spec_k;       // speculative decoding cases: draft counts, e.g. "1,2,3"
+  std::string spec_accept;  // "A" or "forced:A" (A in [0, 1]); empty: the model's own drafts
 };
+
+// --spec-accept: "0.8" or "forced:0.8" -> 0.8; empty -> -1 (the model's own acceptance).
+Expected<double> parse_spec_accept(std::string text) {
+  if (text.empty()) return -1.0;
+  if (text.rfind("forced:", 0) == 0) text = text.substr(7);
+  try {
+    size_t used = 0;
+    const double a = std::stod(text, &used);
+    if (used == text.size() && a >= 0 && a <= 1) return a;
+  } catch (const std::exception&) {
+  }
+  return make_error("--spec-accept: '" + text + "' is not a rate in [0, 1] (e.g. 0.8 or forced:0.8)");
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -183,6 +204,16 @@ int run_bench(const BenchOptions& o) {
   }() + ")");
   if (o.synth.empty() && (!o.layout.empty() || o.layers || o.vocab))
     return fail("--layout, --layers and --vocab go with --synth");
+  std::vector<int> spec_ks;
+  if (!o.spec_k.empty()) {
+    auto ks = parse_list("--spec-k", o.spec_k);
+    if (!ks) return fail(ks.message());
+    spec_ks = *ks;
+    if (*std::max_element(spec_ks.begin(), spec_ks.end()) > 8) return fail("--spec-k: at most 8 drafts");
+  }
+  auto spec_accept = parse_spec_accept(o.spec_accept);
+  if (!spec_accept) return fail(spec_accept.message());
+  if (*spec_accept >= 0 && spec_ks.empty()) return fail("--spec-accept goes with --spec-k");
   std::sort(lens->begin(), lens->end());
   std::sort(contexts->begin(), contexts->end());
   auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
@@ -211,7 +242,7 @@ int run_bench(const BenchOptions& o) {
   uint64_t loaded_bytes = 0;
   double budget_token_bytes = -1;  // loader/weight_budget.h's count (what `inspect --like` prints), --synth only
   if (plan) {
-    auto sm = build_synth_model(*plan, be, o.seed);
+    auto sm = build_synth_model(*plan, be, o.seed, /*with_mtp=*/!spec_ks.empty());
     if (!sm) return fail(sm.message());
     if (o.weights_digest) {
       std::printf("weights digest: %s\n", weights_digest(sm->weights, be).c_str());
@@ -234,6 +265,7 @@ int run_bench(const BenchOptions& o) {
     }
     auto load_opts = make_load_options(o.load);
     if (!load_opts) return fail(load_opts.message());
+    load_opts->load_mtp = !spec_ks.empty();
     auto m = load_qwen35(o.model, be, nullptr, *load_opts);
     if (!m) return fail(m.message());
     model = std::move(*m);
@@ -417,6 +449,7 @@ int run_bench(const BenchOptions& o) {
   say("\n%-6s %8s %11s %11s | %10s %10s %8s | %10s %10s %8s\n", "batch", "context", "ms/step", "tokens/s", "weight MB",
       "floor ms", "of floor", "+state MB", "floor ms", "of floor");
   double step_s_hint = 0;
+  std::map<std::pair<int, int>, double> plain_step_s;  // (batch, context) -> s per decode step
   for (int C : *contexts) {
     for (int B : *batches) {
       const int64_t tokens = static_cast<int64_t>(C) + o.decode_steps + 3;
@@ -483,6 +516,7 @@ int run_bench(const BenchOptions& o) {
       const double per_step = seconds_since(t0) / o.decode_steps;
       check(*l, "decode");
       step_s_hint = std::max(step_s_hint, per_step);
+      plain_step_s[{B, C}] = per_step;
       const double wb = bytes.weight_bytes(B), sb = wb + bytes.state_bytes(B, C);
       const double wfloor = wb / (copy_gbs * 1e9), sfloor = sb / (copy_gbs * 1e9);
       j["decode"].push_back({{"batch", B},
@@ -498,6 +532,65 @@ int run_bench(const BenchOptions& o) {
                              {"fraction_of_state_roofline", sfloor / per_step}});
       say("%-6d %8d %11.3f %11.1f | %10.1f %10.3f %7.1f%% | %10.1f %10.3f %7.1f%%\n", B, C, per_step * 1e3, B / per_step,
           wb / 1e6, wfloor * 1e3, 100 * wfloor / per_step, sb / 1e6, sfloor * 1e3, 100 * sfloor / per_step);
+    }
+  }
+  // Speculative decoding: the same (batch, context) cases with k drafts per step.
+  j["speculative"] = nlohmann::json::array();
+  if (!spec_ks.empty()) {
+    const bool forced = *spec_accept >= 0;
+    say("\nspeculative decoding (MTP), acceptance: %s\n", forced ? ("FORCED " + std::to_string(*spec_accept) +
+                                                                      " per draft (simulation: random weights accept nothing)").c_str()
+                                                                 : "the model's own (greedy)");
+    say("%-6s %8s %3s %10s %10s %10s %8s %11s | %9s %9s\n", "batch", "context", "k", "verify ms", "draft ms", "step ms",
+        "tok/step", "tokens/s", "verify/dec", "speedup");
+    for (int C : *contexts) {
+      for (int B : *batches) {
+        for (int k : spec_ks) {
+          const int64_t tokens = static_cast<int64_t>(C) + static_cast<int64_t>(o.decode_steps + 2) * (k + 1) + k + 1;
+          const double need = static_cast<double>(B) * blocks_for(tokens) * lim.block_size * bytes.kv_bytes_per_token *
+                                  (1.0 + 1.0 / std::max(1, count_layers(c, LayerType::kFullAttention))) +
+                              B * bytes.gdn_bytes_per_seq + activation_bytes(c, std::max<int64_t>(B * (k + 1), std::min(C, o.prefill_chunk)));
+          const double pred = (o.context_fill == "zeros" ? 0.0 : B * predict_prefill_s(C)) +
+                              (o.decode_steps + 2) * step_s_hint * 2;
+          std::string skip;
+          if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
+          else if (over_budget(pred)) skip = "--time-budget-s spent";
+          else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
+          if (!skip.empty()) {
+            j["speculative"].push_back({{"batch", B}, {"context", C}, {"k", k}, {"skipped", skip}});
+            say("%-6d %8d %3d skipped: %s\n", B, C, k, skip.c_str());
+            continue;
+          }
+          SpecCase sc;
+          sc.batch = B;
+          sc.context = C;
+          sc.k = k;
+          sc.forced_accept = *spec_accept;
+          sc.steps = o.decode_steps;
+          sc.fill_zeros = o.context_fill == "zeros";
+          auto r = run_spec_case(be, m, lim, sc, prefill, rng);
+          if (!r) return fail(r.message());
+          const double tps = B * r->tokens_per_step / (r->step_ms() / 1e3);
+          auto plain = plain_step_s.find({B, C});
+          const double plain_ms = plain == plain_step_s.end() ? 0 : plain->second * 1e3;
+          nlohmann::json row = {{"batch", B}, {"context", C}, {"k", k}, {"acceptance", forced ? "forced" : "model"},
+                                {"verify_ms", r->verify_ms}, {"propose_ms", r->propose_ms}, {"step_ms", r->step_ms()},
+                                {"tokens_per_step", r->tokens_per_step}, {"tokens_per_s", tps}};
+          if (forced) row["forced_accept"] = *spec_accept;
+          if (plain_ms > 0) {
+            row["plain_decode_ms"] = plain_ms;
+            row["verify_over_decode"] = r->verify_ms / plain_ms;
+            row["speedup_over_plain"] = tps / (B / (plain_ms / 1e3));
+          }
+          j["speculative"].push_back(row);
+          if (plain_ms > 0)
+            say("%-6d %8d %3d %10.3f %10.3f %10.3f %8.2f %11.1f | %8.2fx %8.2fx\n", B, C, k, r->verify_ms, r->propose_ms,
+                r->step_ms(), r->tokens_per_step, tps, r->verify_ms / plain_ms, tps / (B / (plain_ms / 1e3)));
+          else
+            say("%-6d %8d %3d %10.3f %10.3f %10.3f %8.2f %11.1f | (no plain decode case)\n", B, C, k, r->verify_ms,
+                r->propose_ms, r->step_ms(), r->tokens_per_step, tps);
+        }
+      }
     }
   }
   const int64_t peak = backend_peak_memory_bytes(be);
@@ -565,6 +658,12 @@ void register_bench(CLI::App& root, int& exit_code) {
                   "zero-filled: same decode work, no prefill time)")
       ->check(CLI::IsMember({"prefill", "zeros"}))
       ->capture_default_str();
+  cmd->add_option("--spec-k", opts->spec_k,
+                  "Speculative decoding cases with the MTP layer: draft counts per step, e.g. 1,2,3 (per batch and "
+                  "context)");
+  cmd->add_option("--spec-accept", opts->spec_accept,
+                  "With --spec-k: force this acceptance rate per draft, e.g. 0.8 or forced:0.8 (a simulation for random "
+                  "weights); default: the model's own greedy acceptance");
   cmd->add_flag("--json", opts->json, "Print one JSON object");
   cmd->add_option("--json-out", opts->json_out, "Also write the JSON object to this file (with the table on stdout)");
   cmd->add_flag("--weights-digest", opts->weights_digest,

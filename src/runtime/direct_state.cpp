@@ -92,7 +92,8 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     f.block_table = in.state->block_table;
     f.start_pos = in.state->num_tokens;
     f.tokens = in.tokens;
-    f.num_logits = in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
+    f.num_logits = in.all_logits || in.speculative ? static_cast<int64_t>(in.tokens.size()) : 1;
+    f.speculative = in.speculative;
     f.mm = in.mm;
     f.argmax_vocab = in.argmax_vocab;
     f.rope_delta = in.state->rope_delta;
@@ -104,7 +105,7 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     return logits;
   }
   for (SequenceInput& in : batch) {
-    in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
+    if (!in.speculative) in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
     if (in.mm) in.state->rope_delta = in.mm->rope_delta;  // later tokens continue after the images
   }
   return logits;

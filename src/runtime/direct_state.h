@@ -30,6 +30,9 @@ struct SequenceInput {
   bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
   MultimodalPrompt* mm = nullptr;  // the prompt's images (model/multimodal.h), for its prefill chunks
   int64_t argmax_vocab = 0;        // ForwardSeq::argmax_vocab
+  // A verify chunk (next token + drafts; logits for every token; GDN state not advanced until
+  // Qwen35Model::commit_speculative): ForwardSeq::speculative.
+  bool speculative = false;
 };
 
 class DirectState {
@@ -45,13 +48,14 @@ class DirectState {
   // whatever the pools hold there stands for their keys and values (bench's zero-filled contexts).
   Status skip_ahead(SequenceState& seq, int64_t n);
 
-  // Reserves the KV blocks the new tokens need, runs `model`, advances every num_tokens. Errors
-  // (no block left, a model error) leave every sequence and the free lists as they were.
   // Grows seq's block table to cover `positions` positions (e.g. the MTP's chained draft rows past
   // its tokens); error when the blocks run out (nothing taken then).
   Status reserve(SequenceState& seq, int64_t positions);
 
-  // capture: as Qwen35Model::forward's (speculative decoding's hidden rows).
+  // Reserves the KV blocks the new tokens need, runs `model`, advances every num_tokens (but those
+  // of speculative inputs: the caller advances them by the accepted prefix). Errors (no block left,
+  // a model error) leave every sequence and the free lists as they were. capture: as
+  // Qwen35Model::forward's (speculative decoding's hidden rows and verify stash).
   Expected<Logits> forward(Qwen35Model& model, std::vector<SequenceInput>& batch, SpecCapture* capture = nullptr);
 
   ModelState& state() { return state_; }
