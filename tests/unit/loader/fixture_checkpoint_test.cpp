@@ -90,8 +90,10 @@ TEST(FixtureCheckpoints, ShapesAgreeWithTheirConfigs) {
 TEST(FixtureCheckpoints, ShardedIndexAndExtraMtpShard) {
   auto dense = Checkpoint::open(fixture("qwen35-dense-tiny"));
   ASSERT_TRUE(dense.ok()) << dense.message();  // the index cross-check passed
-  ASSERT_EQ(dense->files().size(), 2u);
+  // The two indexed shards and the MTP layer's extra file the index does not list.
+  ASSERT_EQ(dense->files().size(), 3u);
   EXPECT_EQ(dense->find("lm_head.weight")->file.filename(), "model-00002-of-00002.safetensors");
+  EXPECT_EQ(dense->find("mtp.fc.weight")->file.filename(), "mtp_extra.safetensors");
 
   auto moe = Checkpoint::open(fixture("qwen35-moe-tiny"));
   ASSERT_TRUE(moe.ok()) << moe.message();
