@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <functional>
 #include <map>
 
@@ -20,6 +23,7 @@
 #include "loader/synth_checkpoint.h"
 #include "loader/synth_weights.h"
 #include "model/load.h"
+#include "runtime/direct_state.h"
 #include "runtime/engine.h"
 #include "runtime/sequence.h"
 #include "text/tool_call_grammar.h"
@@ -71,6 +75,8 @@ class OracleRunner final : public ModelRunner {
   explicit OracleRunner(ModelRunner& inner) : inner_(inner) {}
   std::map<std::vector<int32_t>, std::vector<int32_t>> truth;  // prompt -> prompt + output
   int64_t wrong_every = 4;
+  // When set: the drafts of a sequence (given its tokens and how many), instead of `truth`.
+  std::function<std::vector<int32_t>(const Sequence&, size_t)> propose;
   std::function<int32_t(int64_t, int32_t)> wrong_token = [](int64_t, int32_t t) { return (t + 1) % kVocab; };
 
   CacheGeometry geometry() const override { return inner_.geometry(); }
@@ -80,6 +86,10 @@ class OracleRunner final : public ModelRunner {
     SS_ASSIGN_OR_RETURN(auto drafts, inner_.speculate(plan, follow));
     for (size_t i = 0; i < follow.drafts.size(); ++i) {
       const Sequence& s = *follow.drafts[i].seq;
+      if (propose) {
+        drafts[i] = propose(s, drafts[i].size());
+        continue;
+      }
       auto it = truth.find(s.req->prompt);
       if (it == truth.end()) continue;
       for (size_t j = 0; j < drafts[i].size(); ++j) {
@@ -293,6 +303,89 @@ TEST(Speculative, SeededSamplingEqualsPlain) {
   // The model's own (random) drafts: almost all rejected, same output.
   Rig own(2, false);
   expect_same(want, run(own, reqs));
+}
+
+TEST(Speculative, SampledOutputHasTheTargetDistribution) {
+  // Distribution test of the sampling path. One prompt, 400 seeds at temperature 0.5, one draft: after
+  // the first token t1 the oracle drafts d = argmax p(. | prompt, t1) (p from a separate forward), so
+  // the draft is accepted often. The second token must be distributed as p(. | prompt, t1), whatever
+  // happened to the draft: a chi-square goodness-of-fit over the rank of t2 under its own p (rank 0 =
+  // the draft, i.e. acceptance; then rank ranges), expected counts summed over the seeds' p. 6 degrees
+  // of freedom: chi2 > 22.46 happens with probability 0.001 when the output follows p; a wrong
+  // acceptance probability or a wrong resampling after a rejection (say, the residual's argmax, or p
+  // with d left in) moves mass between these categories by far more.
+  const std::vector<int32_t> prompt = prompt_of(9, 77);
+  const float temperature = 0.5f;
+  Model& m = tiny();
+  std::map<int32_t, std::vector<double>> probs;  // t1 -> p(. | prompt, t1) at the temperature
+  auto target = [&](int32_t t1) -> const std::vector<double>& {
+    auto it = probs.find(t1);
+    if (it != probs.end()) return it->second;
+    DirectState st(*m.backend, m.model->config(), StateLimits{1, 4, 16, 0});
+    auto seq = st.open_sequence();
+    EXPECT_TRUE(seq.ok());
+    std::vector<SequenceInput> in(1);
+    in[0].state = &*seq;
+    in[0].tokens = prompt;
+    in[0].tokens.push_back(t1);
+    auto l = st.forward(*m.model, in);
+    EXPECT_TRUE(l.ok()) << l.message();
+    const float* row = l->row(0);
+    const float top = *std::max_element(row, row + kVocab);
+    std::vector<double> p(static_cast<size_t>(kVocab));
+    double z = 0;
+    for (int64_t v = 0; v < kVocab; ++v) z += p[static_cast<size_t>(v)] = std::exp((static_cast<double>(row[v]) - top) / temperature);
+    for (double& x : p) x /= z;
+    return probs[t1] = std::move(p);
+  };
+  auto draft_of = [&](int32_t t1) {
+    const auto& p = target(t1);
+    return static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+  };
+  Rig spec(1, true);
+  spec.oracle.propose = [&](const Sequence& s, size_t k) { return std::vector<int32_t>(k, draft_of(s.tokens.back())); };
+  std::vector<Req> reqs;
+  for (int i = 0; i < 400; ++i) {
+    Req q;
+    q.prompt = prompt;
+    q.temperature = temperature;
+    q.seed = 5000 + static_cast<uint64_t>(i);
+    q.max_tokens = 3;  // one draft after the first token (drafts never reach past max_tokens)
+    reqs.push_back(q);
+  }
+  const auto outs = run(spec, reqs);
+  // Categories by the rank of the second token under its own p: rank 0 is the draft (p's argmax),
+  // then ranks 1-2, 3-9, 10-29, 30-99, 100-299, 300 and above.
+  const int64_t bounds[] = {1, 3, 10, 30, 100, 300, kVocab};
+  const size_t K = std::size(bounds);
+  std::vector<double> expected(K, 0.0), observed(K, 0.0);
+  int accepted = 0;
+  for (const auto& o : outs) {
+    ASSERT_EQ(o.size(), 3u);
+    const auto& p = target(o[0]);
+    std::vector<int32_t> order(static_cast<size_t>(kVocab));
+    for (int32_t v = 0; v < kVocab; ++v) order[static_cast<size_t>(v)] = v;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
+    size_t cat = 0;
+    for (int64_t r = 0; r < kVocab; ++r) {
+      while (r >= bounds[cat]) ++cat;
+      const int32_t v = order[static_cast<size_t>(r)];
+      expected[cat] += p[static_cast<size_t>(v)];
+      if (v == o[1]) observed[cat] += 1;
+    }
+    accepted += o[1] == draft_of(o[0]);
+  }
+  double chi2 = 0;
+  for (size_t i = 0; i < K; ++i) {
+    EXPECT_GE(expected[i], 5.0) << "category " << i << ": too little mass for the chi-square approximation";
+    chi2 += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
+    std::printf("category %zu: observed %.0f expected %.1f\n", i, observed[i], expected[i]);
+  }
+  std::printf("chi2 = %.2f (6 dof), %d of 400 drafts accepted\n", chi2, accepted);
+  EXPECT_LT(chi2, 22.46);
+  EXPECT_EQ(spec.engine.stats().drafts_accepted, static_cast<uint64_t>(accepted));
+  EXPECT_EQ(spec.engine.stats().drafts_proposed, 400u);
 }
 
 // A tool-call constraint over a synthetic byte vocabulary: token i spells one printable ASCII
