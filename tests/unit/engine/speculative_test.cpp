@@ -110,17 +110,17 @@ struct Rig {
   Qwen35Runner runner;
   OracleRunner oracle;
   Engine engine;
-  Rig(int64_t spec, bool use_oracle, bool caching = false, int32_t blocks = 64, Model& m = tiny())
+  Rig(int64_t spec, bool use_oracle, bool caching = false, int32_t blocks = 64, Model& m = tiny(), int threads = 1)
       : state(*m.backend, m.model->config(), limits(spec, blocks)),
         runner(*m.model, state),
         oracle(runner),
-        engine(use_oracle ? static_cast<ModelRunner&>(oracle) : runner, config(spec, caching)) {}
+        engine(use_oracle ? static_cast<ModelRunner&>(oracle) : runner, config(spec, caching, threads)) {}
   static StateLimits limits(int64_t spec, int32_t blocks) {
     StateLimits l{4, blocks, 16, 8};
     l.mtp = spec > 0;
     return l;
   }
-  static EngineConfig config(int64_t spec, bool caching) {
+  static EngineConfig config(int64_t spec, bool caching, int threads) {
     EngineConfig ec;
     ec.max_num_seqs = 4;
     ec.max_num_batched_tokens = 64;
@@ -129,6 +129,7 @@ struct Rig {
     ec.enable_prefix_caching = caching;
     ec.snapshot_interval = 32;
     ec.num_speculative_tokens = spec;
+    ec.sampling_threads = threads;
     return ec;
   }
 };
@@ -296,10 +297,12 @@ TEST(Speculative, SeededSamplingEqualsPlain) {
   }
   Rig plain(0, false);
   const auto want = run(plain, reqs);
-  Rig spec(3, true);
+  // Verify rows drawn in parallel (each against the output it would follow) on 4 threads.
+  Rig spec(3, true, false, 64, tiny(), 4);
   spec.oracle.wrong_every = 1000;
   teach(spec.oracle, reqs, want);
   expect_same(want, run(spec, reqs));
+  EXPECT_GT(spec.engine.stats().drafts_accepted, 0u);
   // The model's own (random) drafts: almost all rejected, same output.
   Rig own(2, false);
   expect_same(want, run(own, reqs));
