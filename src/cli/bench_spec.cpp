@@ -9,10 +9,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-int32_t argmax_row(const Logits& l, int64_t row) {
-  const float* r = l.row(row);
-  return static_cast<int32_t>(std::max_element(r, r + l.vocab) - r);
-}
 
 }  // namespace
 
@@ -62,6 +58,7 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
       SequenceInput& in = batch[static_cast<size_t>(i)];
       in.state = &seqs[static_cast<size_t>(i)];
       in.speculative = true;
+      in.argmax_vocab = c.vocab_size;  // as a served greedy verify step: ids come back, not rows
       in.tokens.assign(1, next[static_cast<size_t>(i)]);
       in.tokens.insert(in.tokens.end(), drafts[static_cast<size_t>(i)].begin(), drafts[static_cast<size_t>(i)].end());
     }
@@ -82,7 +79,7 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
         after = random_id();
       } else {
         for (;; ++a) {
-          after = argmax_row(logits, static_cast<int64_t>(i) * (k + 1) + a);
+          after = logits.argmax[static_cast<size_t>(i * (k + 1) + a)].id;
           if (a == k || after != drafts[bi][static_cast<size_t>(a)]) break;
         }
       }

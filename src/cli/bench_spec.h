@@ -4,6 +4,7 @@
 // scheduling or sampling). Acceptance is either the model's own (greedy: a draft is accepted iff it
 // is the argmax of its verify row) or forced: each draft in order is accepted with probability A
 // until the first rejection, which simulates a real model's acceptance on random synthetic weights.
+// The verify rows come back as their argmax only (as a served greedy step's do).
 #pragma once
 
 #include <cstdint>
