@@ -145,7 +145,7 @@ void Engine::speculate(const StepPlan& plan, const SpecFollowUp& follow) {
       EngineEvent err;
       err.finish_reason = "error";
       err.error = "speculative decoding: " + drafts.message();
-      post_.end(*d.seq->req, std::move(err));
+      post_.end(*d.seq->req, std::move(err), d.seq->num_generated(), d.seq->timeline);
       scheduler_.finish(d.seq);
     }
     return;
