@@ -449,6 +449,9 @@ def test_runaway_templates_fail_fast_and_name_the_template(tiny_model, tmp_path)
     branches = "".join("{%% %s k == %d %%}%s" % ("if" if i == 0 else "elif", i, t) for i, t in enumerate(RUNAWAY))
     d = model_copy(tiny_model, tmp_path, branches + "{% else %}{{ messages[0].content }}{% endif %}")
     s = Server(d)
+    # Under ASan + UBSan the evaluation-step budget itself takes ~1.7 s (2-core machine, 2026-12-01):
+    # still a bounded, named refusal, which is what this judges there.
+    limit_s = 4.0 if SANITIZED else 1.0
     try:
         for i in range(len(RUNAWAY)):
             body = {"model": MODEL_NAME, "messages": MSGS, "max_tokens": 2, "chat_template_kwargs": {"k": i}}
@@ -457,7 +460,7 @@ def test_runaway_templates_fail_fast_and_name_the_template(tiny_model, tmp_path)
             if i < 2:  # empty results: nothing runs away, the prompt is just empty
                 assert r.status_code in (200, 400), r.text
                 continue
-            assert r.status_code == 400 and dt < 1.0, (i, r.status_code, dt, r.text)
+            assert r.status_code == 400 and dt < limit_s, (i, r.status_code, dt, r.text)
             msg = error_of(r.content)["message"]
             assert "chat_template.jinja" in msg and ("LimitError" in msg or "built more than" in msg), msg
             assert SANITIZED or rss.peak - rss.start < 400, (i, rss.start, rss.peak)
