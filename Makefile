@@ -15,6 +15,16 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # Seconds each fuzz target runs in `make test` (a smoke run; longer runs: tests/fuzz/run_fuzz.sh N).
 FUZZ_SECONDS ?= 10
+# `make fuzz`: every fuzz target until FUZZ_RUNS executions, FUZZ_MAX_SECONDS at most each.
+FUZZ_RUNS ?= 1000000
+FUZZ_MAX_SECONDS ?= 3600
+# `make sanitize-test`: the unit and server suites on an ASan + UBSan build (CPU only). A finding
+# aborts the process (abort_on_error, halt_on_error, -fno-sanitize-recover=undefined) and fails
+# its test; leaks are checked at exit.
+ASAN_DIR ?= build-asan
+SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:disable_coredump=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+UNIT_TARGETS := $(patsubst tests/unit/%,unit_%,$(wildcard tests/unit/*))
 # The CUDA backend is compiled wherever nvcc exists (CI has nvcc but no GPU; GPU tests then skip).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(NVCC),)
@@ -28,7 +38,7 @@ APT_PACKAGES := build-essential cmake ninja-build pkg-config git \
   libjpeg62-turbo-dev libpng-dev libwebp-dev libgif-dev \
   chromium chromium-driver
 
-.PHONY: all deps apt-deps py-deps build test serve bench clean
+.PHONY: all deps apt-deps py-deps build test sanitize-test fuzz serve bench clean
 
 all: build
 
@@ -60,8 +70,19 @@ build: apt-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 test: deps build
-	tests/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
+	FUZZ_RUNS= tests/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
 	cd $(BUILD_DIR) && ctest -j $(JOBS) --output-on-failure
+
+# Neither is part of `make test` (hours of CPU on CI's 2 cores); see docs/serving-engine.md.
+sanitize-test: deps
+	cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARKSERVE_SANITIZE=ON \
+	  -DSPARKSERVE_CUDA=OFF -DSPARKSERVE_PYTHON=$(PY)
+	cmake --build $(ASAN_DIR) -j $(JOBS) --target sparkserve sparkserve_scripted $(UNIT_TARGETS)
+	cd $(ASAN_DIR) && $(SANITIZER_ENV) ctest -j $(JOBS) -L unit --output-on-failure
+	cd $(ASAN_DIR) && $(SANITIZER_ENV) ctest -R py_server --output-on-failure
+
+fuzz: apt-deps
+	FUZZ_RUNS=$(FUZZ_RUNS) tests/fuzz/run_fuzz.sh $(FUZZ_MAX_SECONDS)
 
 serve: build
 	@if [ "$(MODEL)" = "$(BUILD_DIR)/serve-tiny" ]; then \

@@ -5,6 +5,9 @@
 # $BUILD/artifacts/).
 #
 #   tests/fuzz/run_fuzz.sh [SECONDS_PER_TARGET]      (default 20; env FUZZ_SECONDS also works)
+#   FUZZ_RUNS=1000000 tests/fuzz/run_fuzz.sh 3600   (each target until 1M executions; the seconds
+#                                                    are then a cap, 0 = none, and a target that
+#                                                    hits the cap first fails the run)
 #   env: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (build parallelism, default nproc),
 #        FUZZ_TARGETS (space-separated subset to run), CXX (a clang++ to use),
 #        FUZZ_EXCLUDE (regex of src/ paths to leave out of the build, for a file clang rejects)
@@ -12,6 +15,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SECS="${1:-${FUZZ_SECONDS:-20}}"
+RUNS="${FUZZ_RUNS:-}"
 BUILD="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 JOBS="${FUZZ_JOBS:-$(nproc)}"
 
@@ -70,19 +74,28 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$work"
   args=(-max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=0
         -artifact_prefix="$BUILD/artifacts/$t-")
+  [[ -n "$RUNS" ]] && args+=(-runs="$RUNS")
   [[ -f "$ROOT/tests/fuzz/$t.dict" ]] && args+=(-dict="$ROOT/tests/fuzz/$t.dict")
   dirs=("$work"); [[ -d "$seeds" ]] && dirs+=("$seeds")
-  echo "run_fuzz: $t for ${SECS}s"
+  if [[ -n "$RUNS" ]]; then echo "run_fuzz: $t for $RUNS runs (cap ${SECS}s)"; else echo "run_fuzz: $t for ${SECS}s"; fi
   if ! "$bin" "${args[@]}" "${dirs[@]}" >"$BUILD/$t.log" 2>&1; then
     echo "run_fuzz: $t FAILED; log: $BUILD/$t.log" >&2
     grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$BUILD/$t.log" | head -20 >&2 || true
     failed+=("$t")
-  else
-    grep -E "^Done|#[0-9]+.*DONE" "$BUILD/$t.log" | tail -1 || true
+    continue
+  fi
+  # libFuzzer's last status line holds the coverage; "Done N runs in T second(s)" the totals.
+  done_line="$(grep -E "^Done [0-9]+ runs" "$BUILD/$t.log" | tail -1 || true)"
+  cov="$(grep -oE "cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+" "$BUILD/$t.log" | tail -1 || true)"
+  echo "run_fuzz: $t: ${done_line:-no Done line} ($cov)"
+  executed="$(sed -E 's/^Done ([0-9]+) runs.*/\1/' <<<"$done_line")"
+  if [[ -n "$RUNS" && "${executed:-0}" -lt "$RUNS" ]]; then
+    echo "run_fuzz: $t stopped at ${executed:-0} of $RUNS runs (time cap ${SECS}s)" >&2
+    failed+=("$t(short)")
   fi
 done
 end=$(date +%s)
-echo "run_fuzz: ${#TARGETS[@]} targets, ${SECS}s each; total $((end - start)) s (build $((built - start)) s)"
+echo "run_fuzz: ${#TARGETS[@]} targets, ${RUNS:+$RUNS runs or }${SECS}s each; total $((end - start)) s (build $((built - start)) s)"
 ((build_ok)) || failed+=("(build)")
 if ((${#failed[@]})); then
   echo "run_fuzz: FAILED: ${failed[*]}" >&2

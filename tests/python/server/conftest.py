@@ -1,6 +1,7 @@
 """Fixtures for the server tests: the tiny servable model (tests/fixtures/serve-tiny) and
 `sparkserve serve` processes on free ports, stopped with SIGTERM (and killed if that hangs)."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,21 @@ BIN = os.environ.get("SPARKSERVE_BIN", os.path.join(ROOT, "build", "sparkserve")
 SCRIPTED_BIN = os.environ.get("SPARKSERVE_SCRIPTED_BIN", os.path.join(ROOT, "build", "tests", "sparkserve_scripted"))
 BUILD_DIR = os.environ.get("SPARKSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
 MODEL_NAME = "tiny"
+# Set by the ctest entries of a -DSPARKSERVE_SANITIZE=ON build: the binaries run under ASan + UBSan,
+# so bounds on RSS and address space (shadow memory, quarantine) say nothing about the server.
+SANITIZED = os.environ.get("SPARKSERVE_SANITIZED") == "1"
+# What ASan, LeakSanitizer and UBSan write to stderr when they find something.
+SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|:\d+:\d+: runtime error: ")
+
+
+def check_sanitizer_report(output: str, what: str):
+    """Fails when a sanitizer reported an error in a process's output (a report does not always
+    change what the process answers, e.g. a leak found at exit)."""
+    m = SANITIZER_REPORT.search(output)
+    if m:
+        start = output.rfind("\n", 0, max(0, m.start() - 200)) + 1
+        raise AssertionError(f"sanitizer report from {what}:\n{output[start:start + 6000]}")
+
 
 # The scripted output of the parser tests: reasoning, then one qwen3_coder tool call.
 SCRIPTED_TOOL_TEXT = (
@@ -100,6 +116,7 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
                 raise RuntimeError("server ignored SIGTERM for %s s" % timeout)
+        check_sanitizer_report(self.output(), "the server")
         return self.proc.returncode
 
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from conftest import MODEL_NAME, Server
+from conftest import MODEL_NAME, SANITIZED, Server, check_sanitizer_report
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -25,7 +25,9 @@ def rss_mib(pid):
 
 
 class RssSampler:
-    """Peak RSS of a process while a block runs (sampled every 10 ms)."""
+    """Peak RSS of a process while a block runs (sampled every 10 ms). Its bounds are not judged
+    under ASan (SANITIZED): shadow memory and the quarantine of freed blocks (256 MiB) dwarf them;
+    the status codes and times still are."""
 
     def __init__(self, pid):
         self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
@@ -199,7 +201,7 @@ def test_200k_headers_get_431(big_server):
         (status, _, body), = read_responses(c, 1)
     assert status == 431
     assert "head" in error_of(body)["message"]
-    assert rss.peak - rss.start < 20, (rss.start, rss.peak)
+    assert SANITIZED or rss.peak - rss.start < 20, (rss.start, rss.peak)
     c.close()
 
 
@@ -222,7 +224,7 @@ def test_200mb_chunked_body_gets_413_without_being_read(big_server):
     assert status == 413, body
     assert str(9 << 20) in error_of(body)["message"]
     assert sent < 100 << 20, sent  # answered long before the 200 MB were sent
-    assert rss.peak - rss.start < 20, (rss.start, rss.peak)
+    assert SANITIZED or rss.peak - rss.start < 20, (rss.start, rss.peak)
     c.close()
 
 
@@ -373,7 +375,7 @@ def test_16_concurrent_8mib_prompts_stay_under_1gib(big_server):
             t.join()
     assert len(statuses) == 16
     assert all(st == 400 and "512" in msg for st, msg in statuses), statuses[:3]
-    assert rss.peak < 1024, (rss.start, rss.peak)
+    assert SANITIZED or rss.peak < 1024, (rss.start, rss.peak)
 
 
 # ---- work per request -------------------------------------------------------------------------
@@ -447,6 +449,9 @@ def test_runaway_templates_fail_fast_and_name_the_template(tiny_model, tmp_path)
     branches = "".join("{%% %s k == %d %%}%s" % ("if" if i == 0 else "elif", i, t) for i, t in enumerate(RUNAWAY))
     d = model_copy(tiny_model, tmp_path, branches + "{% else %}{{ messages[0].content }}{% endif %}")
     s = Server(d)
+    # Under ASan + UBSan the evaluation-step budget itself takes ~1.7 s (2-core machine, 2026-12-01):
+    # still a bounded, named refusal, which is what this judges there.
+    limit_s = 4.0 if SANITIZED else 1.0
     try:
         for i in range(len(RUNAWAY)):
             body = {"model": MODEL_NAME, "messages": MSGS, "max_tokens": 2, "chat_template_kwargs": {"k": i}}
@@ -455,10 +460,10 @@ def test_runaway_templates_fail_fast_and_name_the_template(tiny_model, tmp_path)
             if i < 2:  # empty results: nothing runs away, the prompt is just empty
                 assert r.status_code in (200, 400), r.text
                 continue
-            assert r.status_code == 400 and dt < 1.0, (i, r.status_code, dt, r.text)
+            assert r.status_code == 400 and dt < limit_s, (i, r.status_code, dt, r.text)
             msg = error_of(r.content)["message"]
             assert "chat_template.jinja" in msg and ("LimitError" in msg or "built more than" in msg), msg
-            assert rss.peak - rss.start < 400, (i, rss.start, rss.peak)
+            assert SANITIZED or rss.peak - rss.start < 400, (i, rss.start, rss.peak)
         assert httpx.get(s.url + "/health").status_code == 200
     finally:
         assert s.stop() == 0
@@ -538,10 +543,13 @@ def test_nested_safetensors_header_is_refused_fast(tmp_path, tiny_model):
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (100 << 20, 100 << 20))
 
+    # ASan reserves terabytes of address space for its shadow memory: no RLIMIT_AS under it.
     t = time.time()
-    p = subprocess.run([BIN, "inspect", str(d)], capture_output=True, preexec_fn=limit, timeout=30)
+    p = subprocess.run([BIN, "inspect", str(d)], capture_output=True, preexec_fn=None if SANITIZED else limit,
+                       timeout=30)
     dt = time.time() - t
     err = p.stderr.decode()
+    check_sanitizer_report(err, "sparkserve inspect")
     assert p.returncode == 1 and "nested deeper" in err, err
     assert "model.safetensors" in err
     assert dt < 1.0, dt

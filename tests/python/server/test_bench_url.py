@@ -7,11 +7,13 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, free_port
+from conftest import BIN, check_sanitizer_report, free_port
 
 
 def bench(*args, timeout=300):
-    return subprocess.run([BIN, "bench", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([BIN, "bench", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    check_sanitizer_report(proc.stderr, "sparkserve bench")
+    return proc
 
 
 def positive(x):

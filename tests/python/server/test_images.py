@@ -18,7 +18,7 @@ import zlib
 import httpx
 import pytest
 
-from conftest import BIN, MODEL_NAME, ROOT, Server
+from conftest import BIN, MODEL_NAME, ROOT, Server, check_sanitizer_report
 
 IMAGES = os.path.join(ROOT, "tests", "fixtures", "vision-images")
 JPEG, PNG, WEBP = "c_300x200.jpg", "b_150x90.png", "d_97x257.webp"
@@ -70,6 +70,7 @@ def cli_generate(tiny_model, prompt_ids, names):
     for n in names:
         cmd += ["--image", os.path.join(IMAGES, n)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+    check_sanitizer_report(out.stderr, "sparkserve generate")
     j = json.loads(out.stdout)
     return j["prompt_ids"], j["output_ids"]
 
