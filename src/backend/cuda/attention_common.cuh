@@ -1,7 +1,7 @@
 // Device pieces shared by the attention kernels (attention.cu, attention_prefill.cu,
 // attention_decode.cu): the paged KV pool as the kernels see it, the rounding of a row to the pool's
-// dtype (the CPU backend's store_row, bit for bit), and the tensor-core primitives of the
-// mma.sync kernels (sm_80+ instructions: they run on sm_90a, sm_100a and sm_120a alike).
+// dtype (the CPU backend's store_row, bit for bit), and the e4m3 widening and shared-memory tile
+// layout of the mma.sync kernels (their primitives: mma_primitives.cuh).
 //
 // Precision of the tensor-core kernels: K and V are exact bf16 values (a bf16 pool holds them; an
 // e4m3 code has 4 significant bits, so it is exact in bf16 and its row scale is applied to the
@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
 
 namespace sparkserve {
@@ -74,48 +75,8 @@ __device__ void store_kv_row(void* pool, float* scales, KvType type, int64_t row
   }
 }
 
-// ---- tensor-core primitives ----------------------------------------------------------------------
+// ---- tensor-core primitives (cp.async, ldmatrix, the bf16 MMA, split_pack): mma_primitives.cuh ----
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (and reads nothing).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
-}
-// 4 bytes global -> shared, asynchronous; src_bytes 0 writes zeros.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes = 4) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// d += a b: m16n8k16, bf16 operands, f32 accumulators (PTX fragment layouts).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// x0, x1 split into hi = bf16(x) and lo = bf16(x - hi), packed in pairs (x0 in the low half).
-__device__ __forceinline__ void split_pack(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
-  const __nv_bfloat16 l0 = __float2bfloat16_rn(x0 - __bfloat162float(h0));
-  const __nv_bfloat16 l1 = __float2bfloat16_rn(x1 - __bfloat162float(h1));
-  hi = static_cast<uint32_t>(__bfloat16_as_ushort(h0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h1)) << 16);
-  lo = static_cast<uint32_t>(__bfloat16_as_ushort(l0)) | (static_cast<uint32_t>(__bfloat16_as_ushort(l1)) << 16);
-}
 // Eight e4m3 codes (two words, lowest code in the low byte) widened to eight bf16 values, packed
 // in pairs: exact (e4m3 values are exact in fp16 and in bf16).
 __device__ __forceinline__ void e4m3x8_to_bf16(uint32_t w0, uint32_t w1, uint32_t (&out)[4]) {
