@@ -584,10 +584,16 @@ Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<int6
   out.data_row.assign(static_cast<size_t>(out.rows), -1);
   out.data.resize(static_cast<size_t>(full * out.vocab));
   int64_t at = 0;
-  for (int64_t r = 0; r < out.rows; ++r) {
-    if (wants_argmax(r)) continue;
-    backend_.download(out.data.data() + at * out.vocab, logits.rows(r, 1));
-    out.data_row[static_cast<size_t>(r)] = at++;
+  for (int64_t r = 0; r < out.rows;) {  // each run of consecutive value rows in one copy
+    if (wants_argmax(r)) {
+      ++r;
+      continue;
+    }
+    int64_t end = r;
+    for (; end < out.rows && !wants_argmax(end); ++end) out.data_row[static_cast<size_t>(end)] = at + (end - r);
+    backend_.download(out.data.data() + at * out.vocab, logits.rows(r, end - r));
+    at += end - r;
+    r = end;
   }
   return out;
 }
