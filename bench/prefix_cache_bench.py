@@ -85,12 +85,26 @@ class Served:
             self.proc.wait(60)
 
 
+# One client for the whole run, as an agent keeps one (the openai SDK holds an httpx.Client per
+# OpenAI()): making a client builds an SSL context (~20-35 ms), which httpx.stream() would do inside
+# every timed request.
+_CLIENT = None
+
+
+def client():
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = httpx.Client(timeout=3600)
+    return _CLIENT
+
+
 def stream(url, path, body):
     """One streamed request: (ttft seconds to the first generated token, usage dict)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    c = client()
     t0 = time.perf_counter()
     ttft, usage, text = None, None, ""
-    with httpx.stream("POST", url + path, json=body, timeout=3600) as r:
+    with c.stream("POST", url + path, json=body) as r:
         if r.status_code != 200:
             raise SystemExit(f"HTTP {r.status_code}: {r.read()[:300]!r}")
         for line in r.iter_lines():

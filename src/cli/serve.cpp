@@ -29,6 +29,7 @@
 #include "model/load.h"
 #include "runtime/engine.h"
 #include "runtime/token_constraint.h"
+#include "runtime/warm_up.h"
 #include "server/handlers.h"
 #include "server/request_log.h"
 
@@ -412,6 +413,12 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   ec.enable_prefix_caching = !o.no_prefix_caching;
   ec.snapshot_interval = o.prefix_cache_snapshot_interval;
   ec.num_speculative_tokens = *spec_tokens;
+  if (o.device == "cuda" && !o.no_warm_up) {
+    const WarmUpResult w = warm_up(**runner, ec);
+    log_line(LogLevel::kInfo, "warm-up: " + std::to_string(w.prompts) + " prompts of 1.." +
+                                  std::to_string(ec.max_num_batched_tokens) + " tokens in " +
+                                  std::to_string(static_cast<int>(w.seconds * 1000)) + " ms");
+  }
   Engine engine(**runner, ec, &metrics);
 
   ctx.engine = &engine;
@@ -542,6 +549,9 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--max-waiting-requests", o->max_waiting_requests, "Requests waiting for the engine at most (503 + Retry-After beyond; 0: no limit)")->default_val(256);
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds running requests may take to finish after SIGTERM/SIGINT")->default_val(10);
   cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle keep-alive connection stays open")->default_val(60);
+  cmd->add_flag("--no-warm-up", o->no_warm_up,
+                "CUDA: skip the start-up warm-up (throwaway prompts of 1, 2, 4, ... tokens that load every kernel "
+                "before the first request)");
   cmd->add_flag("--no-prefix-caching,--no-enable-prefix-caching", o->no_prefix_caching,
                 "Turn the prefix cache off (shared KV blocks + GDN state snapshots; on by default)");
   cmd->add_option("--prefix-cache-state-mb", o->prefix_cache_state_mb,

@@ -57,6 +57,7 @@ struct ServeOptions {
   double shutdown_timeout = 10;
   double keep_alive_timeout = 60;
   bool no_prefix_caching = false;
+  bool no_warm_up = false;
   int64_t prefix_cache_state_mb = 4096;     // GDN state snapshots (device memory on CUDA)
   int64_t prefix_cache_snapshot_interval = 2048;
   ServeImageFlags images;

@@ -189,7 +189,7 @@ void test_gdn(Harness& h) {
                              std::to_string(c.dk) + " dv" + std::to_string(c.dv);
     for (bool decode : {false, true}) {
       Spans sp = decode ? make_spans({{3, 1}, {0, 1}, {90, 1}}, 16, 64, slots)
-                        : make_spans({{0, 70}, {12, 5}, {0, 130}}, 16, 64, slots);
+                        : make_spans({{0, 70}, {12, 5}, {0, 130}, {7, 2}}, 16, 64, slots);
       const int64_t T = sp.layout.total_rows;
       const std::string tag = name + (decode ? " decode" : " prefill");
       // Conv with random prior state.

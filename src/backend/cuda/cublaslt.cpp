@@ -1,6 +1,12 @@
 // cublaslt.h: the library loaded with dlopen, one handle per process, and a plan (descriptors +
-// the heuristic's first algorithm) cached per problem shape, so a call after the first is a few
-// host-side lookups and one cublasLtMatmul.
+// the heuristic's first algorithm) cached per problem shape with the token count n rounded up to a
+// power of two, so a call after the first is a few host-side lookups and one cublasLtMatmul.
+//
+// Why n is bucketed: a server sees a new token count at nearly every prefill step. Asking the
+// heuristic costs ~0.2 ms per shape, and each kernel it picks is loaded into the context on its
+// first launch (~2.5-5 ms per kernel, measured on the H200): per exact n, every new prompt length
+// paid both for each of a forward's ~10 GEMM shapes. The algorithm chosen for the bucket runs any
+// n up to it; should cuBLASLt refuse one for a particular n, that n gets a plan of its own.
 #include "backend/cuda/cublaslt.h"
 
 #include <cublasLt.h>
@@ -21,6 +27,7 @@ struct LtApi {
   decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
   decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
@@ -50,6 +57,7 @@ const LtApi* api() {
                     resolve(lib, "cublasLtMatmulDescCreate", a.desc_create) &&
                     resolve(lib, "cublasLtMatmulDescSetAttribute", a.desc_set) &&
                     resolve(lib, "cublasLtMatrixLayoutCreate", a.layout_create) &&
+                    resolve(lib, "cublasLtMatrixLayoutDestroy", a.layout_destroy) &&
                     resolve(lib, "cublasLtMatmulPreferenceCreate", a.pref_create) &&
                     resolve(lib, "cublasLtMatmulPreferenceSetAttribute", a.pref_set) &&
                     resolve(lib, "cublasLtMatmulPreferenceDestroy", a.pref_destroy) &&
@@ -130,16 +138,41 @@ std::mutex& plan_mutex() {
   static std::mutex mu;
   return mu;
 }
-Plan* find_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes) {
+// The token count a plan is made for: n rounded up to a power of two.
+int64_t bucket_n(int64_t n) {
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+Plan* find_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes, bool exact_n) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) return nullptr;
   const int align_a = alignment(p.a, p.lda * 2), align_b = alignment(p.b, p.ldb * 2),
             align_d = alignment(p.d, p.ldd * 4);
   static std::map<PlanKey, Plan> plans;
-  const PlanKey key{static_cast<int>(p.ab_type), p.m, p.n, p.k, p.lda, p.ldb, p.ldd, workspace_bytes,
-                    align_a, align_b, align_d};
+  LtMatmul q = p;
+  // Exact plans are keyed by -n so that they never meet a bucket's.
+  q.n = exact_n ? p.n : bucket_n(p.n);
+  const PlanKey key{static_cast<int>(p.ab_type), p.m, exact_n ? -p.n : q.n, p.k, p.lda, p.ldb, p.ldd,
+                    workspace_bytes, align_a, align_b, align_d};
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, p, workspace_bytes, align_a, align_b, align_d)).first;
+  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, q, workspace_bytes, align_a, align_b, align_d)).first;
   return it->second.ok ? &it->second : nullptr;
+}
+
+// One cublasLtMatmul of p with plan's descriptor and algorithm, on layouts of p's own n.
+bool run_plan(const LtApi& lt, const Plan& plan, const LtMatmul& p, cudaStream_t s, void* workspace,
+              size_t workspace_bytes) {
+  cublasLtMatrixLayout_t lb = nullptr, ld = nullptr;
+  bool ok = lt.layout_create(&lb, p.ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), p.ldb) ==
+                CUBLAS_STATUS_SUCCESS &&
+            lt.layout_create(&ld, CUDA_R_32F, static_cast<uint64_t>(p.m), static_cast<uint64_t>(p.n), p.ldd) ==
+                CUBLAS_STATUS_SUCCESS;
+  const float alpha = 1.0f, beta = 0.0f;
+  ok = ok && lt.matmul(lt.handle, plan.desc, &alpha, p.a, plan.la, p.b, lb, &beta, p.d, ld, p.d, ld, &plan.algo,
+                       workspace, workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;
+  if (lb) lt.layout_destroy(lb);
+  if (ld) lt.layout_destroy(ld);
+  return ok;
 }
 }  // namespace
 
@@ -147,18 +180,19 @@ bool lt_plan(const LtMatmul& p, size_t workspace_bytes) {
   const LtApi* lt = api();
   if (!lt) return false;
   std::lock_guard<std::mutex> lock(plan_mutex());
-  return find_plan(*lt, p, workspace_bytes) != nullptr;
+  return find_plan(*lt, p, workspace_bytes, false) != nullptr || find_plan(*lt, p, workspace_bytes, true) != nullptr;
 }
 
 bool lt_matmul(const LtMatmul& p, cudaStream_t s, void* workspace, size_t workspace_bytes) {
   const LtApi* lt = api();
   if (!lt) return false;
   std::lock_guard<std::mutex> lock(plan_mutex());
-  Plan* plan = find_plan(*lt, p, workspace_bytes);
-  if (!plan) return false;
-  const float alpha = 1.0f, beta = 0.0f;
-  return lt->matmul(lt->handle, plan->desc, &alpha, p.a, plan->la, p.b, plan->lb, &beta, p.d, plan->ld, p.d, plan->ld,
-                    &plan->algo, workspace, workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;
+  for (bool exact : {false, true}) {
+    const Plan* plan = find_plan(*lt, p, workspace_bytes, exact);
+    if (plan && run_plan(*lt, *plan, p, s, workspace, workspace_bytes)) return true;
+    if (bucket_n(p.n) == p.n) break;  // the bucket's plan was the exact one
+  }
+  return false;
 }
 
 }  // namespace sparkserve

@@ -64,6 +64,46 @@ __global__ void gdn_conv_kernel(float* out, const float* x, const float* w, floa
     if (j < S) state[j] = win[j];
 }
 
+// Multi-token conv (the gdn_conv op): one thread per (row, channel), so a long prompt spreads over
+// the whole GPU instead of walking its tokens one by one in C threads. Inputs before a span's first
+// row come from its state slot (the K-1 previous inputs); gdn_conv_state_kernel updates the slots
+// afterwards, in stream order, so every read here sees the old state.
+__global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w, const float* state_pool,
+                                     DeviceLayout L, int64_t C, int K) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(L.total_rows) * C) return;
+  const int r = static_cast<int>(i / C);
+  const int64_t c = i % C;
+  const int s = L.span_of_row(r), S = K - 1;
+  if (s < 0) return;  // a row outside every span (the CPU leaves it untouched too)
+  const int64_t r0 = L.row_begin(s), t = r - r0;
+  const float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
+  float acc = 0.0f;
+  for (int j = 0; j < K; ++j) {
+    const int64_t p = t - S + j;  // input position within the span; < 0: held in the state
+    const float v = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
+    acc += w[c * K + j] * v;
+  }
+  out[i] = silu_f(acc);
+}
+
+// Each span's state slot := the last K-1 inputs of (old state, the span's rows), one thread per
+// (span, channel). In place: entry j reads old entry n + j > j (n >= 1 rows), so ascending j is safe.
+__global__ void gdn_conv_state_kernel(const float* x, float* state_pool, DeviceLayout L, int64_t C, int K) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(L.num_seqs) * C) return;
+  const int s = static_cast<int>(i / C);
+  const int64_t c = i % C;
+  const int S = K - 1;
+  const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
+  if (n == 0) return;
+  float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
+  for (int j = 0; j < S; ++j) {
+    const int64_t p = n - S + j;
+    state[j] = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
+  }
+}
+
 __global__ void gdn_gating_kernel(float* g, float* beta, const float* a, const float* b, const float* A_log,
                                   const float* dt_bias, int64_t T, int64_t Hv) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -436,13 +476,17 @@ void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor&
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_conv supports kernel sizes 1..8");
   for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0));
-  const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C;
-  if (n == 0) return;
+  const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C, rows = batch.total_rows * C;
+  if (n == 0 || rows == 0) return;
   DeviceLayout L = device_layout(batch);
-  gdn_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(out.ptr<float>(), mixed.ptr<const float>(),
-                                                                    weight.ptr<const float>(),
-                                                                    conv_state_pool.ptr<float>(), L, C,
-                                                                    static_cast<int>(K));
+  gdn_conv_rows_kernel<<<blocks_for(rows, kThreads), kThreads, 0, stream_>>>(
+      out.ptr<float>(), mixed.ptr<const float>(), weight.ptr<const float>(), conv_state_pool.ptr<const float>(), L,
+      C, static_cast<int>(K));
+  CUDA_CHECK_LAUNCH();
+  if (K == 1) return;
+  gdn_conv_state_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(mixed.ptr<const float>(),
+                                                                          conv_state_pool.ptr<float>(), L, C,
+                                                                          static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
 }
 

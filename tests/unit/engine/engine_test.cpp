@@ -12,6 +12,7 @@
 #include "loader/hf_config.h"
 #include "model/load.h"
 #include "runtime/engine.h"
+#include "runtime/warm_up.h"
 #include "fake_runner.h"
 
 namespace sparkserve::test {
@@ -336,6 +337,37 @@ TEST(Engine, TinyModelGreedyBatchInvariance) {
   ASSERT_EQ(alone.size(), 8u);
   auto batched = run({{3, 4, 5}, p0, {900, 901, 902, 903, 904, 905, 906, 907, 908, 909, 910}}, 2048);
   EXPECT_EQ(batched[1], alone);
+}
+
+// Warm-up runs prompts of 1, 2, 4, ... tokens up to the step budget on a private engine, leaving
+// garbage in the runner's KV and state pools: an engine made afterwards must produce the same
+// greedy tokens as one on a fresh runner (nothing of the warm-up may leak into real requests).
+TEST(Engine, WarmUpLeavesNoTraceInLaterRequests) {
+  auto backend = make_cpu_backend(2);
+  auto model = load_qwen35(kTiny, *backend);
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto run = [&](bool warm) {
+    StateLimits lim{4, 64, 16};
+    ModelState state(*backend, (*model)->config(), lim);
+    Qwen35Runner runner(**model, state);
+    EngineConfig ec;
+    ec.max_num_batched_tokens = 64;
+    ec.max_model_len = 1024;
+    ec.vocab_size = (*model)->config().vocab_size;
+    if (warm) {
+      const WarmUpResult w = warm_up(runner, ec);
+      EXPECT_EQ(w.prompts, 7);  // 1, 2, 4, ..., 64
+    }
+    Engine engine(runner, ec);
+    auto r = greedy_request({1, 17, 300, 42, 999, 5, 5, 77, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, 8);
+    r->params.ignore_eos = true;
+    engine.submit(r);
+    while (engine.step()) {}
+    return collect(*r).tokens;
+  };
+  const auto cold = run(false);
+  ASSERT_EQ(cold.size(), 8u);
+  EXPECT_EQ(run(true), cold);
 }
 
 }  // namespace
