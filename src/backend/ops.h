@@ -287,6 +287,11 @@ class Backend {
   virtual void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) = 0;
   // x[r, :] += b for every row. x: [R, D] f32, b: [D] f32.
   virtual void add_bias(const Tensor& x, const Tensor& b) = 0;
+  // The vision tower's linear with its bias, and optionally its residual add, as one op so a backend
+  // can fold both into the matmul: out = x W^T + b, or out += x W^T + b when accumulate (out is then
+  // the residual stream). The same function as linear, then add_bias (then add).
+  // x: [T, K] f32, b: [N] f32 -> out: [T, N] f32 (written, or added to when accumulate).
+  virtual void linear_bias(const Tensor& out, const Tensor& x, const Linear& w, const Tensor& b, bool accumulate) = 0;
   // GELU: tanh approximation (gelu_pytorch_tanh) or the exact erf form. x: [N] f32 -> out: [N] f32
   // (out may alias x).
   virtual void gelu(const Tensor& out, const Tensor& x, bool tanh_approx) = 0;

@@ -62,11 +62,6 @@ VisionTower::VisionTower(Backend& backend, const VisionConfig& config, const Vis
   backend_.upload(rope_inv_freq_, inv.data());
 }
 
-void VisionTower::linear_bias(const Tensor& out, const Tensor& x, const Linear& w, const Tensor& b) {
-  backend_.linear(out, x, w);
-  backend_.add_bias(out, b);
-}
-
 Expected<Buffer> VisionTower::encode(const std::vector<const media::PatchedImage*>& images) {
   const int64_t h = c_.hidden_size, nh = c_.num_heads, hd = c_.head_dim(), I = c_.intermediate_size;
   const int merge = c_.spatial_merge_size;
@@ -91,7 +86,7 @@ Expected<Buffer> VisionTower::encode(const std::vector<const media::PatchedImage
       backend_.upload(pixels.tensor().rows(row, img->num_patches()), img->pixels.data());
       row += img->num_patches();
     }
-    linear_bias(x, pixels, w_.patch_embed, w_.patch_b);
+    backend_.linear_bias(x, pixels, w_.patch_embed, w_.patch_b, /*accumulate=*/false);
   }
   {
     Buffer ids = buffer({N, 4}, DType::kI32), wts = buffer({N, 4}), pe = buffer({N, h});
@@ -105,33 +100,31 @@ Expected<Buffer> VisionTower::encode(const std::vector<const media::PatchedImage
 
   const float scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
   Buffer t = buffer({N, h}), q = buffer({N, nh, hd}), k = buffer({N, nh, hd}), v = buffer({N, nh, hd});
-  Buffer o = buffer({N, nh, hd}), d = buffer({N, h}), f = buffer({N, I});
+  Buffer o = buffer({N, nh, hd}), f = buffer({N, I});
   const Tensor q2 = q.tensor().view({N, h}), k2 = k.tensor().view({N, h}), v2 = v.tensor().view({N, h});
   for (const VisionBlockWeights& b : w_.blocks) {
     backend_.layernorm(t, x, b.norm1_w, b.norm1_b, 1e-6f);
-    linear_bias(q2, t, b.q, b.q_b);
-    linear_bias(k2, t, b.k, b.k_b);
-    linear_bias(v2, t, b.v, b.v_b);
+    backend_.linear_bias(q2, t, b.q, b.q_b, /*accumulate=*/false);
+    backend_.linear_bias(k2, t, b.k, b.k_b, /*accumulate=*/false);
+    backend_.linear_bias(v2, t, b.v, b.v_b, /*accumulate=*/false);
     backend_.rope_axes(q, rowcol, rope_axis_, rope_inv_freq_);
     backend_.rope_axes(k, rowcol, rope_axis_, rope_inv_freq_);
     backend_.attention_segments(o, q, k, v, pos.segments, scale);
-    linear_bias(d, o.tensor().view({N, h}), b.proj, b.proj_b);
-    backend_.add(x, x, d);
+    backend_.linear_bias(x, o.tensor().view({N, h}), b.proj, b.proj_b, /*accumulate=*/true);
     backend_.layernorm(t, x, b.norm2_w, b.norm2_b, 1e-6f);
-    linear_bias(f, t, b.fc1, b.fc1_b);
+    backend_.linear_bias(f, t, b.fc1, b.fc1_b, /*accumulate=*/false);
     backend_.gelu(f, f, c_.gelu_tanh);
-    linear_bias(d, f, b.fc2, b.fc2_b);
-    backend_.add(x, x, d);
+    backend_.linear_bias(x, f, b.fc2, b.fc2_b, /*accumulate=*/true);
   }
   // Merger: LayerNorm per patch, then each merge block's patches side by side (they are consecutive
   // rows in merge-block order), fc1, exact GELU, fc2.
   const int64_t M = N / c_.merge_unit(), mh = h * c_.merge_unit();
   backend_.layernorm(t, x, w_.merger_norm_w, w_.merger_norm_b, 1e-6f);
   Buffer m1 = buffer({M, mh});
-  linear_bias(m1, t.tensor().view({M, mh}), w_.merger_fc1, w_.merger_fc1_b);
+  backend_.linear_bias(m1, t.tensor().view({M, mh}), w_.merger_fc1, w_.merger_fc1_b, /*accumulate=*/false);
   backend_.gelu(m1, m1, /*tanh_approx=*/false);
   Buffer out = buffer({M, c_.out_hidden_size});
-  linear_bias(out, m1, w_.merger_fc2, w_.merger_fc2_b);
+  backend_.linear_bias(out, m1, w_.merger_fc2, w_.merger_fc2_b, /*accumulate=*/false);
   return out;
 }
 

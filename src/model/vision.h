@@ -27,8 +27,6 @@ class VisionTower {
   Buffer buffer(std::vector<int64_t> shape, DType dtype = DType::kF32) {
     return Buffer(&backend_, dtype, std::move(shape));
   }
-  // x: [N, in] -> out: [N, out] = x W^T + b.
-  void linear_bias(const Tensor& out, const Tensor& x, const Linear& w, const Tensor& b);
 
   Backend& backend_;
   VisionConfig c_;

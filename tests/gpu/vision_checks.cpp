@@ -36,6 +36,26 @@ void op_checks(Harness& h) {
       record(G, std::string("gelu ") + (t ? "tanh " : "erf ") + sz({R, D}), h.err(o), kFp32);
     }
   }
+  // linear_bias: T >= kBf16FusedMinTokens (1024) takes the two accumulating cuBLASLt GEMMs with the
+  // bias epilogue, fewer tokens linear + add_bias (+ add). Both sum the products w · hi and w · lo
+  // (x = hi + lo to 2^-16 relative) in f32 in another order than the CPU: ~1e-6 of max|ref| on
+  // random data (gemm_checks.cpp derives the norm-relative bound); kForms, as every reordered f32
+  // reduction here. A missing half, bias or residual moves the outputs by O(1).
+  struct LinCase {
+    int64_t T, N, K;
+    bool accumulate;
+  };
+  for (const LinCase& c : {LinCase{1100, 1152, 1152, false}, LinCase{1100, 1152, 1152, true},
+                           LinCase{1030, 1152, 4304, true}, LinCase{1024, 4304, 1152, false},
+                           LinCase{37, 1152, 1152, true}, LinCase{37, 1000, 1152, false}}) {
+    Weight w = make_weight(h, {c.N, c.K}, true, 1.0f / std::sqrt(static_cast<float>(c.K)));
+    auto x = h.f32({c.T, c.K}, randn(c.T * c.K)), b = h.f32({c.N}, randn(c.N));
+    auto o = h.f32({c.T, c.N}, randn(c.T * c.N));  // the residual when accumulating
+    h.cpu->linear_bias(o.cpu(), x.cpu(), w.cpu_lin, b.cpu(), c.accumulate);
+    h.gpu->linear_bias(o.gpu(), x.gpu(), w.gpu_lin, b.gpu(), c.accumulate);
+    record(G, std::string("linear_bias ") + (c.accumulate ? "accumulate " : "") + "TxNxK " + sz({c.T, c.N, c.K}),
+           h.err(o), kForms);
+  }
   for (bool bf16 : {false, true}) {  // the interpolated position embedding
     const int64_t N = 300, K = 4, V = 2304, D = 1152;
     std::vector<int32_t> ids(N * K);
@@ -67,7 +87,7 @@ void op_checks(Harness& h) {
     record(G, "rope_axes " + sz({T, heads, hd}) + " axes " + std::to_string(A), h.err(x), kFp32);
   }
   // attention_segments (tensor cores, split bf16 operands: expected ~1e-6 of the f32 spec): every
-  // instantiated head width (16, 32, 64, 80, 128; 72 and 100 padded), segments shorter than a tile,
+  // instantiated head width (16, 32, 64, 72, 80, 128; 70 and 100 padded), segments shorter than a tile,
   // of one row, not multiples of the 64-row / 32-key tiles, and a long one with peaked softmax rows
   // (q, k scaled by 3: scores with a standard deviation of ~9).
   struct AttnCase {
@@ -77,7 +97,7 @@ void op_checks(Harness& h) {
   };
   const AttnCase cases[] = {{{64, 96, 96, 17}, 4, 72, 1.0f}, {{1, 33, 130}, 3, 16, 1.0f}, {{200}, 2, 32, 1.0f},
                             {{70, 58}, 2, 64, 1.0f},          {{100}, 2, 100, 1.0f},      {{130}, 1, 128, 1.0f},
-                            {{1024, 40}, 2, 72, 3.0f}};
+                            {{1024, 40}, 2, 72, 3.0f},        {{90}, 2, 80, 1.0f},        {{50, 45}, 2, 70, 1.0f}};
   for (const AttnCase& c : cases) {
     int64_t N = 0;
     for (int64_t l : c.segs) N += l;
@@ -199,6 +219,12 @@ void tower_check(Harness& h) {
   }
   record("vision", "tower 122B widths, 2 blocks, images 8x12 + 14x6",
          rel_err(h.get(h.gpu, og->tensor()), h.get(h.cpu, oc->tensor())), kModel);
+  // 1152 patches: the linears take the fused split-bf16 GEMMs (linear_bias at T >= 1024).
+  const media::PatchedImage big = random_image(c, 32, 36, rng);
+  auto bc = cpu.encode({&big});
+  auto bg = gpu.encode({&big});
+  record("vision", "tower 122B widths, 2 blocks, image 32x36 (fused linears)",
+         bc.ok() && bg.ok() ? rel_err(h.get(h.gpu, bg->tensor()), h.get(h.cpu, bc->tensor())) : INFINITY, kModel);
 }
 
 RegisterOpChecks g_ops("vision", op_checks);

@@ -60,6 +60,7 @@ class CpuBackend final : public Backend {
 
   void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
   void add_bias(const Tensor& x, const Tensor& b) override;
+  void linear_bias(const Tensor& out, const Tensor& x, const Linear& w, const Tensor& b, bool accumulate) override;
   void gelu(const Tensor& out, const Tensor& x, bool tanh_approx) override;
   void embedding_mix(const Tensor& out, const Tensor& ids, const Tensor& weights, const Linear& table) override;
   void rope_axes(const Tensor& x, const Tensor& positions, const Tensor& axis, const Tensor& inv_freq) override;

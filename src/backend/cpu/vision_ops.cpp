@@ -40,6 +40,19 @@ void CpuBackend::add_bias(const Tensor& x, const Tensor& b) {
     for (int64_t i = 0; i < D; ++i) px[r * D + i] += pb[i];
 }
 
+void CpuBackend::linear_bias(const Tensor& out, const Tensor& x, const Linear& w, const Tensor& b, bool accumulate) {
+  if (!accumulate) {
+    linear(out, x, w);
+    add_bias(out, b);
+    return;
+  }
+  Tensor d = alloc(DType::kF32, {out.numel() / w.out_features, w.out_features});
+  linear(d, x, w);
+  add_bias(d, b);
+  add(out, out, d);
+  free(d);
+}
+
 void CpuBackend::gelu(const Tensor& out, const Tensor& x, bool tanh_approx) {
   CHECK(out.numel() == x.numel());
   const float* px = x.ptr<const float>();

@@ -79,7 +79,7 @@ int alignment(const void* p, int64_t row_bytes) {
   return static_cast<int>(v & (~v + 1));
 }
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t, int, int, int>;
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t, int, int, int, bool>;
 
 struct Plan {
   bool ok = false;
@@ -96,6 +96,13 @@ Plan make_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes, int a
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   bool ok = lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) == CUBLAS_STATUS_SUCCESS &&
             lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) == CUBLAS_STATUS_SUCCESS;
+  if (p.bias) {
+    // The bias is of D's type (f32) by default; its pointer is set again on every call.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    ok = ok &&
+         lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) == CUBLAS_STATUS_SUCCESS &&
+         lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)) == CUBLAS_STATUS_SUCCESS;
+  }
   ok = ok &&
        lt.layout_create(&plan.la, p.ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.m), p.lda) ==
            CUBLAS_STATUS_SUCCESS &&
@@ -153,7 +160,7 @@ Plan* find_plan(const LtApi& lt, const LtMatmul& p, size_t workspace_bytes, bool
   // Exact plans are keyed by -n so that they never meet a bucket's.
   q.n = exact_n ? p.n : bucket_n(p.n);
   const PlanKey key{static_cast<int>(p.ab_type), p.m, exact_n ? -p.n : q.n, p.k, p.lda, p.ldb, p.ldd,
-                    workspace_bytes, align_a, align_b, align_d};
+                    workspace_bytes, align_a, align_b, align_d, p.bias != nullptr};
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(lt, q, workspace_bytes, align_a, align_b, align_d)).first;
   return it->second.ok ? &it->second : nullptr;
@@ -167,8 +174,12 @@ bool run_plan(const LtApi& lt, const Plan& plan, const LtMatmul& p, cudaStream_t
                 CUBLAS_STATUS_SUCCESS &&
             lt.layout_create(&ld, CUDA_R_32F, static_cast<uint64_t>(p.m), static_cast<uint64_t>(p.n), p.ldd) ==
                 CUBLAS_STATUS_SUCCESS;
-  const float alpha = 1.0f, beta = 0.0f;
-  ok = ok && lt.matmul(lt.handle, plan.desc, &alpha, p.a, plan.la, p.b, lb, &beta, p.d, ld, p.d, ld, &plan.algo,
+  // The bias pointer is the descriptor's: set for this call (callers hold plan_mutex()).
+  if (p.bias)
+    ok = ok && lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)) ==
+                   CUBLAS_STATUS_SUCCESS;
+  const float alpha = 1.0f;
+  ok = ok && lt.matmul(lt.handle, plan.desc, &alpha, p.a, plan.la, p.b, lb, &p.beta, p.d, ld, p.d, ld, &plan.algo,
                        workspace, workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;
   if (lb) lt.layout_destroy(lb);
   if (ld) lt.layout_destroy(ld);

@@ -7,7 +7,7 @@
 // One problem shape, "TN" in cuBLAS terms, is all the backend needs: out = x W^T with W row-major
 // [m, k] (the weights, cuBLAS's A used transposed), x row-major [n, k] (the tokens, B), out
 // row-major [n, ldd >= m] f32 (D, column-major m x n), f32 accumulation (CUBLAS_COMPUTE_32F), no
-// scales. Host-side only; no device code here.
+// scales; optionally a bias per output feature (the bias epilogue) and D accumulated in place. Host-side only; no device code here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +27,10 @@ struct LtMatmul {
   int64_t ldb = 0;
   float* d = nullptr;        // [n, ldd] f32
   int64_t ldd = 0;
+  // D = x W^T + bias + beta D: bias [m] f32 added in the epilogue (null: none); beta 0 or 1
+  // (1: the product is added to D in place, cuBLASLt's C = D).
+  const float* bias = nullptr;
+  float beta = 0.0f;
 };
 
 // False when the library is not loadable, or cuBLASLt has no algorithm for the problem (types,

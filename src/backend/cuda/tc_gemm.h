@@ -48,5 +48,14 @@ bool bf16_gemm_takes(const Linear& w);
 // products on the tensor cores with f32 accumulation, summed in f32.
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool bf16_split_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+// out = x W^T + bias, or out += x W^T + bias when accumulate, for compute-bound T
+// (kBf16FusedMinTokens on): two cuBLASLt GEMMs of T columns each instead of one of 2T, D = hi W^T
+// + bias (+ out) through the bias epilogue (beta = 1 with C = D when accumulate), then D += lo W^T
+// in place (beta = 1), so no [2T, N] product, no add of the halves and no bias/residual kernels.
+// The weights are read twice: below kBf16FusedMinTokens bf16_split_linear's one stacked GEMM wins.
+// x: [T, K] f32, bias: [N] f32 (device) -> out: [T, N] f32 (device)
+bool bf16_split_linear_bias(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, const float* bias,
+                            bool accumulate);
+inline constexpr int64_t kBf16FusedMinTokens = 1024;
 
 }  // namespace sparkserve

@@ -9,11 +9,14 @@
 // (6.3 TFLOP of MMAs with the splits).
 //
 // Two launches: a pre-pass splits Q, K and V once into bf16 hi / lo arrays laid out [head, row,
-// HDP] (HDP: the head size rounded up to the instantiated tile width, zero padded), so that key
-// tiles are contiguous 16-byte copies; then one block of 4 warps per (64 query rows of one segment,
-// head), 16 rows per warp, streams the segment's keys through shared memory in tiles of 32, two
-// stages deep (the next tile's copy overlaps this tile's MMAs). Rows of shared tiles are padded by
-// 8 bf16 so the 8 rows one ldmatrix reads fall in distinct banks.
+// HDP] (HDP: the head size rounded up to the instantiated width, a multiple of 8, zero padded), so
+// that key tiles are contiguous 16-byte copies; then one block of 4 warps per (64 query rows of one
+// segment, head), 16 rows per warp, streams the segment's keys through shared memory in tiles of
+// 32, two stages deep (the next tile's copy overlaps this tile's MMAs). A width that is an odd
+// number of 8s (the tower's 72) takes its last 8 head dims as an m16n8k8 step in Q Kᵀ and one
+// output n-tile in P V, rather than padding to 80 (10% more MMAs). Shared rows are an odd number
+// of 16-byte units long (padded by 8 bf16 where needed) so the 8 rows one ldmatrix reads fall in
+// distinct banks.
 #include <cmath>
 #include <vector>
 
@@ -29,7 +32,7 @@ constexpr int kKeys = 32;           // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HDP>
-constexpr int kStride = HDP + 8;  // bf16 per shared row
+constexpr int kStride = (HDP / 8) % 2 == 0 ? HDP + 8 : HDP;  // bf16 per shared row
 
 template <int HDP>
 constexpr int smem_bytes() {
@@ -80,15 +83,28 @@ __device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], con
   mma_bf16_16816(d, ah, bh[0], bh[1]);
 }
 
+// The same with an m16n8k8 step (the last 8 head dims of a width that is an odd number of 8s).
+__device__ __forceinline__ void mma3_k8(float (&d)[4], const uint32_t (&ah)[2], const uint32_t (&al)[2], uint32_t bh,
+                                        uint32_t bl) {
+  mma_bf16_1688(d, al, bh);
+  mma_bf16_1688(d, ah, bl);
+  mma_bf16_1688(d, ah, bh);
+}
+
 // tiles: per block x, (segment begin, segment length, first query row in the segment).
+// Up to HDP 80, four blocks per SM (<= 128 registers a thread): 16 warps to hide the MMA latency, and
+// the tower's 1024 blocks (64 row tiles x 16 heads) fill 132 SMs in two full waves (at three per SM:
+// 2.6 waves).
 template <int HDP>
-__global__ void __launch_bounds__(kThreads) attention_segments_tc_kernel(float* out, SplitQkv s, const int4* tiles,
+__global__ void __launch_bounds__(kThreads, HDP <= 80 ? 4 : 1) attention_segments_tc_kernel(float* out, SplitQkv s, const int4* tiles,
                                                                           int64_t N, int64_t H, int64_t hd,
                                                                           float scale2) {
   extern __shared__ __align__(16) uint16_t smem[];
-  constexpr int KS = HDP / 16;  // k-steps over the head dims
-  constexpr int NO = HDP / 8;   // output n-tiles
-  constexpr int NS = kKeys / 8; // score n-tiles per key tile
+  constexpr int KS = HDP / 16;             // k16 steps over the head dims
+  constexpr bool kTail = HDP % 16 != 0;    // then one k8 step
+  constexpr int NO = HDP / 8;              // output n-tiles
+  constexpr int NS = kKeys / 8;            // score n-tiles per key tile
+  static_assert(HDP % 8 == 0 && NS == 4, "one ldmatrix_x4 covers the k8 step of a key tile");
   const int4 t = tiles[blockIdx.x];
   const int64_t b = t.x, L = t.y, h = blockIdx.y;
   const int64_t head_off = h * N * HDP;
@@ -106,6 +122,16 @@ __global__ void __launch_bounds__(kThreads) attention_segments_tc_kernel(float* 
       const bool ok = r < L;
       qh[kk][f] = ok ? *reinterpret_cast<const uint32_t*>(s.qh + off) : 0u;
       ql[kk][f] = ok ? *reinterpret_cast<const uint32_t*>(s.ql + off) : 0u;
+    }
+  uint32_t qth[2] = {0u, 0u}, qtl[2] = {0u, 0u};  // the k8 step's A fragments (rows g, g + 8)
+  if constexpr (kTail)
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+      const int64_t off = head_off + (b + row[f]) * HDP + KS * 16 + 2 * t4;
+      if (row[f] < L) {
+        qth[f] = *reinterpret_cast<const uint32_t*>(s.qh + off);
+        qtl[f] = *reinterpret_cast<const uint32_t*>(s.ql + off);
+      }
     }
 
   float o[NO][4];
@@ -144,16 +170,24 @@ __global__ void __launch_bounds__(kThreads) attention_segments_tc_kernel(float* 
         mma3(sc[2 * np], qh[kk], ql[kk], {bh[0], bh[1]}, {bl[0], bl[1]});
         mma3(sc[2 * np + 1], qh[kk], ql[kk], {bh[2], bh[3]}, {bl[2], bl[3]});
       }
+    if constexpr (kTail) {  // lanes 8j..8j+7 address n-tile j's 8 keys: one B register per n-tile
+      uint32_t bh[4], bl[4];
+      ldmatrix_x4(bh, smem_addr(kh + lane * kStride<HDP> + KS * 16));
+      ldmatrix_x4(bl, smem_addr(kl + lane * kStride<HDP> + KS * 16));
+#pragma unroll
+      for (int j = 0; j < NS; ++j) mma3_k8(sc[j], qth, qtl, bh[j], bl[j]);
+    }
 
     // Online softmax (base 2, scale folded in); keys past the segment get no probability.
     const int64_t key0 = it * kKeys;
+    const bool full = key0 + kKeys <= L;
     float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NS; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = key0 + j * 8 + 2 * t4 + (e & 1);
-        const float v = key < L ? sc[j][e] * scale2 : -INFINITY;
+        const float v = full || key < L ? sc[j][e] * scale2 : -INFINITY;
         sc[j][e] = v;
         tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
       }
@@ -198,6 +232,13 @@ __global__ void __launch_bounds__(kThreads) attention_segments_tc_kernel(float* 
         mma3(o[2 * dp], ph, pl, {bh[0], bh[1]}, {bl[0], bl[1]});
         mma3(o[2 * dp + 1], ph, pl, {bh[2], bh[3]}, {bl[2], bl[3]});
       }
+      if constexpr (NO % 2 != 0) {  // the last n-tile alone (lanes 16-31 repeat lanes 0-15's rows)
+        const int key = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+        uint32_t bh[4], bl[4];
+        ldmatrix_x4_trans(bh, smem_addr(vh + key * kStride<HDP> + (NO - 1) * 8));
+        ldmatrix_x4_trans(bl, smem_addr(vl + key * kStride<HDP> + (NO - 1) * 8));
+        mma3(o[NO - 1], ph, pl, {bh[0], bh[1]}, {bl[0], bl[1]});
+      }
     }
     __syncthreads();  // everyone is done with `cur` before the next iteration refills it
   }
@@ -239,7 +280,7 @@ void launch(cudaStream_t stream, float* out, const SplitQkv& s, const int4* tile
 
 // The instantiated tile widths; a head size is padded up to the next one.
 int padded_head_dim(int64_t hd) {
-  for (int w : {16, 32, 64, 80, 128})
+  for (int w : {16, 32, 64, 72, 80, 128})
     if (hd <= w) return w;
   return 0;
 }
@@ -287,6 +328,7 @@ void CudaBackend::attention_segments(const Tensor& out, const Tensor& q, const T
     case 16: launch<16>(stream_, o, s, t, n, N, H, hd, scale2); break;
     case 32: launch<32>(stream_, o, s, t, n, N, H, hd, scale2); break;
     case 64: launch<64>(stream_, o, s, t, n, N, H, hd, scale2); break;
+    case 72: launch<72>(stream_, o, s, t, n, N, H, hd, scale2); break;
     case 80: launch<80>(stream_, o, s, t, n, N, H, hd, scale2); break;
     default: launch<128>(stream_, o, s, t, n, N, H, hd, scale2); break;
   }

@@ -111,6 +111,27 @@ TEST(CpuOps, LinearBf16AndF32SeveralShapes) {
       check_linear(T, K, N, dt);
 }
 
+// linear_bias is linear, then + b per row, then (accumulate) added to what out held, each step in
+// f32 in that order: equal bit for bit to the three ops (linear itself is checked above).
+TEST(CpuOps, LinearBiasAddsBiasAndOptionallyTheResidual) {
+  const int64_t T = 5, K = 24, N = 7;
+  std::vector<double> wv;
+  HostTensor w = random_bf16({N, K}, wv, 0.2f);
+  HostTensor x = random_f32({T, K}), b = random_f32({N}), lin(DType::kF32, {T, N});
+  backend().linear(lin, x, make_linear(w, N, K));
+  for (bool accumulate : {false, true}) {
+    HostTensor out = random_f32({T, N});
+    std::vector<float> before(out.f(), out.f() + T * N);
+    backend().linear_bias(out, x, make_linear(w, N, K), b, accumulate);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        const float d = lin.f()[t * N + n] + b.f()[n];
+        ASSERT_EQ(out.f()[t * N + n], accumulate ? before[static_cast<size_t>(t * N + n)] + d : d)
+            << "t=" << t << " n=" << n << " accumulate=" << accumulate;
+      }
+  }
+}
+
 TEST(CpuOps, ElementwiseOps) {
   const int64_t T = 6, I = 10;
   HostTensor gu = random_f32({T, 2 * I}, 2.0f), act(DType::kF32, {T, I});
