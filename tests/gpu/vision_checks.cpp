@@ -4,6 +4,7 @@
 // Bounds: the elementwise ops and norms compute the same fp32 formulas (kFp32); attention's online
 // softmax reorders the sums (kForms); the tower chains ~200 ops (kModel).
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include "gpu_harness.h"
@@ -14,8 +15,10 @@ namespace {
 
 void op_checks(Harness& h) {
   const std::string G = "vision";
-  {  // layernorm, rows of odd width, out aliasing x on the GPU side
-    const int64_t R = 37, D = 1152;
+  // layernorm, out aliasing x on the GPU side: a warp per row held in registers (D % 4 == 0, D <=
+  // 1536: the tower's 1152, and 64), a block per row otherwise (4304, odd 1001).
+  for (int64_t D : {1152, 64, 4304, 1001}) {
+    const int64_t R = 37;
     auto x = h.f32({R, D}, randn(R * D, 2.0f));
     auto w = h.f32({D}, randn(D)), b = h.f32({D}, randn(D));
     auto o = h.out({R, D});
@@ -35,6 +38,13 @@ void op_checks(Harness& h) {
       h.gpu->gelu(o.gpu(), x.gpu(), t);
       record(G, std::string("gelu ") + (t ? "tanh " : "erf ") + sz({R, D}), h.err(o), kFp32);
     }
+  }
+  {  // gelu of an odd count: one value per thread
+    auto x = h.f32({1001}, randn(1001, 3.0f));
+    auto o = h.out({1001});
+    h.cpu->gelu(o.cpu(), x.cpu(), true);
+    h.gpu->gelu(o.gpu(), x.gpu(), true);
+    record(G, "gelu tanh [1001]", h.err(o), kFp32);
   }
   // linear_bias: T >= kBf16FusedMinTokens (1024) takes the two accumulating cuBLASLt GEMMs with the
   // bias epilogue, fewer tokens linear + add_bias (+ add). Both sum the products w · hi and w · lo
@@ -271,6 +281,58 @@ void bench_attention_1024(Backend& gpu) {
               "(x 27 blocks = %.2f ms per image)\n", best, flops / best * 1e-9, 27 * best);
 }
 RegisterKernelBench g_bench_attn("vision-attn-1024", bench_attention_1024);
+
+// The tower's linears at T = 4096 (one 1024x1024 image): linear_bias (fused split-bf16 GEMMs with
+// the bias epilogue and the residual accumulated in place) against linear, add_bias (and add), the
+// same function as three ops.
+void bench_linear_1024(Backend& gpu) {
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+    bool accumulate;
+  };
+  const int64_t T = 4096;
+  for (const Shape& sh : {Shape{"qkv/proj", 1152, 1152, false}, Shape{"proj+res", 1152, 1152, true},
+                          Shape{"fc1", 4304, 1152, false}, Shape{"fc2+res", 1152, 4304, true}}) {
+    std::vector<uint16_t> wb(static_cast<size_t>(sh.N * sh.K));
+    const std::vector<float> wf = randn(sh.N * sh.K, 0.03f);
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+    Buffer w(&gpu, DType::kBF16, {sh.N, sh.K}), x(&gpu, DType::kF32, {T, sh.K}), b(&gpu, DType::kF32, {sh.N}),
+        o(&gpu, DType::kF32, {T, sh.N}), d(&gpu, DType::kF32, {T, sh.N});
+    gpu.upload(w, wb.data());
+    gpu.upload(x, randn(T * sh.K).data());
+    gpu.upload(b, randn(sh.N).data());
+    gpu.upload(o, randn(T * sh.N).data());
+    Linear lin;
+    lin.weight = w.tensor();
+    lin.format = WeightFormat::kBf16;
+    lin.in_features = sh.K;
+    lin.out_features = sh.N;
+    const auto time = [&](const std::function<void()>& f) {
+      double best = 1e30;
+      for (int i = 0; i < 6; ++i) {
+        gpu.synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        gpu.synchronize();
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        if (i > 0) best = std::min(best, us);
+      }
+      return best;
+    };
+    const double fused = time([&] { gpu.linear_bias(o.tensor(), x.tensor(), lin, b.tensor(), sh.accumulate); });
+    const double ops = time([&] {
+      gpu.linear(sh.accumulate ? d.tensor() : o.tensor(), x.tensor(), lin);
+      gpu.add_bias(sh.accumulate ? d.tensor() : o.tensor(), b.tensor());
+      if (sh.accumulate) gpu.add(o.tensor(), o.tensor(), d.tensor());
+    });
+    const double tflop = 2.0 * T * sh.N * sh.K * 1e-12;
+    std::printf("vision-linear-1024  %-8s T %lld N %lld K %lld: linear_bias %.1f us (%.0f TFLOP/s), linear+add_bias%s "
+                "%.1f us\n", sh.name, static_cast<long long>(T), static_cast<long long>(sh.N),
+                static_cast<long long>(sh.K), fused, tflop / fused * 1e6, sh.accumulate ? "+add" : "", ops);
+  }
+}
+RegisterKernelBench g_bench_linear("vision-linear-1024", bench_linear_1024);
 
 }  // namespace
 }  // namespace sparkserve
