@@ -7,9 +7,9 @@
 // the same order of error as the fp32 reference's own summation (tests/gpu/gemm_checks.cpp).
 //
 // bf16_split_linear: one GEMM computes both halves, the tokens' hi rows then their lo rows as 2T
-// columns of B (so the weights are read once per chunk), then a kernel adds the two halves.
-// bf16_split_linear_bias (compute-bound T): two GEMMs accumulating into the output, see tc_gemm.h. T is cut into chunks whose
-// [2T, N] f32 product stays under kChunkBytes (lm_head: 135 tokens per chunk).
+// columns of B (so the weights are read once per chunk), then a kernel adds the two halves. T is
+// cut into chunks whose [2T, N] f32 product stays under kChunkBytes (lm_head: 135 tokens per chunk).
+// bf16_split_linear_bias (compute-bound T): two GEMMs accumulating into the output (tc_gemm.h).
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -39,8 +39,9 @@ __global__ void layernorm_kernel(float* out, const float* x, const float* w, con
 }
 
 // The same function with one warp per row held in registers (D % 4 == 0, D <= 4 * 32 * V, 16-byte
-// rows): x is read once, with 16-byte loads, and no block barriers (the tower's D = 1152 rows ran
-// at ~1.6 TB/s in layernorm_kernel, which reads each row three times).
+// rows): x is read once, with 16-byte loads, and no block barriers, where layernorm_kernel reads
+// each row three times (the tower's D = 1152 rows: 1.3 ms of its 62 ms before this kernel). Each
+// warp has read its whole row before it writes, so out may alias x.
 template <int V>
 __global__ void layernorm_warp_kernel(float* out, const float* x, const float* w, const float* b, int64_t R, int64_t D,
                                       float eps) {
