@@ -1,6 +1,6 @@
 // gpu_ops --bench-kernels cases "grouped ...": the tensor-core NVFP4 W4A4 paths (moe_grouped.cu,
-// nvfp4_group_gemm.cu) at the Qwen3.5-122B-A10B shapes (256 experts, top-8, H 3072, I 1024, gate_up
-// in 2 partitions; dense layers of the all-NVFP4 layout). Method as bench_kernels.cpp: graph replay,
+// nvfp4_group_gemm.cu) at the Qwen3.5-35B-A3B and 122B-A10B expert shapes (256 experts, top-8, H 2048 /
+// 3072, I 512 / 1024, gate_up in 2 partitions; dense layers of the all-NVFP4 layout). Method as bench_kernels.cpp: graph replay,
 // CUDA-event median, random weights and uniform random routing (fresh sets rotated so small T reads
 // weights from HBM). Columns: time per call, TFLOP/s (2 FLOP per multiply-add: 6·H·I per (token,
 // expert) pair; 2·K·N per token for dense), MB of weights one call must read (each distinct routed
@@ -19,8 +19,8 @@ namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE with each stage's
 // launch repeated when its bit of `repeat` is set (0 plan, 1 prepare, 2 gate_up, 3 down, 4 combine)
-// and the tile forced (0 small-N, 1 large-N mma.sync, 2 large-N wgmma, -1 automatic); the dense path
-// at any T.
+// and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 / 4 medium-N
+// 32 / 64 wgmma; -1 automatic); the dense path at any T.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
@@ -43,14 +43,33 @@ std::vector<float> random_x(int64_t n) {
   return v;
 }
 
-void bench_grouped_moe(Backend& gpu) {
-  const int64_t E = 256, k = 8, H = 3072, I = 1024;
+struct MoeShape {
+  const char* name;
+  int64_t H, I;
+  std::vector<int64_t> Ts;
+};
+
+constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
+const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
+                                        " grouped medium-N32 wgmma", " grouped medium-N64 wgmma"};
+
+// Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
+bool tile_timed(int tile, int64_t T) {
+  switch (tile) {
+    case 0: return T <= 2048;
+    case 1: return T >= 64;
+    case 2: return T >= 256;
+    default: return T >= 16;
+  }
+}
+
+void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
+  const int64_t E = 256, k = 8, H = sh.H, I = sh.I;
   BenchLinear gu = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, 2 * I, H, 2);
   BenchLinear dn = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, H, I, 1);
-  std::printf("%-46s %5s %10s %8s %9s %8s\n", "grouped moe nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", "T", "us",
-              "TFLOP/s", "MB read", "GB/s");
-  for (int64_t T : {1, 2, 4, 16, 64, 256, 1024, 8192}) {
-    const int sets = T <= 64 ? 16 : (T <= 1024 ? 4 : 1);
+  std::printf("%-46s %5s %10s %8s %9s %8s\n", sh.name, "T", "us", "TFLOP/s", "MB read", "GB/s");
+  for (int64_t T : sh.Ts) {
+    const int sets = T <= 64 ? 16 : (T <= 1024 ? 4 : (T <= 2048 ? 2 : 1));
     std::vector<Buffer> ids, wts;
     double bytes = 0;
     for (int s = 0; s < sets; ++s) {
@@ -66,7 +85,7 @@ void bench_grouped_moe(Backend& gpu) {
     Buffer x(&gpu, DType::kF32, {T, H}), out(&gpu, DType::kF32, {T, H});
     gpu.upload(x, random_x(T * H).data());
     const double flop = 6.0 * static_cast<double>(T * k) * static_cast<double>(H * I);
-    const int iters = T <= 64 ? 32 : (T <= 1024 ? 8 : 3);
+    const int iters = T <= 64 ? 32 : (T <= 2048 ? 8 : 3);
     auto idx = [&](int i) { return static_cast<size_t>(i % sets); };
     // The op as the model calls it (T = 1: the one-token path).
     const double ms = time_graph(
@@ -77,12 +96,11 @@ void bench_grouped_moe(Backend& gpu) {
           gpu, [&](int i) { moe_w4a4_probe(gpu, out, x, ids[idx(i)], wts[idx(i)], gu.lin, dn.lin); }, iters);
       print_row(" one-token path (moe_w4a4) at this T", T, w4, flop, bytes);
     }
-    // Each tile regime forced, and at a few sizes each stage's share (a run with that stage launched
-    // twice, minus the plain run).
-    const bool stages = T == 64 || T == 8192;
-    const char* tile_names[3] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma"};
-    for (int tile = 0; tile < 3; ++tile) {
-      if ((tile == 0 && T > 1024) || (tile > 0 && T < 64)) continue;
+    // Each tile regime forced, with its two GEMMs' shares (a run with that stage launched twice, minus
+    // the plain run), and at 64 / 8192 tokens every stage's.
+    const bool all_stages = T == 64 || T == 8192;
+    for (int tile = 0; tile < kTiles; ++tile) {
+      if (!tile_timed(tile, T)) continue;
       bool taken = true;
       auto run = [&](int repeat) {
         return time_graph(
@@ -94,10 +112,11 @@ void bench_grouped_moe(Backend& gpu) {
       };
       const double base = run(0);
       if (!taken) continue;
-      print_row(tile_names[tile], T, base, flop, bytes);
-      if (!stages || (T == 64) != (tile == 0)) continue;
+      print_row(kTileNames[tile], T, base, flop, bytes);
+      if (T < 16) continue;
       const char* names[5] = {"  + plan", "  + prepare", "  + gate_up gemm", "  + down gemm", "  + combine"};
       for (int s = 0; s < 5; ++s) {
+        if (!all_stages && s != 2 && s != 3) continue;
         const double d = run(1 << s) - base;
         const double f = s == 2 ? flop * 2 / 3 : (s == 3 ? flop / 3 : 0.0);
         const double b = s == 2 ? bytes * 2 / 3 : (s == 3 ? bytes / 3 : 0.0);
@@ -105,6 +124,14 @@ void bench_grouped_moe(Backend& gpu) {
       }
     }
   }
+}
+
+// The 122B-A10B and 35B-A3B expert shapes (256 experts, top-8; gate_up in 2 partitions).
+void bench_grouped_moe(Backend& gpu) {
+  bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
+                                {64, 128, 256, 320, 512, 1024, 2048, 8192}});
+  bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024,
+                                {1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048, 8192}});
 }
 
 void bench_grouped_dense(Backend& gpu) {
@@ -125,12 +152,11 @@ void bench_grouped_dense(Backend& gpu) {
       const std::string name = std::string(c.name);
       print_row("op linear " + name, T, time_graph(gpu, [&](int) { gpu.linear(out, x, w.lin); }, iters), flop,
                 w.bytes_per_expert);
-      for (int tile = 0; tile < 3; ++tile) {
+      for (int tile = 0; tile < kTiles; ++tile) {
         bool taken = true;
         const double ms = time_graph(
             gpu, [&](int) { taken = grouped_linear_probe(gpu, out, x, w.lin, tile) && taken; }, iters);
-        const char* tn[3] = {" small-N ", " large-N mma.sync ", " large-N wgmma "};
-        if (taken) print_row(tn[tile] + name, T, ms, flop, w.bytes_per_expert);
+        if (taken) print_row(std::string(kTileNames[tile] + 8) + " " + name, T, ms, flop, w.bytes_per_expert);
       }
     }
   }

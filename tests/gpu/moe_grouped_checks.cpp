@@ -14,14 +14,17 @@
 namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE / dense path with the
-// tile regime forced (0 small-N, 1 large-N mma.sync, 2 large-N wgmma); false when not taken here.
+// tile regime forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 / 4 medium-N
+// 32 / 64 wgmma); false when not taken here.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
 
 namespace {
 
-const char* const kTileNames[3] = {"small-N", "large-N mma.sync", "large-N wgmma"};
+constexpr int kTiles = 5;
+const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N32 wgmma",
+                                        "medium-N64 wgmma"};
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted
 // sampling without replacement by exponential keys), so some experts get many tokens, several
@@ -86,7 +89,7 @@ void check_moe_experts(Harness& h, const MoeCase& c) {
     record("moe_grouped", name + " rerun differs", h.gpu_f(o2) == h.gpu_f(o) ? 0.0 : 1.0, kExact);
     // Every regime this device runs, forced, against the same CPU reference (the dispatch picks one).
     const std::vector<float> ref = h.cpu_f(o);
-    for (int tile = 0; tile < 3; ++tile) {
+    for (int tile = 0; tile < kTiles; ++tile) {
       Pair o3 = h.out({c.T, c.H});
       h.cpu->upload(o3.cpu(), ref.data());
       if (!moe_grouped_probe(*h.gpu, o3.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin, 0, tile)) continue;
@@ -128,7 +131,7 @@ void check_dense(Harness& h, WeightFormat fmt, const char* fname, int64_t T, int
   record("moe_grouped", name, h.err(o), kTensorCore);
   if (T < 1000) return;
   const std::vector<float> ref = h.cpu_f(o);
-  for (int tile = 0; tile < 3; ++tile) {  // every regime this device runs, forced
+  for (int tile = 0; tile < kTiles; ++tile) {  // every regime this device runs, forced
     Pair o3 = h.out({T, N});
     h.cpu->upload(o3.cpu(), ref.data());
     if (!grouped_linear_probe(*h.gpu, o3.gpu(), x.gpu(), w.gpu_lin, tile)) continue;
@@ -214,12 +217,17 @@ void test_moe_grouped(Harness& h) {
   check_dense(h, ct, "nvfp4", 2, 3072, 2048, 2);
   // 122B expert shapes (H 3072, I 1024, top-8) at decode sizes (the dispatch's per-pair GEMVs up to
   // 16 tokens; each grouped regime forced as well), then smaller matrices: T = 64 with 128 experts
-  // (4 tokens each: small-N) and with 16 (32 each: large-N), partitions sharing one input scale.
+  // (4 tokens each: small-N) and with 16 (32 each: medium-N32 by default), T = 40 with 32 (10 each:
+  // medium-N32, pairs of 16 and 32 rows) and T = 96 with 16 (48 each: medium-N64), partitions sharing
+  // one input scale.
   for (const MoeCase& c : std::vector<MoeCase>{{ct, "nvfp4", 1, 16, 8, 3072, 1024, 2},
                                                {ct, "nvfp4", 2, 16, 8, 3072, 1024, 2},
                                                {ct, "nvfp4", 7, 16, 8, 3072, 1024, 2},
                                                {ct, "nvfp4", 64, 128, 8, 512, 256, 2},
                                                {ct, "nvfp4", 64, 16, 8, 512, 256, 2},
+                                               {ct, "nvfp4", 40, 32, 8, 512, 256, 2},
+                                               {mo, "nvfp4-mo", 40, 32, 8, 512, 256, 2, true},
+                                               {ct, "nvfp4", 96, 16, 8, 256, 256, 2},
                                                {mo, "nvfp4-mo", 7, 10, 6, 512, 256, 2},
                                                {ct, "nvfp4", 16, 64, 8, 1024, 256, 2, true}})
     check_moe_experts(h, c);

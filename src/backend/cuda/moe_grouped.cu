@@ -257,14 +257,20 @@ __global__ void __launch_bounds__(256) combine_kernel(float* out, const float* y
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// The tile regime for an average of `per_expert` rows per weight matrix: up to 8, the small-N kernel
-// (memory-bound, every distinct expert streamed once); more, a large-N kernel that takes the shapes
-// (`takes`), the warpgroup-MMA one first.
+// The tile regime for an average of `per_expert` rows per weight matrix: up to small_max, the small-N
+// kernel (memory-bound, every distinct expert streamed once); more, the warpgroup-MMA tile for that
+// many rows (medium tiles: 2 CTAs per SM, pairs of up to 32 / 64 rows; large: 128) when the shapes
+// take it (`takes`), else the mma.sync large-N kernel above 8 rows. Thresholds measured on the H200
+// at the 35B and 122B expert shapes (docs/performance.md, "Grouped MoE").
+constexpr double kMoeSmallNMaxRows = 4.0, kMedium32MaxRows = 24.0, kMedium64MaxRows = 64.0;
 template <class Takes>
-GroupTile pick_tile(double per_expert, const Takes& takes) {
-  if (per_expert <= 8.0) return GroupTile::kSmallN;
-  for (GroupTile t : {GroupTile::kLargeNWgmma, GroupTile::kLargeN})
-    if (takes(t)) return t;
+GroupTile pick_tile(double per_expert, double small_max, const Takes& takes) {
+  if (per_expert <= small_max) return GroupTile::kSmallN;
+  const GroupTile wgmma = per_expert <= kMedium32MaxRows   ? GroupTile::kMediumN32Wgmma
+                          : per_expert <= kMedium64MaxRows ? GroupTile::kMediumN64Wgmma
+                                                           : GroupTile::kLargeNWgmma;
+  if (takes(wgmma)) return wgmma;
+  if (per_expert > 8.0 && takes(GroupTile::kLargeN)) return GroupTile::kLargeN;
   return GroupTile::kSmallN;
 }
 
@@ -318,7 +324,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t slots = T * k;
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E),
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSmallNMaxRows,
                                   [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); });
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
@@ -409,7 +415,7 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
     const int64_t items = (w.out_features / group_tile_m(t)) * ((T + group_tile_n(t) - 1) / group_tile_n(t));
     return group_tile_fits(t) && group_gemm_takes(w, t, false) && 4 * items >= static_cast<int64_t>(b.sm_count());
   };
-  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), takes);
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), 8.0, takes);
   if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);

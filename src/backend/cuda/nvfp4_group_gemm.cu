@@ -235,12 +235,25 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 // stages of 27 KB, 2 CTAs per SM.
 using LargeGateUp = Cfg<4, 1, 4, 8, 4, true>;
 
+bool is_wgmma_tile(GroupTile t) {
+  return t == GroupTile::kLargeNWgmma || t == GroupTile::kMediumN32Wgmma || t == GroupTile::kMediumN64Wgmma;
+}
+
 }  // namespace
 
 int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN ? 32 : 256; }
-int64_t group_tile_n(GroupTile t) { return t == GroupTile::kSmallN ? 8 : (t == GroupTile::kLargeN ? 64 : 128); }
+int64_t group_tile_n(GroupTile t) {
+  switch (t) {
+    case GroupTile::kSmallN: return 8;
+    case GroupTile::kMediumN32Wgmma: return 32;
+    case GroupTile::kLargeN:
+    case GroupTile::kMediumN64Wgmma: return 64;
+    case GroupTile::kLargeNWgmma: return 128;
+  }
+  return 8;
+}
 bool group_tile_fits(GroupTile t) {
-  if (t == GroupTile::kLargeNWgmma) return group_wgmma_available();
+  if (is_wgmma_tile(t)) return group_wgmma_available();
   // The gate_up variant's stages (two activation operands) are the larger.
   return t == GroupTile::kSmallN || LargeGateUp::kSmem <= smem_budget();
 }
@@ -257,8 +270,8 @@ bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
 void launch_group_gemm(CudaBackend& b, const GroupGemmArgs& a, GroupTile tile) {
   if (tile == GroupTile::kSmallN)
     launch_group_gemv(b, a);
-  else if (tile == GroupTile::kLargeNWgmma)
-    launch_group_wgmma(b, a);
+  else if (is_wgmma_tile(tile))
+    launch_group_wgmma(b, a, static_cast<int>(group_tile_n(tile)));
   else if (a.gate_up)
     launch<4, 1, 4, 8, 4, true>(b, a);
   else

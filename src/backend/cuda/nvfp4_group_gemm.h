@@ -24,9 +24,10 @@ namespace sparkserve {
 // prepare_rows_kernel (moe_grouped.cu) writes them.
 // Tile regimes: kSmallN (at most 8 rows per pair: decode, a few tokens per expert; weights streamed
 // into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
-// mma.sync, nvfp4_group_gemm.cu, every target) and kLargeNWgmma (128 rows per pair: prefill on
-// sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma };
+// mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
+// warpgroup MMA, nvfp4_group_wgmma.cu) and the medium tiles of the same kernel, kMediumN32Wgmma /
+// kMediumN64Wgmma (32 / 64 rows per pair, 2 CTAs per SM: a few dozen tokens per expert).
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumN32Wgmma, kMediumN64Wgmma };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -75,7 +76,8 @@ bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up);
 void launch_group_gemm(CudaBackend& b, const GroupGemmArgs& a, GroupTile tile);
 // The regimes' launchers (nvfp4_group_gemv.cu, nvfp4_group_wgmma.cu) behind launch_group_gemm.
 void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
-void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a);
+// bn: the wgmma tile's activation rows per pair (32, 64 or 128).
+void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
 
 }  // namespace sparkserve

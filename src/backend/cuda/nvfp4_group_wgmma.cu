@@ -1,9 +1,10 @@
-// Grouped NVFP4 W4A4 GEMM, large-N regime on Hopper's warpgroup MMA (sm_90a only; the other targets
-// take nvfp4_group_gemm.cu's mma.sync kernel): wgmma.mma_async m64nNk16 (N = 128, or 64 for pairs of
-// at most 64 rows) with the weights as the A operand in registers, decoded from the packed E2M1 bytes
-// of a shared-memory stage (nvfp4_group_common.cuh: e2m1·sf·2^-14, exact in fp16), and the prepared
-// activations as the B operand read by the tensor cores from shared memory (K-major, 128-byte swizzle,
-// filled by cp.async).
+// Grouped NVFP4 W4A4 GEMM on Hopper's warpgroup MMA (sm_90a only; the other targets take
+// nvfp4_group_gemm.cu's mma.sync kernel): wgmma.mma_async m64nNk16 with the weights as the A operand in
+// registers, decoded from the packed E2M1 bytes of a shared-memory stage (nvfp4_group_common.cuh:
+// e2m1·sf·2^-14, exact in fp16), and the prepared activations as the B operand read by the tensor
+// cores from shared memory (K-major, 128-byte swizzle, filled by cp.async). N per work item is the
+// smallest of 16, 32, 64, 128 that holds the pair's rows (the MMA's cost grows with N, a 10-row pair
+// at N = 128 would waste 12/13 of it).
 //
 // k order: B is read in the prepared layout's order, so logical k = 16s + kk of a 64-k stage holds
 // value 8m + (j % 2) * 4 + j / 2 of 8-group m = 2s + kk / 8 (j = kk % 8). The A fragment's logical k
@@ -11,7 +12,12 @@
 // 16s + 8 + t, +4: nibbles t and t+4 of the row's two words of block s, one nibble pair each.
 //
 // CTA: 2 warpgroups, 256 weight rows (gate_up: 128 gate rows and the same up rows; warpgroup w takes
-// gate rows 64w.. and their up rows, or plain rows 128w..) x 128 activation rows, 4 stages of 64 k.
+// gate rows 64w.. and their up rows, or plain rows 128w..) x kBN activation rows, stages of 64 k.
+// Pipeline: each k16 step's MMAs stay in flight while the next step's A fragments are decoded (two
+// fragment buffers, wgmma.wait_group 1), so a stage's buffer is refilled two stages after it was
+// read (loads run kStages - 2 stages ahead). Tiles (GroupTile): kBN = 128 (prefill; 5 stages of
+// 41 KB, 1 CTA per SM) and the medium tiles kBN = 32 / 64 (8-64 rows per expert: memory-bound on the
+// weights; 6 stages of 17 KB / 4 of 25 KB, 2 CTAs per SM, 128 registers).
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -21,11 +27,13 @@
 namespace sparkserve {
 namespace {
 
-constexpr int kThreads = 256, BM = 256, BN = 128, kStages = 4;  // and 64 k per stage
-constexpr int kBBytes = BN * 128;  // one activation operand of a stage: 128 rows of 64 fp16
-template <bool kGateUp>
+constexpr int kThreads = 256, BM = 256;  // and 64 k per stage
+template <bool kGateUp, int kBN>
 struct Stage {
+  static constexpr int kStages = kBN == 128 ? 5 : (kBN == 64 ? 4 : 6);
+  static constexpr int kMinBlocks = kBN == 128 ? 1 : 2;  // CTAs per SM
   static constexpr int kParts = kGateUp ? 2 : 1;
+  static constexpr int kBBytes = kBN * 128;  // one activation operand of a stage: kBN rows of 64 fp16
   static constexpr int kA = kParts * kBBytes;  // offsets within a stage: B operands first (1 KB-aligned)
   static constexpr int kS = kA + BM * 32;
   static constexpr int kBytes = kS + BM * 4;
@@ -54,7 +62,10 @@ __device__ __forceinline__ uint32_t nibble_pair_rt(uint32_t w, int t) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
@@ -91,12 +102,37 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
 template <int kN>
 __device__ __forceinline__ void wgmma_step(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (kN == 128)
     wgmma_m64n128k16(d, a, desc);
-  else
+  else if constexpr (kN == 64)
     wgmma_m64n64k16(d, a, desc);
+  else if constexpr (kN == 32)
+    wgmma_m64n32k16(d, a, desc);
+  else
+    wgmma_m64n16k16(d, a, desc);
 }
 
 // The A fragment of k16 step s from shared-memory row r (and r + 8) of a stage.
@@ -112,11 +148,12 @@ __device__ __forceinline__ void decode_step(const uint8_t* sa, const uint8_t* ss
 }
 #endif  // SPARKSERVE_WGMMA
 
-template <bool kGateUp, int kN>
+template <bool kGateUp, int kBN, int kN>
 __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, int64_t e, int64_t start, int rows,
                                          int64_t m0) {
 #ifdef SPARKSERVE_WGMMA
-  using St = Stage<kGateUp>;
+  using St = Stage<kGateUp, kBN>;
+  constexpr int kStages = St::kStages, kAhead = kStages - 2;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wg = warp / 4, wq = warp % 4;
   const int64_t K = a.K, M = a.M, KT = K / 64, rb = K / 2, sb = K / 16;
@@ -143,13 +180,13 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
     cp_async16(st + St::kA + (tid / 2 + 128) * 32 + (tid % 2) * 16, a_src1 + kt * 32);
     cp_async4(st + St::kS + tid * 4, s_src + kt * 4);
 #pragma unroll
-    for (int m = 0; m < BN / 32; ++m) {
+    for (int m = 0; m < kN / 32 + (kN < 32); ++m) {  // the rows the MMA reads (kN of them)
       const int j = b_j + 32 * m;
       if (j >= rows) break;
       const int dst = j * 128 + ((b_c ^ (j & 7)) << 4);  // 128-byte swizzle
       const __half* src = b_src + m * b_rows32 + kt * 64;
       cp_async16(st + dst, src + read0 * K);
-      if (kGateUp && two_b) cp_async16(st + kBBytes + dst, src + read1 * K);
+      if (kGateUp && two_b) cp_async16(st + St::kBBytes + dst, src + read1 * K);
     }
   };
   float acc_x[kN / 2], acc_y[kN / 2];
@@ -159,38 +196,38 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
   const int row_x = (kGateUp ? wg * 64 : wg * 128) + wq * 16 + g;
   const int row_y = (kGateUp ? BM / 2 + wg * 64 : wg * 128 + 64) + wq * 16 + g;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < KT) load_stage(s, s);
     cp_async_commit();
   }
+  uint32_t ax[2][4], ay[2][4];
   for (int64_t kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kStages - 2>();
+    // Stage kt has landed; the buffer refilled now was read by stage kt - 2, whose MMAs every thread
+    // has waited for (wait_group 1 after the issue of stage kt - 1's steps).
+    cp_async_wait<kAhead - 1>();
     fence_proxy_async();  // this thread's copies are visible to the tensor cores' reads
     __syncthreads();
-    const int64_t nk = kt + kStages - 1;
+    const int64_t nk = kt + kAhead;
     if (nk < KT) load_stage(static_cast<int>(nk % kStages), nk);
     cp_async_commit();
     const uint8_t* st = smem + (kt % kStages) * St::kBytes;
     const uint8_t* sa = st + St::kA;
     const uint8_t* ss = st + St::kS;
     const uint8_t* bx = st;
-    const uint8_t* by = kGateUp && two_b ? st + kBBytes : st;
-    uint32_t ax[2][4], ay[2][4];
-    decode_step(sa, ss, row_x, 0, t, ax[0]);
-    decode_step(sa, ss, row_y, 0, t, ay[0]);
+    const uint8_t* by = kGateUp && two_b ? st + St::kBBytes : st;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+      // Buffer s % 2 was read by the step before last, complete since the last wait.
+      decode_step(sa, ss, row_x, s, t, ax[s % 2]);
+      decode_step(sa, ss, row_y, s, t, ay[s % 2]);
       wgmma_fence();
       wgmma_step<kN>(acc_x, ax[s % 2], smem_desc(bx + 32 * s));
       wgmma_step<kN>(acc_y, ay[s % 2], smem_desc(by + 32 * s));
       wgmma_commit();
-      if (s < 3) {  // the next step's fragments while these run
-        decode_step(sa, ss, row_x, s + 1, t, ax[(s + 1) % 2]);
-        decode_step(sa, ss, row_y, s + 1, t, ay[(s + 1) % 2]);
-      }
-      wgmma_wait0();
+      wgmma_wait<1>();
     }
   }
+  wgmma_wait<0>();
   const int64_t r_x = m0 + (kGateUp ? wg * 64 : wg * 128) + wq * 16;
   auto& fx = *reinterpret_cast<float(*)[kN / 8][4]>(acc_x);
   auto& fy = *reinterpret_cast<float(*)[kN / 8][4]>(acc_y);
@@ -208,35 +245,55 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
 #endif
 }
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) group_wgmma_kernel(const GroupGemmArgs a) {
+template <bool kGateUp, int kBN>
+__global__ void __launch_bounds__(kThreads, Stage<kGateUp, kBN>::kMinBlocks) group_wgmma_kernel(const GroupGemmArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int64_t M = a.M;
   const int64_t m_tiles = kGateUp ? (M / 2) / (BM / 2) : M / BM;
-  const int64_t num_pairs = num_work_pairs(a, BN);
+  const int64_t num_pairs = num_work_pairs(a, kBN);
   for (int64_t work = blockIdx.x; work < num_pairs * m_tiles; work += gridDim.x) {
     const int64_t pair = work / m_tiles, mtile = work % m_tiles;
-    const WorkPair wp = work_pair(a, pair, BN);
+    const WorkPair wp = work_pair(a, pair, kBN);
     const int64_t m0 = kGateUp ? mtile * (BM / 2) : mtile * BM;
-    if (wp.rows > 64)
-      run_item<kGateUp, 128>(a, smem, wp.e, wp.start, wp.rows, m0);
+    if (kBN >= 128 && wp.rows > 64)
+      run_item<kGateUp, kBN, (kBN >= 128 ? 128 : 16)>(a, smem, wp.e, wp.start, wp.rows, m0);
+    else if (kBN >= 64 && wp.rows > 32)
+      run_item<kGateUp, kBN, (kBN >= 64 ? 64 : 16)>(a, smem, wp.e, wp.start, wp.rows, m0);
+    else if (wp.rows > 16)
+      run_item<kGateUp, kBN, 32>(a, smem, wp.e, wp.start, wp.rows, m0);
     else
-      run_item<kGateUp, 64>(a, smem, wp.e, wp.start, wp.rows, m0);
+      run_item<kGateUp, kBN, 16>(a, smem, wp.e, wp.start, wp.rows, m0);
   }
 }
 
-template <bool kGateUp>
+template <bool kGateUp, int kBN>
 void launch(CudaBackend& b, const GroupGemmArgs& a) {
-  auto kern = group_wgmma_kernel<kGateUp>;
+  using St = Stage<kGateUp, kBN>;
+  auto kern = group_wgmma_kernel<kGateUp, kBN>;
   static int64_t allowed = 0;
-  allow_smem(kern, Stage<kGateUp>::kSmem, allowed);
+  allow_smem(kern, St::kSmem, allowed);
+  static const int per_sm = [&] {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, St::kSmem));
+    return std::max(1, n);
+  }();
   const int64_t m_tiles = kGateUp ? (a.M / 2) / (BM / 2) : a.M / BM;
-  const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + BN - 1) / BN;
-  const int64_t grid = std::min<int64_t>(pairs * m_tiles, b.sm_count());
+  const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kBN - 1) / kBN;
+  const int64_t grid = std::min<int64_t>(pairs * m_tiles, static_cast<int64_t>(per_sm) * b.sm_count());
   if (grid <= 0) return;
-  kern<<<static_cast<unsigned>(grid), kThreads, Stage<kGateUp>::kSmem, b.stream()>>>(a);
+  kern<<<static_cast<unsigned>(grid), kThreads, St::kSmem, b.stream()>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+template <bool kGateUp>
+void launch_tile(CudaBackend& b, const GroupGemmArgs& a, int bn) {
+  if (bn == 128)
+    launch<kGateUp, 128>(b, a);
+  else if (bn == 64)
+    launch<kGateUp, 64>(b, a);
+  else
+    launch<kGateUp, 32>(b, a);
 }
 
 }  // namespace
@@ -247,20 +304,21 @@ bool group_wgmma_available() {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS), and the kernel
-    // needs 165 KB of shared memory.
+    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS), and the largest
+    // tile needs 206 KB of shared memory.
     cudaFuncAttributes attr{};
-    const bool built = cudaFuncGetAttributes(&attr, group_wgmma_kernel<true>) == cudaSuccess && attr.binaryVersion == 90;
-    return major == 9 && minor == 0 && built && Stage<true>::kSmem <= smem_budget();
+    const bool built =
+        cudaFuncGetAttributes(&attr, group_wgmma_kernel<true, 128>) == cudaSuccess && attr.binaryVersion == 90;
+    return major == 9 && minor == 0 && built && Stage<true, 128>::kSmem <= smem_budget();
   }();
   return ok;
 }
 
-void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a) {
+void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn) {
   if (a.gate_up)
-    launch<true>(b, a);
+    launch_tile<true>(b, a, bn);
   else
-    launch<false>(b, a);
+    launch_tile<false>(b, a, bn);
 }
 
 }  // namespace sparkserve
