@@ -19,6 +19,7 @@
 // 41 KB, 1 CTA per SM) and the medium tiles kBN = 32 / 64 (8-64 rows per expert: memory-bound on the
 // weights; 6 stages of 17 KB / 4 of 25 KB, 2 CTAs per SM, 128 registers).
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/nvfp4_group_common.cuh"
@@ -135,12 +136,28 @@ __device__ __forceinline__ void wgmma_step(float (&d)[kN / 2], const uint32_t (&
     wgmma_m64n16k16(d, a, desc);
 }
 
+// The four block scales (k16 steps 0-3) of a stage's shared-memory rows r and r + 8 as fp16 pairs:
+// [row][step / 2] = (step 2i's, step 2i + 1's). Loaded once per stage, not once per step.
+struct RowScales {
+  __half2 v[2][2];
+};
+__device__ __forceinline__ __half2 e4m3x2(uint32_t bits) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bits & 0xffffu), __NV_E4M3);
+  return __half2(h);
+}
+__device__ __forceinline__ RowScales load_scales(const uint8_t* ss, int r) {
+  const uint32_t v0 = *reinterpret_cast<const uint32_t*>(ss + r * 4);
+  const uint32_t v8 = *reinterpret_cast<const uint32_t*>(ss + (r + 8) * 4);
+  return {{{e4m3x2(v0), e4m3x2(v0 >> 16)}, {e4m3x2(v8), e4m3x2(v8 >> 16)}}};
+}
+
 // The A fragment of k16 step s from shared-memory row r (and r + 8) of a stage.
-__device__ __forceinline__ void decode_step(const uint8_t* sa, const uint8_t* ss, int r, int s, int t, uint32_t (&a)[4]) {
-  const uint2 w0 = *reinterpret_cast<const uint2*>(sa + r * 32 + 8 * s);
-  const uint2 w1 = *reinterpret_cast<const uint2*>(sa + (r + 8) * 32 + 8 * s);
-  const __half2 h = e4m3x2_to_half2(ss[r * 4 + s], ss[(r + 8) * 4 + s]);
-  const __half2 s0 = __low2half2(h), s1 = __high2half2(h);
+template <int S>
+__device__ __forceinline__ void decode_step(const uint8_t* sa, const RowScales& sc, int r, int t, uint32_t (&a)[4]) {
+  const uint2 w0 = *reinterpret_cast<const uint2*>(sa + r * 32 + 8 * S);
+  const uint2 w1 = *reinterpret_cast<const uint2*>(sa + (r + 8) * 32 + 8 * S);
+  const __half2 s0 = S % 2 ? __high2half2(sc.v[0][S / 2]) : __low2half2(sc.v[0][S / 2]);
+  const __half2 s1 = S % 2 ? __high2half2(sc.v[1][S / 2]) : __low2half2(sc.v[1][S / 2]);
   a[0] = hmul2(nibble_pair_rt(w0.x, t), s0);
   a[1] = hmul2(nibble_pair_rt(w1.x, t), s1);
   a[2] = hmul2(nibble_pair_rt(w0.y, t), s0);
@@ -201,6 +218,9 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
     cp_async_commit();
   }
   uint32_t ax[2][4], ay[2][4];
+  // Descriptor of stage 0's first activation operand; a stage, a k16 step, the second operand are
+  // offsets in its 16-byte address field (shared addresses < 256 KB: no carry out of the field).
+  const uint64_t desc0 = smem_desc(smem);
   for (int64_t kt = 0; kt < KT; ++kt) {
     // Stage kt has landed; the buffer refilled now was read by stage kt - 2, whose MMAs every thread
     // has waited for (wait_group 1 after the issue of stage kt - 1's steps).
@@ -210,22 +230,27 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
     const int64_t nk = kt + kAhead;
     if (nk < KT) load_stage(static_cast<int>(nk % kStages), nk);
     cp_async_commit();
-    const uint8_t* st = smem + (kt % kStages) * St::kBytes;
+    const int stage = static_cast<int>(kt % kStages);
+    const uint8_t* st = smem + stage * St::kBytes;
     const uint8_t* sa = st + St::kA;
-    const uint8_t* ss = st + St::kS;
-    const uint8_t* bx = st;
-    const uint8_t* by = kGateUp && two_b ? st + St::kBBytes : st;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    const RowScales sx = load_scales(st + St::kS, row_x), sy = load_scales(st + St::kS, row_y);
+    const uint64_t dx = desc0 + static_cast<uint64_t>((stage * St::kBytes) >> 4);
+    const uint64_t dy = kGateUp && two_b ? dx + (St::kBBytes >> 4) : dx;
+    auto step = [&](auto s_const) {
+      constexpr int s = decltype(s_const)::value;
       // Buffer s % 2 was read by the step before last, complete since the last wait.
-      decode_step(sa, ss, row_x, s, t, ax[s % 2]);
-      decode_step(sa, ss, row_y, s, t, ay[s % 2]);
+      decode_step<s>(sa, sx, row_x, t, ax[s % 2]);
+      decode_step<s>(sa, sy, row_y, t, ay[s % 2]);
       wgmma_fence();
-      wgmma_step<kN>(acc_x, ax[s % 2], smem_desc(bx + 32 * s));
-      wgmma_step<kN>(acc_y, ay[s % 2], smem_desc(by + 32 * s));
+      wgmma_step<kN>(acc_x, ax[s % 2], dx + 2 * s);  // + 32 bytes per k16 step
+      wgmma_step<kN>(acc_y, ay[s % 2], dy + 2 * s);
       wgmma_commit();
       wgmma_wait<1>();
-    }
+    };
+    step(std::integral_constant<int, 0>{});
+    step(std::integral_constant<int, 1>{});
+    step(std::integral_constant<int, 2>{});
+    step(std::integral_constant<int, 3>{});
   }
   wgmma_wait<0>();
   const int64_t r_x = m0 + (kGateUp ? wg * 64 : wg * 128) + wq * 16;
@@ -248,7 +273,10 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
 template <bool kGateUp, int kBN>
 __global__ void __launch_bounds__(kThreads, Stage<kGateUp, kBN>::kMinBlocks) group_wgmma_kernel(const GroupGemmArgs a) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Offset rather than a rounded integer address: the pointer stays a known shared one (LDS, not
+  // generic loads, for the fragments' decode).
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024u - (base & 1023u)) & 1023u);
   const int64_t M = a.M;
   const int64_t m_tiles = kGateUp ? (M / 2) / (BM / 2) : M / BM;
   const int64_t num_pairs = num_work_pairs(a, kBN);
