@@ -111,7 +111,10 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
             iters);
       };
       const double base = run(0);
-      if (!taken) continue;
+      if (!taken) {  // a silent fallback would read as a slow regime
+        std::printf("%-46s %5lld   not taken on this device\n", kTileNames[tile], static_cast<long long>(T));
+        continue;
+      }
       print_row(kTileNames[tile], T, base, flop, bytes);
       if (T < 16) continue;
       const char* names[5] = {"  + plan", "  + prepare", "  + gate_up gemm", "  + down gemm", "  + combine"};

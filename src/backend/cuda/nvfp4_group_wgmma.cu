@@ -333,11 +333,13 @@ bool group_wgmma_available() {
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS), and the largest
-    // tile needs 206 KB of shared memory.
+    // tile needs 206 KB of shared memory (no static arrays: the device's whole opt-in limit is ours).
     cudaFuncAttributes attr{};
     const bool built =
         cudaFuncGetAttributes(&attr, group_wgmma_kernel<true, 128>) == cudaSuccess && attr.binaryVersion == 90;
-    return major == 9 && minor == 0 && built && Stage<true, 128>::kSmem <= smem_budget();
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return major == 9 && minor == 0 && built && Stage<true, 128>::kSmem <= optin;
   }();
   return ok;
 }
