@@ -19,8 +19,8 @@ namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE with each stage's
 // launch repeated when its bit of `repeat` is set (0 plan, 1 prepare, 2 gate_up, 3 down, 4 combine)
-// and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 / 4 medium-N
-// 32 / 64 wgmma; -1 automatic); the dense path at any T.
+// and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
+// wgmma; -1 automatic); the dense path at any T.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
@@ -49,9 +49,9 @@ struct MoeShape {
   std::vector<int64_t> Ts;
 };
 
-constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
+constexpr int kTiles = 4;  // GroupTile order (nvfp4_group_gemm.h)
 const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
-                                        " grouped medium-N32 wgmma", " grouped medium-N64 wgmma"};
+                                        " grouped medium-N wgmma"};
 
 // Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
 bool tile_timed(int tile, int64_t T) {

@@ -14,17 +14,16 @@
 namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE / dense path with the
-// tile regime forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 / 4 medium-N
-// 32 / 64 wgmma); false when not taken here.
+// tile regime forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
+// wgmma); false when not taken here.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
 
 namespace {
 
-constexpr int kTiles = 5;
-const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N32 wgmma",
-                                        "medium-N64 wgmma"};
+constexpr int kTiles = 4;
+const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma"};
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted
 // sampling without replacement by exponential keys), so some experts get many tokens, several
@@ -217,8 +216,8 @@ void test_moe_grouped(Harness& h) {
   check_dense(h, ct, "nvfp4", 2, 3072, 2048, 2);
   // 122B expert shapes (H 3072, I 1024, top-8) at decode sizes (the dispatch's per-pair GEMVs up to
   // 16 tokens; each grouped regime forced as well), then smaller matrices: T = 64 with 128 experts
-  // (4 tokens each: small-N) and with 16 (32 each: medium-N32 by default), T = 40 with 32 (10 each:
-  // medium-N32, pairs of 16 and 32 rows) and T = 96 with 16 (48 each: medium-N64), partitions sharing
+  // (4 tokens each: small-N) and with 16 (32 each: medium-N), T = 40 with 32 (10 each: medium-N, pairs
+  // of 16 and 32 rows) and T = 96 with 16 (48 each: medium-N, pairs up to 64 rows), partitions sharing
   // one input scale.
   for (const MoeCase& c : std::vector<MoeCase>{{ct, "nvfp4", 1, 16, 8, 3072, 1024, 2},
                                                {ct, "nvfp4", 2, 16, 8, 3072, 1024, 2},

@@ -257,20 +257,21 @@ __global__ void __launch_bounds__(256) combine_kernel(float* out, const float* y
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// The tile regime for an average of `per_expert` rows per weight matrix: up to small_max, the small-N
-// kernel (memory-bound, every distinct expert streamed once); more, the warpgroup-MMA tile for that
-// many rows (medium tiles: 2 CTAs per SM, pairs of up to 32 / 64 rows; large: 128) when the shapes
-// take it (`takes`), else the mma.sync large-N kernel above 8 rows. Thresholds measured on the H200
-// at the 35B and 122B expert shapes (docs/performance.md, "Grouped MoE").
-constexpr double kMoeSmallNMaxRows = 4.0, kMedium32MaxRows = 24.0, kMedium64MaxRows = 64.0;
+// The tile regime for an average of `per_expert` rows per weight matrix: up to kSmallNMaxRows, the
+// small-N kernel (memory-bound, every distinct expert streamed once); up to medium_max, the medium
+// warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
+// shapes take it (`takes`), else the mma.sync large-N kernel. Measured on the H200 at the 35B and
+// 122B expert shapes (docs/performance.md, "Grouped NVFP4 MoE"): at 8 rows per expert small-N and
+// medium are within 5% either way (35B medium, 122B small-N), medium wins by 8-17% at 10-32 rows and
+// is within 3.5% of large at 64. Dense layers (medium_max 0) take no medium tile: at T = 64 the qkv
+// projection ran 56 µs on it against 51 on the large tile.
+constexpr double kSmallNMaxRows = 8.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
-GroupTile pick_tile(double per_expert, double small_max, const Takes& takes) {
-  if (per_expert <= small_max) return GroupTile::kSmallN;
-  const GroupTile wgmma = per_expert <= kMedium32MaxRows   ? GroupTile::kMediumN32Wgmma
-                          : per_expert <= kMedium64MaxRows ? GroupTile::kMediumN64Wgmma
-                                                           : GroupTile::kLargeNWgmma;
+GroupTile pick_tile(double per_expert, double medium_max, const Takes& takes) {
+  if (per_expert <= kSmallNMaxRows) return GroupTile::kSmallN;
+  const GroupTile wgmma = per_expert <= medium_max ? GroupTile::kMediumNWgmma : GroupTile::kLargeNWgmma;
   if (takes(wgmma)) return wgmma;
-  if (per_expert > 8.0 && takes(GroupTile::kLargeN)) return GroupTile::kLargeN;
+  if (takes(GroupTile::kLargeN)) return GroupTile::kLargeN;
   return GroupTile::kSmallN;
 }
 
@@ -324,7 +325,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t slots = T * k;
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSmallNMaxRows,
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeMediumMaxRows,
                                   [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); });
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
@@ -415,7 +416,7 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
     const int64_t items = (w.out_features / group_tile_m(t)) * ((T + group_tile_n(t) - 1) / group_tile_n(t));
     return group_tile_fits(t) && group_gemm_takes(w, t, false) && 4 * items >= static_cast<int64_t>(b.sm_count());
   };
-  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), 8.0, takes);
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), 0.0, takes);
   if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);

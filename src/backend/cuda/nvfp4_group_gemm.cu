@@ -236,7 +236,7 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 using LargeGateUp = Cfg<4, 1, 4, 8, 4, true>;
 
 bool is_wgmma_tile(GroupTile t) {
-  return t == GroupTile::kLargeNWgmma || t == GroupTile::kMediumN32Wgmma || t == GroupTile::kMediumN64Wgmma;
+  return t == GroupTile::kLargeNWgmma || t == GroupTile::kMediumNWgmma;
 }
 
 }  // namespace
@@ -245,9 +245,8 @@ int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN ? 32 : 256; }
 int64_t group_tile_n(GroupTile t) {
   switch (t) {
     case GroupTile::kSmallN: return 8;
-    case GroupTile::kMediumN32Wgmma: return 32;
     case GroupTile::kLargeN:
-    case GroupTile::kMediumN64Wgmma: return 64;
+    case GroupTile::kMediumNWgmma: return 64;
     case GroupTile::kLargeNWgmma: return 128;
   }
   return 8;

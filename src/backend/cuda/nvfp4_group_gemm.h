@@ -25,9 +25,9 @@ namespace sparkserve {
 // Tile regimes: kSmallN (at most 8 rows per pair: decode, a few tokens per expert; weights streamed
 // into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
 // mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
-// warpgroup MMA, nvfp4_group_wgmma.cu) and the medium tiles of the same kernel, kMediumN32Wgmma /
-// kMediumN64Wgmma (32 / 64 rows per pair, 2 CTAs per SM: a few dozen tokens per expert).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumN32Wgmma, kMediumN64Wgmma };
+// warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the same kernel with 64 rows per pair and
+// 2 CTAs per SM (a few dozen tokens per expert).
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -76,7 +76,7 @@ bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up);
 void launch_group_gemm(CudaBackend& b, const GroupGemmArgs& a, GroupTile tile);
 // The regimes' launchers (nvfp4_group_gemv.cu, nvfp4_group_wgmma.cu) behind launch_group_gemm.
 void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
-// bn: the wgmma tile's activation rows per pair (32, 64 or 128).
+// bn: the wgmma tile's activation rows per pair (64 or 128).
 void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
 

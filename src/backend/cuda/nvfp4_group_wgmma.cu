@@ -16,8 +16,8 @@
 // Pipeline: each k16 step's MMAs stay in flight while the next step's A fragments are decoded (two
 // fragment buffers, wgmma.wait_group 1), so a stage's buffer is refilled two stages after it was
 // read (loads run kStages - 2 stages ahead). Tiles (GroupTile): kBN = 128 (prefill; 5 stages of
-// 41 KB, 1 CTA per SM) and the medium tiles kBN = 32 / 64 (8-64 rows per expert: memory-bound on the
-// weights; 6 stages of 17 KB / 4 of 25 KB, 2 CTAs per SM, 128 registers).
+// 41 KB, 1 CTA per SM) and the medium tile kBN = 64 (a few dozen rows per expert; 4 stages of 25 KB,
+// 2 CTAs per SM in 128 registers: a few spilled addresses outside the k16 steps).
 #include <algorithm>
 #include <type_traits>
 
@@ -31,7 +31,7 @@ namespace {
 constexpr int kThreads = 256, BM = 256;  // and 64 k per stage
 template <bool kGateUp, int kBN>
 struct Stage {
-  static constexpr int kStages = kBN == 128 ? 5 : (kBN == 64 ? 4 : 6);
+  static constexpr int kStages = kBN == 128 ? 5 : 4;
   static constexpr int kMinBlocks = kBN == 128 ? 1 : 2;  // CTAs per SM
   static constexpr int kParts = kGateUp ? 2 : 1;
   static constexpr int kBBytes = kBN * 128;  // one activation operand of a stage: kBN rows of 64 fp16
@@ -318,10 +318,8 @@ template <bool kGateUp>
 void launch_tile(CudaBackend& b, const GroupGemmArgs& a, int bn) {
   if (bn == 128)
     launch<kGateUp, 128>(b, a);
-  else if (bn == 64)
-    launch<kGateUp, 64>(b, a);
   else
-    launch<kGateUp, 32>(b, a);
+    launch<kGateUp, 64>(b, a);
 }
 
 }  // namespace
