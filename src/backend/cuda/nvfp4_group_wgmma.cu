@@ -17,7 +17,7 @@
 // fragment buffers, wgmma.wait_group 1), so a stage's buffer is refilled two stages after it was
 // read (loads run kStages - 2 stages ahead). Tiles (GroupTile): kBN = 128 (prefill; 5 stages of
 // 41 KB, 1 CTA per SM) and the medium tile kBN = 64 (a few dozen rows per expert; 4 stages of 25 KB,
-// 2 CTAs per SM in 128 registers: a few spilled addresses outside the k16 steps).
+// 2 CTAs per SM in 128 registers: a few values spill, reloaded per stage and in the epilogue).
 #include <algorithm>
 #include <type_traits>
 
