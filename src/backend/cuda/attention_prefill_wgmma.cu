@@ -1,0 +1,186 @@
+// Flash attention for prefill on Hopper's warpgroup MMA (sm_90a, head_dim 256; the other targets and
+// head dims take attention_prefill.cu's mma.sync kernel). Same rows, masking, online softmax,
+// precision (Q and P as bf16 hi + lo, K and V exact bf16) and output as that kernel; what changes is
+// who reads the operands: S = Q·Kᵀ is m64n64k16 with Q (hi, lo) and K both read by the tensor cores
+// from shared memory (K-major, 128-byte swizzle), and O += P·V is m64n256k16 with P from registers
+// (the S accumulators turned into A fragments in place) and V read N-major (transposed) from shared
+// memory. No Q or K fragments go through registers, and the 64 x 256 f32 output of a warpgroup sits
+// in its accumulators.
+//
+// CTA: 2 warpgroups, 128 (token, query head) rows of one span and kv head (64 per warpgroup), keys
+// in tiles of 64: V's copy overlaps S and the softmax, the next K's copy overlaps P·V.
+// Shared memory: Q hi + lo 128 KB, K 32 KB, V 32 KB, fp8 row scales 512 B (+1 KB alignment).
+#include "backend/cuda/attention_tile.cuh"
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/wgmma_primitives.cuh"
+
+namespace sparkserve {
+namespace {
+
+constexpr int HD = 256;
+constexpr int kThreads = 256;               // 2 warpgroups
+constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
+constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
+constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
+constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
+
+template <int NR>
+struct SwChunk {
+  __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
+};
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a) {
+#ifdef SPARKSERVE_HAS_WGMMA
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
+  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
+  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kKvBytes);
+  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 2 * kKvBytes);
+  float* v_sc = k_sc + kKeys;
+
+  const DeviceLayout& L = a.L;
+  const int G = a.group, h = blockIdx.y;
+  // Work item -> (span, tile); within a span the last tiles (which see the most keys) go first.
+  int w = blockIdx.x, s = 0, tiles = 0;
+  for (; s < L.num_seqs; ++s) {
+    tiles = (L.num_tokens(s) * G + kRows - 1) / kRows;
+    if (w < tiles) break;
+    w -= tiles;
+  }
+  if (s >= L.num_seqs) return;
+  const int tile = tiles - 1 - w;
+  const int rows = L.num_tokens(s) * G;
+  const int64_t start = L.start_pos(s), rb = L.row_begin(s);
+  const int i0 = tile * kRows;
+  const int64_t kv_len = start + (min(i0 + kRows, rows) - 1) / G + 1;  // keys the CTA's last row sees
+  const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+
+  load_q_split<HD, kRows, kThreads>(q_hi, q_lo, a, rb, h, i0, rows, SwChunk<kRows>{});
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g8 = lane / 4;
+  const int w0 = i0 + wg * 64;  // the warpgroup's first row
+  const int64_t wg_first = start + min(w0, rows - 1) / G + 1;        // keys its first row sees
+  const int64_t wg_last = start + min(w0 + 63, rows - 1) / G + 1;    // and its last
+  int64_t limit[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) limit[e] = start + min(w0 + warp * 16 + g8 + 8 * e, rows - 1) / G + 1;
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float scale2 = a.scale * kLog2e;
+  // The warpgroup's Q rows within each 64-column block (K-major operand A).
+  const uint8_t* qh_base = reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128;
+  const uint8_t* ql_base = reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128;
+  const uint8_t* k_base = reinterpret_cast<const uint8_t*>(k_tile);
+  const uint8_t* v_base = reinterpret_cast<const uint8_t*>(v_tile);
+
+  const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
+  load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, 0, kv_len, bs, kvh, h,
+                                          SwChunk<kKeys>{});
+  cp_async_commit();
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
+    const bool active = key0 < wg_last;  // some row of the warpgroup sees a key of this tile
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h,
+                                            SwChunk<kKeys>{});
+    cp_async_commit();
+
+    float sacc[kKeys / 8][4];
+    if (active) {
+      // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi.
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
+        const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
+        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
+        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
+                                  lane);
+    }
+
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K
+    if (kt + 1 < n_tiles)
+      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kKeys, kv_len, bs, kvh,
+                                              h, SwChunk<kKeys>{});
+    cp_async_commit();
+
+    if (active) {
+      // O += P V, P as lo then hi (fp8: each probability times its row's V scale).
+      uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
+        wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+        wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+    }
+  }
+
+  finish_row_sums(l);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = w0 + warp * 16 + g8 + 8 * r;
+    if (i < rows) store_row<HD>(a, o, r, l[r], ((rb + i / G) * a.nh + h * G + i % G) * HD, 0, lane);
+  }
+#else
+  __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
+#endif
+}
+
+}  // namespace
+
+bool attention_prefill_wgmma_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS).
+    cudaFuncAttributes attr{};
+    const bool built = cudaFuncGetAttributes(&attr, attention_prefill_wgmma_kernel<false>) == cudaSuccess &&
+                       attr.binaryVersion == 90;
+    return major == 9 && minor == 0 && built && kSmem <= smem_budget();
+  }();
+  return ok;
+}
+
+namespace {
+template <bool kFp8>
+void launch(CudaBackend& be, const AttentionArgs& a) {
+  static int64_t allowed = 0;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
+  // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
+  const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
+  const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh));
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
+  CHECK(a.kv.hd == HD);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
+}
+
+}  // namespace sparkserve
