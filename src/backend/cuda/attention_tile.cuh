@@ -180,20 +180,26 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
       sacc[j][e] = v;
       tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
     }
-  float m_use[2];
+  float m_use[2], corr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
     const float m_new = fmaxf(m[r], tmax[r]);
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
-    const float corr = exp2f(m[r] - m_use[r]);
+    corr[r] = exp2f(m[r] - m_use[r]);
     m[r] = m_new;
-    l[r] *= corr;
+    l[r] *= corr[r];
+  }
+  // Once the running maxima settle most tiles change none of the warp's rows: o *= 1 is exact, so
+  // skipping it is too (and saves NO * 4 multiplies a thread).
+  if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) {
-      o[nt][2 * r] *= corr;
-      o[nt][2 * r + 1] *= corr;
+      o[nt][0] *= corr[0];
+      o[nt][1] *= corr[0];
+      o[nt][2] *= corr[1];
+      o[nt][3] *= corr[1];
     }
   }
 #pragma unroll
