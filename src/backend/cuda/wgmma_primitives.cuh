@@ -36,6 +36,16 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo = 16)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Pins the accumulators at this point of the program: the compiler sees no link between a
+// wgmma.wait_group and the registers the MMAs write, so without this it could move their reads
+// above the wait (or their writes below a wgmma that reads them).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // tensor cores' async proxy; a barrier after it publishes them to the whole block.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
