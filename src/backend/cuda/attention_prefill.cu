@@ -1,5 +1,7 @@
 // Flash attention for prefill (spans of many tokens) over the paged KV pool, on tensor cores
-// (mma.sync m16n8k16 bf16; precision in attention_common.cuh).
+// (mma.sync m16n8k16 bf16; precision in attention_common.cuh). This kernel serves every target;
+// on sm_90a at head_dim 256 (the Qwen3.5 models) attention_prefill_wgmma.cu's warpgroup-MMA
+// kernel takes the work instead (prefill_takes_wgmma).
 //
 // One block of 4 warps per (64 query rows of one span, kv head). The rows are the span's (token,
 // query head) pairs with the group's query heads of a token side by side (GQA packing: each K/V
