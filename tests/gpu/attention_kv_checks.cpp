@@ -6,7 +6,11 @@
 //                sides: prefill (flash kernel), prefill chunks continuing a cached prefix, several
 //                spans of mixed kinds, decode batches and speculative-verify spans (split-K kernel),
 //                contexts crossing many blocks, at the 122B / 35B head shapes and the fixtures'.
-//                Bound kTensorCore (below). Also the SIMT path (f32 pools, odd head dims).
+//                Bound kTensorCore (below). Also the SIMT path (f32 pools, odd head dims). Where the
+//                sm_90a wgmma prefill kernel runs (head_dim 256), every case runs again with the
+//                mma.sync prefill kernel forced (the other targets' kernel), tagged
+//                "[prefill mma.sync]"; an agent turn (384 tokens after 10000) and short chunks
+//                exercise the wgmma kernel's key splits.
 //  - attn_graph: the decode kernel reading a fixed layout (as inside a recorded decode step, with a
 //                larger length bound) gives bit-identical results to the same call run eagerly.
 //  - attn_small: a few small cases of both kernels (for compute-sanitizer runs).
