@@ -2,9 +2,11 @@
 // attention_prefill / attention_decode), one attention
 // layer per call, timed as CUDA-graph replays (bench_common.h time_graph) on a fixed device layout
 // as a recorded decode step reads it:
-//  - prefill: one span of T = 2K / 8K / 32K tokens (and an 8K chunk after a 24K prefix) at the 122B
-//    (32 query / 2 kv heads) and 35B (16 / 2) shapes, hd 256; TFLOP/s counts the causal work
-//    2·T·(start + T/2)·nh·hd·2 once (the hi/lo split doubles what the tensor cores execute).
+//  - prefill: one span of T = 2K / 8K / 32K tokens (an 8K chunk after a 24K prefix, and an agent
+//    turn of 384 tokens after a 10K prefix) at the 122B (32 query / 2 kv heads) and 35B (16 / 2)
+//    shapes, hd 256; TFLOP/s counts the causal work 2·T·(start + T/2)·nh·hd·2 once (the hi/lo split
+//    doubles what the tensor cores execute). Where the wgmma kernel runs, the mma.sync kernel the
+//    other targets take is timed beside it.
 //  - decode: B = 1 / 16 / 64 sequences at contexts 0 / 8K / 32K / 128K; GB/s counts the K/V bytes
 //    read. Pools of several copies (rotated per call) keep small contexts out of L2.
 #include <algorithm>
@@ -17,6 +19,10 @@
 #include "gpu_harness.h"
 
 namespace sparkserve {
+
+// backend/cuda/attention_prefill.cu: the prefill kernel forced (0 mma.sync, 1 wgmma, -1 automatic).
+bool attention_prefill_force(int kernel);
+
 namespace {
 
 struct Case {
@@ -92,7 +98,11 @@ struct Shape {
 const Shape s122{"122B", 32, 2, 256}, s35{"35B", 16, 2, 256};
 
 void bench_prefill(Backend& g) {
-  std::printf("\n%-34s %8s %10s %10s\n", "attention prefill (one layer)", "tokens", "ms", "TFLOP/s");
+  // The automatic choice (the wgmma kernel on an H200) and the mma.sync kernel forced, in one run.
+  const bool ab = attention_prefill_force(1);
+  attention_prefill_force(-1);
+  std::printf("\n%-34s %8s %10s %10s %12s %10s\n", "attention prefill (one layer)", "tokens", "ms", "TFLOP/s",
+              ab ? "mma.sync ms" : "", ab ? "TFLOP/s" : "");
   struct Pf {
     Shape s;
     DType dt;
@@ -100,13 +110,21 @@ void bench_prefill(Backend& g) {
   };
   for (const Pf& p : {Pf{s122, DType::kBF16, 0, 2048}, Pf{s122, DType::kBF16, 0, 8192}, Pf{s122, DType::kBF16, 0, 32768},
                       Pf{s122, DType::kBF16, 24576, 8192}, Pf{s122, DType::kF8E4M3, 0, 8192}, Pf{s35, DType::kBF16, 0, 8192},
-                      Pf{s35, DType::kBF16, 0, 32768}}) {
-    const int iters = p.T >= 32768 ? 2 : 5;
-    const double ms = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
+                      Pf{s35, DType::kBF16, 0, 32768}, Pf{s35, DType::kBF16, 10240, 384}, Pf{s35, DType::kF8E4M3, 10240, 384},
+                      Pf{s122, DType::kBF16, 10240, 384}}) {
+    const int iters = p.T >= 32768 ? 2 : p.T <= 512 ? 20 : 5;
     const double flops = 4.0 * p.T * (p.start + p.T / 2.0) * p.s.nh * p.s.hd;
     const std::string name = std::string(p.s.name) + (p.dt == DType::kBF16 ? " bf16" : " fp8") +
                              (p.start ? " after " + std::to_string(p.start) : std::string());
-    std::printf("%-34s %8lld %10.3f %10.1f\n", name.c_str(), static_cast<long long>(p.T), ms, flops / (ms * 1e-3) / 1e12);
+    const double ms = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
+    std::printf("%-34s %8lld %10.3f %10.1f", name.c_str(), static_cast<long long>(p.T), ms, flops / (ms * 1e-3) / 1e12);
+    if (ab) {
+      attention_prefill_force(0);
+      const double ms0 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
+      attention_prefill_force(-1);
+      std::printf(" %12.3f %10.1f", ms0, flops / (ms0 * 1e-3) / 1e12);
+    }
+    std::printf("\n");
   }
 }
 

@@ -6,7 +6,11 @@
 //                sides: prefill (flash kernel), prefill chunks continuing a cached prefix, several
 //                spans of mixed kinds, decode batches and speculative-verify spans (split-K kernel),
 //                contexts crossing many blocks, at the 122B / 35B head shapes and the fixtures'.
-//                Bound kTensorCore (below). Also the SIMT path (f32 pools, odd head dims).
+//                Bound kTensorCore (below). Also the SIMT path (f32 pools, odd head dims). Where the
+//                sm_90a wgmma prefill kernel runs (head_dim 256), every case runs again with the
+//                mma.sync prefill kernel forced (the other targets' kernel), tagged
+//                "[prefill mma.sync]"; an agent turn (384 tokens after 10000) and short chunks
+//                exercise the wgmma kernel's key splits.
 //  - attn_graph: the decode kernel reading a fixed layout (as inside a recorded decode step, with a
 //                larger length bound) gives bit-identical results to the same call run eagerly.
 //  - attn_small: a few small cases of both kernels (for compute-sanitizer runs).
@@ -28,6 +32,11 @@
 #include "runtime/direct_state.h"
 
 namespace sparkserve {
+
+// backend/cuda/attention_prefill.cu (a header for nvcc-built files): the prefill kernel forced for
+// the next calls (0 mma.sync, 1 wgmma, -1 automatic); false when the forced kernel cannot run here.
+bool attention_prefill_force(int kernel);
+
 namespace {
 
 // The tensor-core kernels vs the fp32 CPU reference on identical K/V values. Q and P go through the
@@ -223,12 +232,22 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   Pair q = h.f32({T, s.nh, s.hd}, randn(T * s.nh * s.hd, 2.0f)), g = h.f32({T, s.nh, s.hd}, randn(T * s.nh * s.hd, 3.0f));
   Pair o = h.out({T, s.nh, s.hd}), og = h.out({T, s.nh, s.hd});
   h.cpu->attention(o.cpu(), q.cpu(), pool.cpu, sp.layout, d);
-  h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
   h.cpu->gated_attention(og.cpu(), q.cpu(), g.cpu(), pool.cpu, sp.layout, d);
-  h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
   const double bound = dt == DType::kF32 ? kFp32 : kTensorCore;
-  record(group, name, h.err(o), bound);
-  record(group, name + " gated", h.err(og), bound);
+  // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs)
+  // the mma.sync prefill kernel that the other targets take, forced, against the same reference.
+  const bool both = s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
+  attention_prefill_force(-1);
+  for (int kernel : {-1, 0}) {
+    if (kernel == 0 && !both) break;
+    attention_prefill_force(kernel);
+    h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
+    h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
+    attention_prefill_force(-1);
+    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : "";
+    record(group, name + tag, h.err(o), bound);
+    record(group, name + " gated" + tag, h.err(og), bound);
+  }
 }
 
 const std::vector<Shape> kShapes = {{"122B nh32/2 hd256", 32, 2, 256},
@@ -252,6 +271,11 @@ void check_tensor_core(Harness& h) {
   // A long prefill crossing many blocks and many key tiles, one shape.
   check_attention(h, kShapes[0], DType::kBF16, {"prefill 1024", {{0, 1024}}}, "attn_tc");
   check_attention(h, kShapes[1], DType::kF8E4M3, {"chunk 512 after 3000", {{3000, 512}}}, "attn_tc");
+  // An agent turn: a few hundred new tokens after a long cached prefix (many full key tiles, the
+  // causal edge in the last ones), and a batch of prefill chunks with tile-sized and odd lengths.
+  check_attention(h, kShapes[1], DType::kBF16, {"agent turn 384 after 10000", {{10000, 384}}}, "attn_tc");
+  check_attention(h, kShapes[0], DType::kF8E4M3, {"chunks 8/16/129 after 64/0/1023", {{64, 8}, {0, 16}, {1023, 129}}},
+                  "attn_tc");
   // The SIMT path: f32 pools (exact fp32) and head dims the tensor-core kernels do not take.
   check_attention(h, kShapes[0], DType::kF32, kLayouts[2], "attn_simt");
   check_attention(h, kShapes[0], DType::kF32, kLayouts[3], "attn_simt");

@@ -1,5 +1,7 @@
 // Flash attention for prefill (spans of many tokens) over the paged KV pool, on tensor cores
-// (mma.sync m16n8k16 bf16; precision in attention_common.cuh).
+// (mma.sync m16n8k16 bf16; precision in attention_common.cuh). This kernel serves every target;
+// on sm_90a at head_dim 256 (the Qwen3.5 models) attention_prefill_wgmma.cu's warpgroup-MMA
+// kernel takes the work instead (prefill_takes_wgmma).
 //
 // One block of 4 warps per (64 query rows of one span, kv head). The rows are the span's (token,
 // query head) pairs with the group's query heads of a token side by side (GQA packing: each K/V
@@ -24,44 +26,17 @@ constexpr int64_t prefill_smem_bytes() {
   return (2 * kPfRows + 2 * kPfKeys) * HD * 2 + 2 * kPfKeys * 4;  // Q hi/lo, K, V (bf16); fp8 row scales
 }
 
-// Keys [key0, key0 + kPfKeys) of kv head `head` into a bf16 tile (keys >= len: zeros). bf16 pools:
-// asynchronous 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to
-// bf16 and stored, with the rows' scales in `scales` (0 past len). Either way the tile is complete
-// for every thread after the caller's next wait + __syncthreads.
+template <int HD>
+struct PfChunk {
+  __device__ int operator()(int row, int chunk) const { return tile_chunk<HD>(row, chunk); }
+};
+
 template <int HD, bool kFp8>
 __device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
                                              const DeviceLayout& L, int s, int64_t key0, int64_t len,
                                              int64_t block_size, int64_t kvh, int64_t head) {
-  if constexpr (!kFp8) {
-    constexpr int C = HD / 8;
-    for (int idx = threadIdx.x; idx < kPfKeys * C; idx += kPfThreads) {
-      const int key = idx / C, c = idx % C;
-      const int64_t j = key0 + key;
-      const bool ok = j < len;
-      const uint16_t* src = static_cast<const uint16_t*>(pool);
-      if (ok) src += kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 8;
-      cp_async16(tile + tile_chunk<HD>(key, c) * 8, src, ok ? 16 : 0);
-    }
-  } else {
-    constexpr int C16 = HD / 16;  // 16-code chunks per row
-    for (int idx = threadIdx.x; idx < kPfKeys * C16; idx += kPfThreads) {
-      const int key = idx / C16, c = idx % C16;
-      const int64_t j = key0 + key;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (j < len)
-        raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(pool) +
-                                              kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 16);
-      uint4 lo, hi;
-      e4m3x8_to_bf16(raw.x, raw.y, reinterpret_cast<uint32_t(&)[4]>(lo));
-      e4m3x8_to_bf16(raw.z, raw.w, reinterpret_cast<uint32_t(&)[4]>(hi));
-      *reinterpret_cast<uint4*>(tile + tile_chunk<HD>(key, 2 * c) * 8) = lo;
-      *reinterpret_cast<uint4*>(tile + tile_chunk<HD>(key, 2 * c + 1) * 8) = hi;
-    }
-    for (int key = threadIdx.x; key < kPfKeys; key += kPfThreads) {
-      const int64_t j = key0 + key;
-      scales[key] = j < len ? pool_scale[kv_row_index(L, s, j, block_size, kvh, head)] : 0.0f;
-    }
-  }
+  load_kv_tile<HD, kPfKeys, kPfThreads, kFp8>(tile, scales, pool, pool_scale, L, s, key0, len, block_size, kvh, head,
+                                              PfChunk<HD>{});
 }
 
 template <int HD, bool kFp8>
@@ -93,22 +68,7 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
   const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
 
   // Q rows split into bf16 hi / lo (rows past the span repeat its last row; never stored).
-  {
-    constexpr int C = HD / 8;
-    for (int idx = threadIdx.x; idx < kPfRows * C; idx += kPfThreads) {
-      const int r = idx / C, c = idx % C;
-      const int i = min(i0 + r, rows - 1);
-      const float* src = a.q + ((rb + i / G) * a.nh + h * G + i % G) * HD + c * 8;
-      const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
-      uint4 hi, lo;
-      split_pack(x0.x, x0.y, hi.x, lo.x);
-      split_pack(x0.z, x0.w, hi.y, lo.y);
-      split_pack(x1.x, x1.y, hi.z, lo.z);
-      split_pack(x1.z, x1.w, hi.w, lo.w);
-      *reinterpret_cast<uint4*>(q_hi + tile_chunk<HD>(r, c) * 8) = hi;
-      *reinterpret_cast<uint4*>(q_lo + tile_chunk<HD>(r, c) * 8) = lo;
-    }
-  }
+  load_q_split<HD, kPfRows, kPfThreads>(q_hi, q_lo, a, rb, h, i0, rows, PfChunk<HD>{});
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g8 = lane / 4;
   int64_t limit[2];  // keys visible to the thread's two rows (warp*16 + g8, + 8)
@@ -183,9 +143,29 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
   CUDA_CHECK_LAUNCH();
 }
 
+// -1: the kernel prefill_takes_wgmma picks; 0 / 1: the mma.sync / wgmma kernel (gpu_ops' A/B runs).
+int g_prefill_forced = -1;
+
+// The prefill kernel of a head dim: the wgmma kernel where it runs (sm_90a build on compute 9.0,
+// head_dim 256), else the mma.sync kernel.
+bool prefill_takes_wgmma(int64_t hd) {
+  if (g_prefill_forced >= 0) return g_prefill_forced == 1 && hd == 256;
+  return hd == 256 && attention_prefill_wgmma_available();
+}
+
 }  // namespace
 
+// gpu_ops' hook (declared in tests/gpu/attention_kv_checks.cpp and attention_bench.cpp, built by the
+// host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, -1 automatic);
+// false when the forced kernel cannot run here (then nothing changes).
+bool attention_prefill_force(int kernel) {
+  if (kernel == 1 && !attention_prefill_wgmma_available()) return false;
+  g_prefill_forced = kernel;
+  return true;
+}
+
 void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8) {
+  if (prefill_takes_wgmma(a.kv.hd)) return launch_attention_prefill_wgmma(be, a, fp8);
   CHECK_MSG(smem_budget() >= prefill_smem_bytes<256>(), "CUDA attention: the device's shared memory is too small");
   with_head_dim(a.kv.hd, fp8, [&](auto hd, auto is_fp8) { launch<decltype(hd)::value, decltype(is_fp8)::value>(be, a); });
 }

@@ -25,6 +25,93 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qh)[DW / 16][4], uin
     }
 }
 
+// Block-wide tile fills of the prefill kernels. ChunkAt(row, chunk) says where 16-byte chunk `chunk`
+// of a tile row sits (in chunks): tile_chunk<HD> for the ldmatrix kernels, the 128-byte swizzle of
+// the wgmma kernel.
+
+// Keys [key0, key0 + NK) of kv head `head` into a bf16 tile (keys >= len: zeros). bf16 pools:
+// asynchronous 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to
+// bf16 and stored, with the rows' scales in `scales` (0 past len). Either way the tile is complete
+// for every thread after the caller's next wait + __syncthreads.
+template <int HD, int NK, int kThreads, bool kFp8, class ChunkAt>
+__device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
+                                             const DeviceLayout& L, int s, int64_t key0, int64_t len,
+                                             int64_t block_size, int64_t kvh, int64_t head, ChunkAt chunk_at) {
+  if constexpr (!kFp8) {
+    constexpr int C = HD / 8;
+    for (int idx = threadIdx.x; idx < NK * C; idx += kThreads) {
+      const int key = idx / C, c = idx % C;
+      const int64_t j = key0 + key;
+      const bool ok = j < len;
+      const uint16_t* src = static_cast<const uint16_t*>(pool);
+      if (ok) src += kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 8;
+      cp_async16(tile + chunk_at(key, c) * 8, src, ok ? 16 : 0);
+    }
+  } else {
+    constexpr int C16 = HD / 16;  // 16-code chunks per row
+    for (int idx = threadIdx.x; idx < NK * C16; idx += kThreads) {
+      const int key = idx / C16, c = idx % C16;
+      const int64_t j = key0 + key;
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (j < len)
+        raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(pool) +
+                                              kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 16);
+      uint4 lo, hi;
+      e4m3x8_to_bf16(raw.x, raw.y, reinterpret_cast<uint32_t(&)[4]>(lo));
+      e4m3x8_to_bf16(raw.z, raw.w, reinterpret_cast<uint32_t(&)[4]>(hi));
+      *reinterpret_cast<uint4*>(tile + chunk_at(key, 2 * c) * 8) = lo;
+      *reinterpret_cast<uint4*>(tile + chunk_at(key, 2 * c + 1) * 8) = hi;
+    }
+    for (int key = threadIdx.x; key < NK; key += kThreads) {
+      const int64_t j = key0 + key;
+      scales[key] = j < len ? pool_scale[kv_row_index(L, s, j, block_size, kvh, head)] : 0.0f;
+    }
+  }
+}
+
+// Rows i0 .. i0 + NR of a span's (token, query head) rows of kv head h (row i: token i / group, query
+// head h * group + i % group) split into bf16 hi / lo tiles; rows past the span (i >= rows) repeat
+// its last row (never stored). rb: the span's first token row.
+template <int HD, int NR, int kThreads, class ChunkAt>
+__device__ __forceinline__ void load_q_split(uint16_t* q_hi, uint16_t* q_lo, const AttentionArgs& a, int64_t rb,
+                                             int h, int i0, int rows, ChunkAt chunk_at) {
+  constexpr int C = HD / 8;
+  const int G = a.group;
+  for (int idx = threadIdx.x; idx < NR * C; idx += kThreads) {
+    const int r = idx / C, c = idx % C;
+    const int i = min(i0 + r, rows - 1);
+    const float* src = a.q + ((rb + i / G) * a.nh + h * G + i % G) * HD + c * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+    uint4 hi, lo;
+    split_pack(x0.x, x0.y, hi.x, lo.x);
+    split_pack(x0.z, x0.w, hi.y, lo.y);
+    split_pack(x1.x, x1.y, hi.z, lo.z);
+    split_pack(x1.z, x1.w, hi.w, lo.w);
+    *reinterpret_cast<uint4*>(q_hi + chunk_at(r, c) * 8) = hi;
+    *reinterpret_cast<uint4*>(q_lo + chunk_at(r, c) * 8) = lo;
+  }
+}
+
+// P (a softmax_tile result) for keys 16 kk .. 16 kk + 16 as A fragments split into bf16 hi / lo;
+// v_sc (fp8 pools): each key's V scale folded into its probability, or null.
+template <int NK>
+__device__ __forceinline__ void p_fragments(const float (&p)[NK / 8][4], const float* v_sc, int kk, int lane,
+                                            uint32_t (&ph)[4], uint32_t (&pl)[4]) {
+  const int q4 = lane % 4;
+  float x[2][4];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[hf][e] = p[2 * kk + hf][e];
+      if (v_sc) x[hf][e] *= v_sc[kk * 16 + hf * 8 + q4 * 2 + (e & 1)];
+    }
+  split_pack(x[0][0], x[0][1], ph[0], pl[0]);
+  split_pack(x[0][2], x[0][3], ph[1], pl[1]);
+  split_pack(x[1][0], x[1][1], ph[2], pl[2]);
+  split_pack(x[1][2], x[1][3], ph[3], pl[3]);
+}
+
 // sacc = Q[:, d0 .. d0 + DW) K[0 .. NK, d0 .. d0 + DW)ᵀ, Q as hi + lo.
 template <int HD, int DW, int NK>
 __device__ __forceinline__ void qk_tile(float (&sacc)[NK / 8][4], const uint32_t (&qh)[DW / 16][4],
@@ -93,20 +180,26 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
       sacc[j][e] = v;
       tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
     }
-  float m_use[2];
+  float m_use[2], corr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
     const float m_new = fmaxf(m[r], tmax[r]);
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
-    const float corr = exp2f(m[r] - m_use[r]);
+    corr[r] = exp2f(m[r] - m_use[r]);
     m[r] = m_new;
-    l[r] *= corr;
+    l[r] *= corr[r];
+  }
+  // Once the running maxima settle most tiles change none of the warp's rows: o *= 1 is exact, so
+  // skipping it is too (and saves NO * 4 multiplies a thread).
+  if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) {
-      o[nt][2 * r] *= corr;
-      o[nt][2 * r + 1] *= corr;
+      o[nt][0] *= corr[0];
+      o[nt][1] *= corr[0];
+      o[nt][2] *= corr[1];
+      o[nt][3] *= corr[1];
     }
   }
 #pragma unroll
@@ -124,22 +217,10 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
 template <int HD, int DW, int NK>
 __device__ __forceinline__ void pv_tile(float (&o)[DW / 8][4], const float (&p)[NK / 8][4], const uint16_t* v_tile,
                                         const float* v_sc, int d0, int lane) {
-  const int q4 = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < NK / 16; ++kk) {
-    float x[2][4];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        x[hf][e] = p[2 * kk + hf][e];
-        if (v_sc) x[hf][e] *= v_sc[kk * 16 + hf * 8 + q4 * 2 + (e & 1)];
-      }
     uint32_t ph[4], pl[4];
-    split_pack(x[0][0], x[0][1], ph[0], pl[0]);
-    split_pack(x[0][2], x[0][3], ph[1], pl[1]);
-    split_pack(x[1][0], x[1][1], ph[2], pl[2]);
-    split_pack(x[1][2], x[1][3], ph[3], pl[3]);
+    p_fragments<NK>(p, v_sc, kk, lane, ph, pl);
 #pragma unroll
     for (int dp = 0; dp < DW / 16; ++dp) {
       uint32_t b[4];

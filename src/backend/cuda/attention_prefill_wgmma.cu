@@ -1,0 +1,280 @@
+// Flash attention for prefill on Hopper's warpgroup MMA (sm_90a, head_dim 256; the other targets and
+// head dims take attention_prefill.cu's mma.sync kernel). Same rows, masking, online softmax,
+// precision (Q and P as bf16 hi + lo, K and V exact bf16) and output as that kernel; what changes is
+// who reads the operands: S = Q·Kᵀ is m64n64k16 with Q (hi, lo) and K both read by the tensor cores
+// from shared memory (K-major, 128-byte swizzle), and O += P·V is m64n256k16 with P from registers
+// (the S accumulators turned into A fragments in place) and V read N-major (transposed) from shared
+// memory. No Q or K fragments go through registers, and the 64 x 256 f32 output of a warpgroup sits
+// in its accumulators.
+//
+// CTA: 2 warpgroups, 128 (token, query head) rows of one span and kv head (64 per warpgroup), keys
+// in tiles of 64: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. A launch of
+// fewer CTAs than SMs (a few hundred new tokens after a long cached prefix: an agent turn) also
+// splits the keys over CTAs (prefill_splits); each split writes its unnormalised rows with their
+// max and sum, and prefill_combine_kernel merges them in split order.
+// Shared memory: Q hi + lo 128 KB, K 32 KB, V 32 KB, fp8 row scales 512 B (+1 KB alignment).
+#include "backend/cuda/attention_tile.cuh"
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/wgmma_primitives.cuh"
+
+namespace sparkserve {
+namespace {
+
+constexpr int HD = 256;
+constexpr int kThreads = 256;               // 2 warpgroups
+constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
+constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
+constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
+constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
+
+template <int NR>
+struct SwChunk {
+  __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
+};
+
+// part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
+// the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
+                                                                              float* part_ml) {
+#ifdef SPARKSERVE_HAS_WGMMA
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
+  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
+  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kKvBytes);
+  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 2 * kKvBytes);
+  float* v_sc = k_sc + kKeys;
+
+  const DeviceLayout& L = a.L;
+  const int G = a.group, h = blockIdx.y;
+  // Work item -> (span, tile); within a span the last tiles (which see the most keys) go first.
+  int w = blockIdx.x, s = 0, tiles = 0;
+  for (; s < L.num_seqs; ++s) {
+    tiles = (L.num_tokens(s) * G + kRows - 1) / kRows;
+    if (w < tiles) break;
+    w -= tiles;
+  }
+  if (s >= L.num_seqs) return;
+  const int tile = tiles - 1 - w;
+  const int rows = L.num_tokens(s) * G;
+  const int64_t start = L.start_pos(s), rb = L.row_begin(s);
+  const int i0 = tile * kRows;
+  const int64_t kv_len = start + (min(i0 + kRows, rows) - 1) / G + 1;  // keys the CTA's last row sees
+  const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+
+  load_q_split<HD, kRows, kThreads>(q_hi, q_lo, a, rb, h, i0, rows, SwChunk<kRows>{});
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g8 = lane / 4;
+  const int w0 = i0 + wg * 64;  // the warpgroup's first row
+  const int64_t wg_first = start + min(w0, rows - 1) / G + 1;        // keys its first row sees
+  int64_t limit[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) limit[e] = start + min(w0 + warp * 16 + g8 + 8 * e, rows - 1) / G + 1;
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float scale2 = a.scale * kLog2e;
+  // The warpgroup's Q rows within each 64-column block (K-major operand A).
+  const uint8_t* qh_base = reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128;
+  const uint8_t* ql_base = reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128;
+  const uint8_t* k_base = reinterpret_cast<const uint8_t*>(k_tile);
+  const uint8_t* v_base = reinterpret_cast<const uint8_t*>(v_tile);
+
+  // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
+  const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
+  const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
+  const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
+  if (t_begin < t_end)
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s,
+                                            static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h,
+                                            SwChunk<kKeys>{});
+  cp_async_commit();
+  for (int kt = t_begin; kt < t_end; ++kt) {
+    const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
+
+    // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi; V's copy is issued while it runs.
+    // (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact no-op
+    // that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
+    float sacc[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+    wgmma_fence_operand(sacc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
+      const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
+    }
+    wgmma_commit();
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h,
+                                            SwChunk<kKeys>{});
+    cp_async_commit();
+    wgmma_wait0();
+    wgmma_fence_operand(sacc);
+    softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
+                                lane);
+
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K
+
+    // O += P V, P as lo then hi (fp8: each probability times its row's V scale); the next K's copy
+    // is issued while it runs.
+    uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
+    wgmma_fence_operand(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
+      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+      wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
+    }
+    wgmma_commit();
+    if (kt + 1 < t_end)
+      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kKeys, kv_len, bs, kvh,
+                                              h, SwChunk<kKeys>{});
+    cp_async_commit();
+    wgmma_wait0();
+    wgmma_fence_operand(o);
+  }
+
+  finish_row_sums(l);
+  const int64_t batch_rows = static_cast<int64_t>(L.total_rows) * a.nh;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = w0 + warp * 16 + g8 + 8 * r;
+    if (i >= rows) continue;
+    const int64_t row = (rb + i / G) * a.nh + h * G + i % G;
+    if (!part_o) {
+      store_row<HD>(a, o, r, l[r], row * HD, 0, lane);
+      continue;
+    }
+    const int64_t slot = blockIdx.z * batch_rows + row;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt)
+      *reinterpret_cast<float2*>(part_o + slot * HD + nt * 8 + (lane % 4) * 2) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    if (lane % 4 == 0) *reinterpret_cast<float2*>(part_ml + slot * 2) = make_float2(m[r], l[r]);
+  }
+#else
+  __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
+#endif
+}
+
+// One warp per (token, query head) row of the batch merges the row's key splits in split order
+// (deterministic): weights exp2(m_c - M) (a split in which the row saw no key has m_c = -inf and
+// weight 0; split 0 holds key 0, which every row sees), O = sum_c O_c w_c / sum_c l_c w_c, times
+// sigmoid(gate) when gated.
+constexpr int kCombineWarps = 8;
+__global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(AttentionArgs a, int n_split,
+                                                                             const float* part_o,
+                                                                             const float* part_ml) {
+  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= batch_rows) return;
+  float M = -INFINITY;
+  for (int c = 0; c < n_split; ++c) M = fmaxf(M, part_ml[(c * batch_rows + row) * 2]);
+  float lsum = 0.0f, acc[HD / 32] = {};
+  for (int c = 0; c < n_split; ++c) {
+    const int64_t slot = c * batch_rows + row;
+    const float mc = part_ml[slot * 2];
+    if (mc == -INFINITY) continue;
+    const float w = exp2f(mc - M);
+    lsum += part_ml[slot * 2 + 1] * w;
+#pragma unroll
+    for (int q = 0; q < HD / 128; ++q) {
+      const float4 x = *reinterpret_cast<const float4*>(part_o + slot * HD + q * 128 + lane * 4);
+      acc[4 * q] += x.x * w;
+      acc[4 * q + 1] += x.y * w;
+      acc[4 * q + 2] += x.z * w;
+      acc[4 * q + 3] += x.w * w;
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < HD / 128; ++q)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t off = row * HD + q * 128 + lane * 4 + e;
+      float y = acc[4 * q + e] / lsum;
+      if (a.gate) y *= sigmoid_f(a.gate[off]);
+      a.out[off] = y;
+    }
+}
+
+// Key splits per CTA: enough that a launch of few CTAs (a short chunk after a long prefix: an agent
+// turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
+// the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
+constexpr int kMaxSplits = 16;
+int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
+  if (ctas >= sms) return 1;
+  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
+  int best = 1;
+  double best_t = tiles + 2.0;
+  for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
+    const double waves = static_cast<double>((ctas * n + sms - 1) / sms);
+    const double t = waves * (tiles / n + 2.0);
+    if (t < best_t) best = n, best_t = t;
+  }
+  return best;
+}
+
+}  // namespace
+
+bool attention_prefill_wgmma_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS).
+    cudaFuncAttributes attr{};
+    const bool built = cudaFuncGetAttributes(&attr, attention_prefill_wgmma_kernel<false>) == cudaSuccess &&
+                       attr.binaryVersion == 90;
+    return major == 9 && minor == 0 && built && kSmem <= smem_budget();
+  }();
+  return ok;
+}
+
+namespace {
+template <bool kFp8>
+void launch(CudaBackend& be, const AttentionArgs& a) {
+  static int64_t allowed = 0;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
+  // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
+  const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
+  const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
+  if (n_split == 1) {
+    kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
+  CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
+  float* part_o = part.as<float>();
+  float* part_ml = part_o + n_split * batch_rows * HD;
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, part_o, part_ml);
+  CUDA_CHECK_LAUNCH();
+  const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
+  prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
+  CHECK(a.kv.hd == HD);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
+}
+
+}  // namespace sparkserve
