@@ -18,6 +18,7 @@
 #include "runtime/token_constraint.h"
 #include "server/cors.h"
 #include "server/generation.h"
+#include "server/generation_prompt_suffixes.h"
 #include "server/image_input.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
@@ -46,6 +47,7 @@ struct ServeContext {
   int64_t max_waiting_requests = 0;      // engine queue beyond which new generations get 503; 0: none
   std::atomic<bool> shutting_down{false};  // new requests get 503
   std::atomic<bool> drain_expired{false};  // in-flight requests end now, with an error
+  mutable GenerationPromptSuffixes generation_prompts;  // where a chat prompt's generation prompt starts
 };
 
 // Every route, the API-key check and the JSON error bodies.

@@ -216,16 +216,26 @@ ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& me
   if (auto e = over_context_bytes(ctx, rendered->size(), "the rendered chat prompt", "messages")) return *e;
   auto ids = ctx.tokenizer->encode(*rendered);
   if (!ids.ok()) return bad_request(ids.message(), "messages");
-  // Tokens of the generation prompt (the rendered suffix that add_generation_prompt appends).
+  // Tokens of the generation prompt (the rendered suffix that add_generation_prompt appends):
+  // remembered per request shape (generation_prompt_suffixes.h), else found by a second render.
   int64_t suffix_tokens = -1;
-  if (generation_prompt_start) {
-    tmpl_req["add_generation_prompt"] = false;
-    auto bare = add_generation_prompt ? render_chat_request(*ctx.chat_template, tmpl_req) : rendered;
-    // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
-    // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
-    if (bare.ok() && rendered->size() > bare->size() && rendered->compare(0, bare->size(), *bare) == 0)
-      if (auto suffix = ctx.tokenizer->encode(std::string_view(*rendered).substr(bare->size())); suffix.ok())
-        suffix_tokens = static_cast<int64_t>(suffix->size());
+  if (generation_prompt_start && add_generation_prompt) {
+    const std::string key = chat_template_kwargs.dump() + (tools.is_null() ? "|no tools" : "|tools");
+    const std::string_view text(*rendered);
+    if (auto known = ctx.generation_prompts.find(key);
+        known && text.size() > known->text.size() && text.ends_with(known->text)) {
+      suffix_tokens = known->tokens;
+    } else {
+      tmpl_req["add_generation_prompt"] = false;
+      auto bare = render_chat_request(*ctx.chat_template, tmpl_req);
+      // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
+      // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
+      if (bare.ok() && text.size() > bare->size() && text.compare(0, bare->size(), *bare) == 0)
+        if (auto suffix = ctx.tokenizer->encode(text.substr(bare->size())); suffix.ok()) {
+          suffix_tokens = static_cast<int64_t>(suffix->size());
+          ctx.generation_prompts.put(key, {std::string(text.substr(bare->size())), suffix_tokens});
+        }
+    }
   }
   ChatPrompt p;
   p.ids.assign(ids->begin(), ids->end());
