@@ -63,6 +63,29 @@ WordCache& thread_word_cache(uint64_t owner) {
   return cache;
 }
 
+// A per-thread cache of long fragments (the text between two added tokens) -> ids. A chat request
+// re-sends the whole conversation, and every message but the newest was tokenized for the previous
+// request (an agent's 8K-token system prompt: ~3 ms each time). Added tokens split the text first and
+// each fragment is encoded on its own (as in HF tokenizers), so a cached fragment's ids are exactly
+// what encoding it again would give.
+struct FragmentCache {
+  uint64_t owner = 0;
+  size_t bytes = 0;
+  std::unordered_map<std::string, std::vector<TokenId>> map;
+};
+constexpr size_t kFragmentCacheMinBytes = 1024;      // shorter ones: the word cache suffices
+constexpr size_t kFragmentCacheMaxBytes = 4 << 20;   // key bytes per thread; cleared beyond
+
+FragmentCache& thread_fragment_cache(uint64_t owner) {
+  thread_local FragmentCache cache;
+  if (cache.owner != owner) {
+    cache.map.clear();
+    cache.bytes = 0;
+    cache.owner = owner;
+  }
+  return cache;
+}
+
 std::atomic<uint64_t> next_serial{1};
 
 }  // namespace
@@ -178,16 +201,40 @@ Expected<std::vector<TokenId>> Tokenizer::encode(std::string_view text) const {
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 4);
   if (raw_matcher_.empty()) {
-    SS_RETURN_IF_ERROR(encode_fragment(text, ids));
+    SS_RETURN_IF_ERROR(encode_fragment_cached(text, ids));
     return ids;
   }
   std::vector<TextSegment> segs;
   raw_matcher_.split(text, segs);
   for (const TextSegment& s : segs) {
     if (s.token >= 0) ids.push_back(s.token);
-    else SS_RETURN_IF_ERROR(encode_fragment(text.substr(s.begin, s.end - s.begin), ids));
+    else SS_RETURN_IF_ERROR(encode_fragment_cached(text.substr(s.begin, s.end - s.begin), ids));
   }
   return ids;
+}
+
+Status Tokenizer::encode_fragment_cached(std::string_view raw, std::vector<TokenId>& out) const {
+  if (raw.size() < kFragmentCacheMinBytes) return encode_fragment(raw, out);
+  FragmentCache& cache = thread_fragment_cache(serial_);
+  const std::string key(raw);
+  if (auto it = cache.map.find(key); it != cache.map.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return Status::Ok();
+  }
+  std::vector<TokenId> ids;
+  SS_RETURN_IF_ERROR(encode_fragment(raw, ids));
+  if (raw.size() <= kFragmentCacheMaxBytes) {
+    if (cache.bytes + raw.size() > kFragmentCacheMaxBytes) {
+      cache.map.clear();
+      cache.bytes = 0;
+    }
+    cache.bytes += raw.size();
+    out.insert(out.end(), ids.begin(), ids.end());
+    cache.map.emplace(key, std::move(ids));
+    return Status::Ok();
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  return Status::Ok();
 }
 
 Status Tokenizer::encode_fragment(std::string_view raw, std::vector<TokenId>& out) const {

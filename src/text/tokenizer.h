@@ -77,6 +77,8 @@ class Tokenizer {
  private:
   static Expected<Tokenizer> from_json_text_unchecked(std::string_view tokenizer_json, std::string_view config_json);
   Status encode_fragment(std::string_view raw, std::vector<TokenId>& out) const;
+  // encode_fragment through the per-thread cache of long fragments.
+  Status encode_fragment_cached(std::string_view raw, std::vector<TokenId>& out) const;
   Status encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
 
   Normalizer normalizer_;

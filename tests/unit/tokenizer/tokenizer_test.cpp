@@ -247,6 +247,32 @@ TEST(Errors, LoadingProblemsAreNamed) {
   ASSERT_FALSE(not_object.ok());
 }
 
+// Fragments of 1 KB or more (the text between added tokens) are remembered per thread: a chat
+// request re-sends its conversation. The ids must be what encoding the fragment afresh gives,
+// wherever it sits, and a longer text that starts with a remembered one must not reuse its ids.
+TEST(FragmentCache, RememberedFragmentsGiveFreshIds) {
+  TinySpec s;
+  s.added_tokens = {added_token(1000, "<|im_start|>", true)};
+  s.extra_tokens = {"ab"};
+  s.merges = {{"a", "b"}};
+  std::string a;
+  while (a.size() < 2000) a += "ab abc ba b  ";
+  const std::string b = a + "ab";  // a remembered fragment as its prefix; the last "ab" merges
+  const Tokenizer fresh = make_tiny(s);
+  const auto a_ids = enc(fresh, a), b_ids = enc(fresh, b);
+  const Tokenizer t = make_tiny(s);
+  std::vector<TokenId> want = {1000};
+  want.insert(want.end(), a_ids.begin(), a_ids.end());
+  want.push_back(1000);
+  want.insert(want.end(), b_ids.begin(), b_ids.end());
+  for (int round = 0; round < 2; ++round) {  // round 1: both fragments come from the cache
+    EXPECT_EQ(enc(t, "<|im_start|>" + a + "<|im_start|>" + b), want) << round;
+    EXPECT_EQ(enc(t, a), a_ids) << round;
+    EXPECT_EQ(enc(t, b), b_ids) << round;
+  }
+  EXPECT_NE(a_ids.size(), b_ids.size());
+}
+
 TEST(Robustness, LongWordsAndWhitespaceRuns) {
   TinySpec s;
   s.extra_tokens = {"aa", "aaaa"};
