@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h,
                                             SwChunk<kKeys>{});
     cp_async_commit();
-    wgmma_wait0();
+    wgmma_wait<0>();
     wgmma_fence_operand(sacc);
     softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
                                 lane);
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kKeys, kv_len, bs, kvh,
                                               h, SwChunk<kKeys>{});
     cp_async_commit();
-    wgmma_wait0();
+    wgmma_wait<0>();
     wgmma_fence_operand(o);
   }
 
@@ -231,17 +231,8 @@ int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
 }  // namespace
 
 bool attention_prefill_wgmma_available() {
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS).
-    cudaFuncAttributes attr{};
-    const bool built = cudaFuncGetAttributes(&attr, attention_prefill_wgmma_kernel<false>) == cudaSuccess &&
-                       attr.binaryVersion == 90;
-    return major == 9 && minor == 0 && built && kSmem <= smem_budget();
-  }();
+  static const bool ok = sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>)) &&
+                         kSmem <= smem_budget();
   return ok;
 }
 

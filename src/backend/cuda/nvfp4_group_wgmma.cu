@@ -24,6 +24,7 @@
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/nvfp4_group_common.cuh"
 #include "backend/cuda/nvfp4_group_gemm.h"
+#include "backend/cuda/wgmma_primitives.cuh"
 
 namespace sparkserve {
 namespace {
@@ -42,32 +43,13 @@ struct Stage {
   static_assert(kBytes % 1024 == 0, "stages keep the 128-byte swizzle's 1 KB alignment");
 };
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SPARKSERVE_WGMMA 1
-#endif
-
-#ifdef SPARKSERVE_WGMMA
-// Shared-memory matrix descriptor of a K-major operand with the 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart; start at a 32-byte k16 slice of the rows.
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
+#ifdef SPARKSERVE_HAS_WGMMA
 
 // Nibbles t and t+4 of w as fp16 e2m1·2^-14 (nibble_pair with a run-time t).
 __device__ __forceinline__ uint32_t nibble_pair_rt(uint32_t w, int t) {
   const uint32_t s = w << (12 - 4 * t);
   return (s & 0x80008000u) | ((s >> 3) & 0x0E000E00u);
 }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
@@ -163,12 +145,12 @@ __device__ __forceinline__ void decode_step(const uint8_t* sa, const RowScales& 
   a[2] = hmul2(nibble_pair_rt(w0.y, t), s0);
   a[3] = hmul2(nibble_pair_rt(w1.y, t), s1);
 }
-#endif  // SPARKSERVE_WGMMA
+#endif  // SPARKSERVE_HAS_WGMMA
 
 template <bool kGateUp, int kBN, int kN>
 __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, int64_t e, int64_t start, int rows,
                                          int64_t m0) {
-#ifdef SPARKSERVE_WGMMA
+#ifdef SPARKSERVE_HAS_WGMMA
   using St = Stage<kGateUp, kBN>;
   constexpr int kStages = St::kStages, kAhead = kStages - 2;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -220,7 +202,7 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
   uint32_t ax[2][4], ay[2][4];
   // Descriptor of stage 0's first activation operand; a stage, a k16 step, the second operand are
   // offsets in its 16-byte address field (shared addresses < 256 KB: no carry out of the field).
-  const uint64_t desc0 = smem_desc(smem);
+  const uint64_t desc0 = sw128_desc(smem);  // K-major: 32-byte k16 slices of 128-byte rows
   for (int64_t kt = 0; kt < KT; ++kt) {
     // Stage kt has landed; the buffer refilled now was read by stage kt - 2, whose MMAs every thread
     // has waited for (wait_group 1 after the issue of stage kt - 1's steps).
@@ -326,18 +308,13 @@ void launch_tile(CudaBackend& b, const GroupGemmArgs& a, int bn) {
 
 bool group_wgmma_available() {
   static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
+    // The largest tile needs 206 KB of shared memory (no static arrays: the device's whole opt-in
+    // limit is ours).
+    int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    // The sm_90a code exists only in builds for that target (SPARKSERVE_CUDA_ARCHS), and the largest
-    // tile needs 206 KB of shared memory (no static arrays: the device's whole opt-in limit is ours).
-    cudaFuncAttributes attr{};
-    const bool built =
-        cudaFuncGetAttributes(&attr, group_wgmma_kernel<true, 128>) == cudaSuccess && attr.binaryVersion == 90;
-    int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return major == 9 && minor == 0 && built && Stage<true, 128>::kSmem <= optin;
+    return sm90a_kernel_runs(reinterpret_cast<const void*>(group_wgmma_kernel<true, 128>)) &&
+           Stage<true, 128>::kSmem <= optin;
   }();
   return ok;
 }

@@ -10,13 +10,29 @@
 // columns = N: V) the n column blocks are `lbo` bytes apart.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SPARKSERVE_HAS_WGMMA 1
 #endif
 
 namespace sparkserve {
+
+// Host: whether `kernel` can run its warpgroup-MMA code here: a compute 9.0 device and sm_90a code
+// in the binary (only builds for that target have it, SPARKSERVE_CUDA_ARCHS), which cudaFuncAttributes
+// report as binaryVersion 90. Callers add their own shared-memory test.
+inline bool sm90a_kernel_runs(const void* kernel) {
+  int dev = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  cudaFuncAttributes attr{};
+  return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion == 90;
+}
 
 // Chunk index (16-byte units) of chunk `chunk` of row `row` in the 128-byte swizzle layout of NR rows.
 template <int NR>
@@ -35,7 +51,11 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* p, uint32_t lbo = 16)
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Pins the accumulators at this point of the program: the compiler sees no link between a
 // wgmma.wait_group and the registers the MMAs write, so without this it could move their reads
 // above the wait (or their writes below a wgmma that reads them).
