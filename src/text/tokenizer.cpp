@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <string_view>
+#include <unordered_map>
 
 #include "text/byte_level.h"
 #include "text/utf8.h"
@@ -68,10 +71,15 @@ WordCache& thread_word_cache(uint64_t owner) {
 // request (an agent's 8K-token system prompt: ~3 ms each time). Added tokens split the text first and
 // each fragment is encoded on its own (as in HF tokenizers), so a cached fragment's ids are exactly
 // what encoding it again would give.
+// Hashes std::string and std::string_view alike, so a lookup needs no copy of the fragment.
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 struct FragmentCache {
   uint64_t owner = 0;
   size_t bytes = 0;
-  std::unordered_map<std::string, std::vector<TokenId>> map;
+  std::unordered_map<std::string, std::vector<TokenId>, TextHash, std::equal_to<>> map;
 };
 constexpr size_t kFragmentCacheMinBytes = 1024;      // shorter ones: the word cache suffices
 constexpr size_t kFragmentCacheMaxBytes = 4 << 20;   // key bytes per thread; cleared beyond
@@ -216,8 +224,7 @@ Expected<std::vector<TokenId>> Tokenizer::encode(std::string_view text) const {
 Status Tokenizer::encode_fragment_cached(std::string_view raw, std::vector<TokenId>& out) const {
   if (raw.size() < kFragmentCacheMinBytes) return encode_fragment(raw, out);
   FragmentCache& cache = thread_fragment_cache(serial_);
-  const std::string key(raw);
-  if (auto it = cache.map.find(key); it != cache.map.end()) {
+  if (auto it = cache.map.find(raw); it != cache.map.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return Status::Ok();
   }
@@ -230,7 +237,7 @@ Status Tokenizer::encode_fragment_cached(std::string_view raw, std::vector<Token
     }
     cache.bytes += raw.size();
     out.insert(out.end(), ids.begin(), ids.end());
-    cache.map.emplace(key, std::move(ids));
+    cache.map.emplace(std::string(raw), std::move(ids));
     return Status::Ok();
   }
   out.insert(out.end(), ids.begin(), ids.end());
