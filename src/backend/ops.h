@@ -127,6 +127,9 @@ class Recording {
   virtual int64_t kernel_nodes() const { return -1; }
 };
 
+// The most columns one Backend::argmax call may exclude (a request's stop ids); more take the full row.
+inline constexpr size_t kArgmaxMaxExcluded = 64;
+
 struct RowArgmax {
   int32_t id = 0;
   int32_t nonfinite = -1;
@@ -181,8 +184,11 @@ class Backend {
   // The greedy choice of each row over its first `vocab` columns (vocab <= V), as the CPU sampler
   // makes it: the lowest index among equal maxima (-inf counts, NaN never wins); `nonfinite` is the
   // first index holding NaN or +Inf (-1: none), which the sampler refuses instead of sampling.
+  // Columns listed in `excluded` never win (the sampler's -inf mask of stop ids before min_tokens)
+  // but still count for `nonfinite`, as the sampler checks the raw row before masking it
+  // (at most kArgmaxMaxExcluded of them).
   // logits: [R, V] f32 -> host [R].
-  virtual std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab) = 0;
+  virtual std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) = 0;
 
   // ---- gated attention (model-qwen35.md §2.5, §2.6) --------------------------------------------
   // qg: [T, nh, 2*hd] (per head: query then gate) -> q: [T, nh, hd], gate: [T, nh, hd].

@@ -34,6 +34,9 @@ struct ForwardSeq {
   // sequence's logits rows (Backend::argmax, taken where the logits are); 0: the whole rows. A
   // served greedy step then downloads a few ids instead of [rows, vocab] floats.
   int64_t argmax_vocab = 0;
+  // With argmax_vocab: columns that never win (the request's stop ids while min_tokens is not
+  // reached; at most kArgmaxMaxExcluded), as the sampler masks them. Must outlive the forward.
+  std::span<const int32_t> argmax_excluded;
   // A speculative verify span (the sequence's next token and the drafts after it, num_logits =
   // tokens.size()): its GDN state is read but not advanced (the decode form runs over a copy of the
   // state row), and the forward's SpecCapture keeps what Qwen35Model::commit_speculative needs to

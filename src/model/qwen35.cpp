@@ -101,7 +101,7 @@ int count_layers(const ModelConfig& c, LayerType type) {
 
 void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout,
                               std::vector<int32_t>& ids, std::vector<int32_t>& pos, std::vector<int32_t>& pos3,
-                              std::vector<int64_t>& logit_rows, std::vector<int64_t>& row_argmax) {
+                              std::vector<int64_t>& logit_rows, std::vector<ArgmaxWant>& row_argmax) {
   for (const ForwardSeq& in : batch) {
     const int64_t rope_delta = in.mm ? in.mm->rope_delta : in.rope_delta;
     Layout::ImageRows images{in.mm, {}, {}};
@@ -131,7 +131,7 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
       pos.push_back(pos3.back());
       if (i >= span.num_tokens - in.num_logits) {
         logit_rows.push_back(span.row_begin + i);
-        row_argmax.push_back(std::min<int64_t>(in.argmax_vocab, config_.vocab_size));
+        row_argmax.push_back({std::min<int64_t>(in.argmax_vocab, config_.vocab_size), in.argmax_excluded});
       }
     }
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
@@ -203,7 +203,8 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
 
   Layout layout;
   std::vector<int32_t> ids, pos, pos3;
-  std::vector<int64_t> logit_rows, row_argmax;  // row_argmax: each logits row's argmax_vocab
+  std::vector<int64_t> logit_rows;
+  std::vector<ArgmaxWant> row_argmax;
   make_layout(batch, /*with_images=*/true, layout, ids, pos, pos3, logit_rows, row_argmax);
   bool decode_only = true;
   for (const ForwardSeq& in : batch)
@@ -300,7 +301,7 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
 
 std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
                                                     const std::vector<int32_t>& pos, const StatePools& state,
-                                                    const std::vector<int64_t>& row_argmax) {
+                                                    const std::vector<ArgmaxWant>& row_argmax) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), V = c.vocab_size;
 
@@ -549,18 +550,18 @@ void Qwen35Model::mlp(const Tensor& out, const Tensor& h, const MlpWeights& w) {
   backend_.linear(out, act, w.down);
 }
 
-Logits Qwen35Model::lm_head(const Tensor& hidden, const std::vector<int64_t>& row_argmax) {
+Logits Qwen35Model::lm_head(const Tensor& hidden, const std::vector<ArgmaxWant>& row_argmax) {
   const int64_t R = hidden.dim(0), V = config_.vocab_size;
   Buffer logits = buffer({R, V});
   backend_.linear(logits, hidden, w_.lm_head);
   return download_logits(logits, row_argmax);
 }
 
-Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<int64_t>& row_argmax) {
+Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<ArgmaxWant>& row_argmax) {
   Logits out;
   out.rows = logits.dim(0);
   out.vocab = logits.dim(1);
-  const auto wants_argmax = [&](int64_t r) { return !row_argmax.empty() && row_argmax[static_cast<size_t>(r)] > 0; };
+  const auto wants_argmax = [&](int64_t r) { return !row_argmax.empty() && row_argmax[static_cast<size_t>(r)].vocab > 0; };
   int64_t full = 0;
   for (int64_t r = 0; r < out.rows; ++r) full += !wants_argmax(r);
   if (full == out.rows) {
@@ -568,18 +569,24 @@ Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<int6
     backend_.download(out.data.data(), logits);
     return out;
   }
-  // The argmax of every row in one pass (rows under one limit share it; a mixed batch, rare, takes
-  // one pass per distinct limit), then the values of only the rows that need them.
+  // The argmax of every row in one pass (rows asking the same share it; a mixed batch, e.g. some
+  // rows still under min_tokens, takes one pass per distinct request), then the values of only the
+  // rows that need them.
   out.argmax.resize(static_cast<size_t>(out.rows));
-  std::vector<int64_t> limits;
-  for (int64_t r = 0; r < out.rows; ++r)
-    if (wants_argmax(r)) limits.push_back(row_argmax[static_cast<size_t>(r)]);
-  std::sort(limits.begin(), limits.end());
-  limits.erase(std::unique(limits.begin(), limits.end()), limits.end());
-  for (int64_t limit : limits) {
-    const std::vector<RowArgmax> a = backend_.argmax(logits, limit);
-    for (int64_t r = 0; r < out.rows; ++r)
-      if (row_argmax[static_cast<size_t>(r)] == limit) out.argmax[static_cast<size_t>(r)] = a[static_cast<size_t>(r)];
+  const auto same = [](const ArgmaxWant& a, const ArgmaxWant& b) {
+    return a.vocab == b.vocab && std::equal(a.excluded.begin(), a.excluded.end(), b.excluded.begin(), b.excluded.end());
+  };
+  std::vector<bool> done(static_cast<size_t>(out.rows), false);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    if (!wants_argmax(r) || done[static_cast<size_t>(r)]) continue;
+    const ArgmaxWant& want = row_argmax[static_cast<size_t>(r)];
+    const std::vector<RowArgmax> a =
+        backend_.argmax(logits, want.vocab, std::vector<int32_t>(want.excluded.begin(), want.excluded.end()));
+    for (int64_t q = r; q < out.rows; ++q)
+      if (wants_argmax(q) && same(row_argmax[static_cast<size_t>(q)], want)) {
+        out.argmax[static_cast<size_t>(q)] = a[static_cast<size_t>(q)];
+        done[static_cast<size_t>(q)] = true;
+      }
   }
   out.data_row.assign(static_cast<size_t>(out.rows), -1);
   out.data.resize(static_cast<size_t>(full * out.vocab));

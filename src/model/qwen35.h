@@ -99,6 +99,11 @@ class Qwen35Model {
  private:
   struct Layout;  // the batch as rows and spans, see qwen35.cpp
   struct DecodeGraph;  // one recorded decode step, see qwen35.cpp
+  // What a logits row needs back (ForwardSeq::argmax_vocab, argmax_excluded): vocab 0 = its values.
+  struct ArgmaxWant {
+    int64_t vocab = 0;
+    std::span<const int32_t> excluded;
+  };
 
   // The layers: tok [T] i32 -> h [T, H] f32, the final-normalised hidden rows.
   void trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state);
@@ -107,7 +112,7 @@ class Qwen35Model {
   // ids, pos: the batch's token ids and positions, one per span.
   std::optional<Logits> forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
                                          const std::vector<int32_t>& pos, const StatePools& state,
-                                         const std::vector<int64_t>& row_argmax);
+                                         const std::vector<ArgmaxWant>& row_argmax);
   void drop_graphs();
 
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
@@ -121,10 +126,10 @@ class Qwen35Model {
   void gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g, const Tensor& beta,
                   const GdnWeights& w, const Tensor& conv_pool, const Tensor& rec_pool, const Layout& layout);
   // Rows, spans and positions of a batch; with_images collects the rows image embeddings replace.
-  // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (each logits row's argmax_vocab): filled.
+  // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (what each logits row needs back): filled.
   void make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout, std::vector<int32_t>& ids,
                    std::vector<int32_t>& pos, std::vector<int32_t>& pos3, std::vector<int64_t>& logit_rows,
-                   std::vector<int64_t>& row_argmax);
+                   std::vector<ArgmaxWant>& row_argmax);
   // Uploads the layout's positions (and M-RoPE positions when needed).
   void upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3);
   // The MTP layer over R rows: tok [R] i32 (device), hidden [R, H] -> out [R, H], the MTP's
@@ -141,10 +146,11 @@ class Qwen35Model {
   void moe(const Tensor& out, const Tensor& h, const MoeWeights& w, const Tensor& residual, const Tensor& next_norm);
   void mlp(const Tensor& out, const Tensor& h, const MlpWeights& w);
   // hidden: [R, H] final-normalised rows -> [R, V] logits on the host (see download_logits).
-  Logits lm_head(const Tensor& hidden, const std::vector<int64_t>& row_argmax = {});
-  // logits: [R, V] f32 in backend memory -> host copy of the rows whose row_argmax is 0 (or every
-  // row when row_argmax is empty), and the argmax over the first row_argmax[r] columns of the others.
-  Logits download_logits(const Tensor& logits, const std::vector<int64_t>& row_argmax = {});
+  Logits lm_head(const Tensor& hidden, const std::vector<ArgmaxWant>& row_argmax = {});
+  // logits: [R, V] f32 in backend memory -> host copy of the rows whose row_argmax vocab is 0 (or every
+  // row when row_argmax is empty), and the argmax over the first row_argmax[r].vocab columns of the
+  // others, their excluded columns out of play.
+  Logits download_logits(const Tensor& logits, const std::vector<ArgmaxWant>& row_argmax = {});
 
   Buffer buffer(std::vector<int64_t> shape, DType dtype = DType::kF32) {
     return Buffer(&backend_, dtype, std::move(shape));

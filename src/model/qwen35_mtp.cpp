@@ -137,7 +137,7 @@ Expected<Qwen35Model::DraftResult> Qwen35Model::draft(std::span<const DraftSeq> 
     Layout layout;
     std::vector<int32_t> ids, pos, pos3;
     std::vector<int64_t> logit_rows;
-    std::vector<int64_t> row_argmax;  // unused: the drafts' argmax is taken below
+    std::vector<ArgmaxWant> row_argmax;  // unused: the drafts' argmax is taken below
     make_layout(in, /*with_images=*/false, layout, ids, pos, pos3, logit_rows, row_argmax);
     upload_positions(layout, pos, pos3);
     const auto R = static_cast<int64_t>(ids.size());
@@ -153,7 +153,7 @@ Expected<Qwen35Model::DraftResult> Qwen35Model::draft(std::span<const DraftSeq> 
     backend_.linear(logits, rows_h, w_.lm_head);
     // A non-finite draft row still names a token: the verify step samples the target, never the draft.
     std::vector<int32_t> best;
-    for (const RowArgmax& a : backend_.argmax(logits, c.vocab_size)) best.push_back(a.id);
+    for (const RowArgmax& a : backend_.argmax(logits, c.vocab_size, {})) best.push_back(a.id);
     bool any_all = false;
     for (size_t i = 0; i < in.size(); ++i) any_all = any_all || seqs[who[i]].all_logits;
     Logits host;

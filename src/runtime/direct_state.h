@@ -30,6 +30,7 @@ struct SequenceInput {
   bool all_logits = false;  // logits for every new token (teacher forcing), else only the last
   MultimodalPrompt* mm = nullptr;  // the prompt's images (model/multimodal.h), for its prefill chunks
   int64_t argmax_vocab = 0;        // ForwardSeq::argmax_vocab
+  std::vector<int32_t> argmax_excluded;  // ForwardSeq::argmax_excluded
   // A verify chunk (next token + drafts; logits for every token; GDN state not advanced until
   // Qwen35Model::commit_speculative): ForwardSeq::speculative.
   bool speculative = false;

@@ -194,10 +194,18 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
     const EngineRequest& r = *c.seq->req;
     // Rows that report prompt logprobs need their values; row j of a verify chunk is drawn after j
     // more tokens.
+    // A verify chunk's rows share one argmax request: every row must mask the same columns.
     bool decides = c.num_logits > 0 && r.prompt_logprobs < 0;
-    for (int64_t j = 0; decides && j < (c.speculative ? c.num_logits : 1); ++j)
-      decides = argmax_decides(r.params, r.constraint != nullptr, c.seq->num_generated() + j);
-    if (decides) c.argmax_vocab = vocab;
+    std::optional<std::vector<int32_t>> excluded;
+    for (int64_t j = 0; decides && j < (c.speculative ? c.num_logits : 1); ++j) {
+      std::optional<std::vector<int32_t>> row = argmax_exclusions(r.params, r.constraint != nullptr, c.seq->num_generated() + j);
+      decides = row.has_value() && (j == 0 || *row == *excluded);
+      excluded = std::move(row);
+    }
+    if (decides) {
+      c.argmax_vocab = vocab;
+      c.argmax_excluded = std::move(*excluded);
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "runtime/sampler.h"
 
+#include "backend/ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -108,10 +110,20 @@ void apply_logits_processors(std::span<float> logits, const SamplingParams& para
                   params.presence_penalty, prompt, output);
 }
 
-bool argmax_decides(const SamplingParams& p, bool constrained, int64_t num_generated) {
-  return p.greedy() && !constrained && p.num_logprobs < 0 && !p.allowed_token_ids && p.logit_bias.empty() &&
-         num_generated >= p.min_tokens && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
-         p.presence_penalty == 0.0f;
+std::optional<std::vector<int32_t>> argmax_exclusions(const SamplingParams& p, bool constrained,
+                                                      int64_t num_generated) {
+  if (!p.greedy() || constrained || p.num_logprobs >= 0 || p.allowed_token_ids || !p.logit_bias.empty() ||
+      p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+    return std::nullopt;
+  std::vector<int32_t> excluded;
+  if (num_generated < p.min_tokens) {  // apply_logits_processors' mask, same ids
+    excluded = p.eos_token_ids;
+    excluded.insert(excluded.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+    std::sort(excluded.begin(), excluded.end());
+    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
+    if (excluded.size() > kArgmaxMaxExcluded) return std::nullopt;  // the full row then
+  }
+  return excluded;
 }
 
 int32_t argmax_lowest(std::span<const float> logits) {

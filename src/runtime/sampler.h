@@ -70,10 +70,13 @@ void apply_penalties(std::span<float> logits, float repetition_penalty, float fr
 
 // Lowest index of the maximum (NaN never wins). logits: [vocab] f32.
 int32_t argmax_lowest(std::span<const float> logits);
-// Whether sample_token would take the plain argmax of the raw row for these params (greedy, no
-// logits processor that changes the row, no logprobs, no constraint), so Backend::argmax where the
-// logits are gives the same token. num_generated: the sequence's output tokens so far.
-bool argmax_decides(const SamplingParams& params, bool constrained, int64_t num_generated);
+// Whether sample_token would take the argmax of the raw row for these params (greedy, no logits
+// processor that changes the row other than min_tokens' mask of the stop ids, no logprobs, no
+// constraint), so Backend::argmax where the logits are gives the same token: the columns the
+// argmax must leave out (the stop ids while fewer than min_tokens were generated; empty after),
+// or nullopt where it would not decide. num_generated: the sequence's output tokens so far.
+std::optional<std::vector<int32_t>> argmax_exclusions(const SamplingParams& params, bool constrained,
+                                                      int64_t num_generated);
 
 struct Candidate {
   int32_t token;

@@ -40,6 +40,7 @@ struct ScheduledChunk {
   std::span<const int32_t> tokens;
   int64_t num_logits = 0;  // rows wanted for the last num_logits tokens (1: sample after this chunk)
   int64_t argmax_vocab = 0;  // > 0: only the greedy choice over these columns is needed (ForwardSeq)
+  std::vector<int32_t> argmax_excluded;  // with argmax_vocab: columns out of play (ForwardSeq)
   bool speculative = false;  // a verify chunk: tokens = next token + drafts, its GDN state not advanced
 };
 

@@ -67,9 +67,9 @@ void CpuBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vect
   }
 }
 
-std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab) {
+std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
-  CHECK(vocab >= 1 && vocab <= V);
+  CHECK(vocab >= 1 && vocab <= V && excluded.size() <= kArgmaxMaxExcluded);
   std::vector<RowArgmax> out(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
     const float* row = logits.ptr<const float>() + r * V;
@@ -81,6 +81,7 @@ std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab) {
         if (a.nonfinite < 0) a.nonfinite = static_cast<int32_t>(i);
         if (std::isnan(v)) continue;
       }
+      if (std::find(excluded.begin(), excluded.end(), static_cast<int32_t>(i)) != excluded.end()) continue;
       if (!found || v > row[a.id]) {
         a.id = static_cast<int32_t>(i);
         found = true;

@@ -53,14 +53,20 @@ __device__ __forceinline__ uint64_t argmax_key(float v, int32_t i) {
   return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(0x7fffffff - i);
 }
 
-__global__ void argmax_kernel(RowArgmax* out, const float* logits, int64_t V, int64_t vocab) {
+__global__ void argmax_kernel(RowArgmax* out, const float* logits, int64_t V, int64_t vocab, const int32_t* excluded,
+                              int num_excluded) {
   const float* row = logits + blockIdx.x * V;
+  __shared__ int32_t ex[kArgmaxMaxExcluded];  // a few stop ids, compared with every column
+  for (int j = threadIdx.x; j < num_excluded; j += blockDim.x) ex[j] = excluded[j];
+  __syncthreads();
   uint64_t best = 0;  // below every key of a real column
   int32_t bad = 0x7fffffff;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     const float v = row[i];
     if (isnan(v) || v == INFINITY) bad = min(bad, static_cast<int32_t>(i));
-    if (!isnan(v)) {
+    bool out_of_play = isnan(v);
+    for (int j = 0; j < num_excluded; ++j) out_of_play = out_of_play || ex[j] == static_cast<int32_t>(i);
+    if (!out_of_play) {
       const uint64_t k = argmax_key(v, static_cast<int32_t>(i));
       if (k > best) best = k;
     }
@@ -142,14 +148,17 @@ void CudaBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vec
   CUDA_CHECK_LAUNCH();
 }
 
-std::vector<RowArgmax> CudaBackend::argmax(const Tensor& logits, int64_t vocab) {
+std::vector<RowArgmax> CudaBackend::argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
   CHECK(vocab >= 1 && vocab <= V);
+  CHECK(excluded.size() <= kArgmaxMaxExcluded);
   std::vector<RowArgmax> out(static_cast<size_t>(R));
   if (R == 0) return out;
   Scratch dev(this, out.size() * sizeof(RowArgmax));
-  argmax_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(dev.as<RowArgmax>(), logits.ptr<const float>(), V,
-                                                                     vocab);
+  Scratch ex = excluded.empty() ? Scratch(this, sizeof(int32_t))
+                                : upload_scratch(excluded.data(), excluded.size() * sizeof(int32_t));
+  argmax_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
+      dev.as<RowArgmax>(), logits.ptr<const float>(), V, vocab, ex.as<const int32_t>(), static_cast<int>(excluded.size()));
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaMemcpyAsync(out.data(), dev.ptr, out.size() * sizeof(RowArgmax), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -170,17 +170,22 @@ TEST(CpuOps, GatherRowsAndArgmax) {
   HostTensor l(DType::kF32, {2, 4});
   float v[8] = {1, 3, 3, 2, -5, -1, -7, -1};
   std::copy(v, v + 8, l.f());
-  auto a = backend().argmax(l, 4);
+  auto a = backend().argmax(l, 4, {});
   ASSERT_EQ(a.size(), 2u);
   EXPECT_EQ(a[0], (RowArgmax{1, -1}));  // first of equal maxima
   EXPECT_EQ(a[1], (RowArgmax{1, -1}));
-  EXPECT_EQ(backend().argmax(l, 1)[1], (RowArgmax{0, -1}));  // only the first column counts
+  EXPECT_EQ(backend().argmax(l, 1, {})[1], (RowArgmax{0, -1}));  // only the first column counts
+  a = backend().argmax(l, 4, {1, 9});   // excluded columns never win (9: none such)
+  EXPECT_EQ(a[0], (RowArgmax{2, -1}));
+  EXPECT_EQ(a[1], (RowArgmax{3, -1}));
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   float w[8] = {-inf, -inf, -inf, -inf, nan, 2, inf, nan};
   std::copy(w, w + 8, l.f());
-  a = backend().argmax(l, 4);
+  a = backend().argmax(l, 4, {});
   EXPECT_EQ(a[0], (RowArgmax{0, -1}));  // all -inf: the first column
   EXPECT_EQ(a[1], (RowArgmax{2, 0}));   // NaN never wins; +Inf does, and both are reported at the first
+  a = backend().argmax(l, 4, {0, 2});
+  EXPECT_EQ(a[1], (RowArgmax{1, 0}));   // an excluded NaN / +Inf column is still reported
 }
 
 }  // namespace

@@ -339,6 +339,40 @@ TEST(Engine, TinyModelGreedyBatchInvariance) {
   EXPECT_EQ(batched[1], alone);
 }
 
+// While min_tokens is pending the stop ids are masked; a greedy row's argmax then runs where the
+// logits are with those ids left out (argmax_exclusions). The tokens must equal the sampler's own
+// masked choice on the full row, which a no-op logit bias forces.
+TEST(Engine, TinyModelMinTokensArgmaxPathEqualsTheFullRowPath) {
+  auto backend = make_cpu_backend(2);
+  auto model = load_qwen35(kTiny, *backend);
+  ASSERT_TRUE(model.ok()) << model.message();
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 999, 5, 5, 77};
+  auto run = [&](std::vector<int32_t> stop_ids, bool full_row) {
+    StateLimits lim{4, 64, 16};
+    ModelState state(*backend, (*model)->config(), lim);
+    Qwen35Runner runner(**model, state);
+    EngineConfig ec;
+    ec.vocab_size = (*model)->config().vocab_size;
+    Engine engine(runner, ec);
+    auto r = greedy_request(prompt, 6);
+    r->params.ignore_eos = true;
+    r->params.min_tokens = 6;
+    r->params.stop_token_ids = std::move(stop_ids);
+    if (full_row) r->params.logit_bias = {{0, 0.0f}};
+    engine.submit(r);
+    while (engine.step()) {}
+    return collect(*r).tokens;
+  };
+  const auto free_run = run({}, false);
+  ASSERT_EQ(free_run.size(), 6u);
+  const std::vector<int32_t> stops = {free_run[0], free_run[3]};
+  const auto masked = run(stops, false);
+  ASSERT_EQ(masked.size(), 6u);
+  EXPECT_NE(masked[0], free_run[0]);
+  for (int32_t t : masked) EXPECT_TRUE(t != stops[0] && t != stops[1]);
+  EXPECT_EQ(masked, run(stops, true));
+}
+
 // Warm-up runs prompts of 1, 2, 4, ... tokens up to the step budget on a private engine, leaving
 // garbage in the runner's KV and state pools: an engine made afterwards must produce the same
 // greedy tokens as one on a fresh runner (nothing of the warm-up may leak into real requests).

@@ -156,6 +156,37 @@ TEST(Processors, MinTokensMasksEosAndStopIdsUntilReached) {
   EXPECT_EQ(sample_token(logits, p, {}, hist).token, 2);
 }
 
+// The argmax a backend takes where the logits are stands for sample_token exactly when nothing but
+// min_tokens' mask changes the row: the same ids are left out, and the same token results.
+TEST(Processors, ArgmaxExclusionsAreWhatSampleTokenMasks) {
+  std::vector<float> logits = {0.0f, 0.0f, 10.0f, 9.0f, 1.0f};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.eos_token_ids = {2};
+  p.stop_token_ids = {3, 2};
+  p.min_tokens = 3;
+  for (int64_t n : {0, 2, 3}) {
+    std::optional<std::vector<int32_t>> ex = argmax_exclusions(p, /*constrained=*/false, n);
+    ASSERT_TRUE(ex.has_value());
+    EXPECT_EQ(*ex, n < 3 ? std::vector<int32_t>({2, 3}) : std::vector<int32_t>{});
+    std::vector<float> masked = logits;
+    for (int32_t id : *ex) masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    std::vector<int32_t> hist(static_cast<size_t>(n), 4);
+    EXPECT_EQ(argmax_lowest(masked), sample_token(logits, p, {}, hist).token) << n;
+  }
+  EXPECT_FALSE(argmax_exclusions(p, /*constrained=*/true, 0));
+  SamplingParams biased = p;
+  biased.logit_bias = {{0, 0.0f}};
+  EXPECT_FALSE(argmax_exclusions(biased, false, 5));
+  SamplingParams sampled = p;
+  sampled.temperature = 0.7f;
+  EXPECT_FALSE(argmax_exclusions(sampled, false, 5));
+  SamplingParams many = p;  // more stop ids than a backend argmax takes: the full row
+  for (int32_t i = 0; i < 100; ++i) many.stop_token_ids.push_back(100 + i);
+  EXPECT_FALSE(argmax_exclusions(many, false, 0));
+  EXPECT_TRUE(argmax_exclusions(many, false, 3));
+}
+
 TEST(Processors, AllowedTokenIdsRestrictTheDraws) {
   auto logits = random_logits(100, 4);
   SamplingParams p = random_params(11);
