@@ -130,6 +130,17 @@ class Recording {
 // The most columns one Backend::argmax call may exclude (a request's stop ids); more take the full row.
 inline constexpr size_t kArgmaxMaxExcluded = 64;
 
+// One row's random draw for Backend::draw (the sampler's parameters, runtime/sampler.h): temperature
+// > 0 (a row with temperature <= 0 is not drawn), top_k 0 = off, top_p 1 = off, min_p 0 = off, and
+// the row's uniform number u in [0, 1).
+struct RowDraw {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double u = 0.0;
+};
+
 struct RowArgmax {
   int32_t id = 0;
   int32_t nonfinite = -1;
@@ -189,6 +200,15 @@ class Backend {
   // (at most kArgmaxMaxExcluded of them).
   // logits: [R, V] f32 -> host [R].
   virtual std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) = 0;
+  // One draw per row r with rows[r].temperature > 0 from the sampler's truncated distribution
+  // (core/truncated_draw.h: draw_truncated) over the row's first `vocab` columns, `excluded` out of
+  // play and `nonfinite` reported as argmax does (then id 0, nothing drawn). A row with no possible
+  // token gives its lowest column not excluded. Rows not drawn come back as {0, -1}. Weights and sums
+  // are in double as on the host; a backend whose exp or summation order differs in the last bits
+  // may pick the neighbouring token where u * total lands within that rounding of a boundary.
+  // logits: [R, V] f32, rows: [R] -> host [R].
+  virtual std::vector<RowArgmax> draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
+                                      const std::vector<RowDraw>& rows) = 0;
 
   // ---- gated attention (model-qwen35.md §2.5, §2.6) --------------------------------------------
   // qg: [T, nh, 2*hd] (per head: query then gate) -> q: [T, nh, hd], gate: [T, nh, hd].

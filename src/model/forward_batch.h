@@ -37,6 +37,9 @@ struct ForwardSeq {
   // With argmax_vocab: columns that never win (the request's stop ids while min_tokens is not
   // reached; at most kArgmaxMaxExcluded), as the sampler masks them. Must outlive the forward.
   std::span<const int32_t> argmax_excluded;
+  // With argmax_vocab and draw.temperature > 0: one draw from the sampler's truncated distribution
+  // (Backend::draw) instead of the argmax.
+  RowDraw draw;
   // A speculative verify span (the sequence's next token and the drafts after it, num_logits =
   // tokens.size()): its GDN state is read but not advanced (the decode form runs over a copy of the
   // state row), and the forward's SpecCapture keeps what Qwen35Model::commit_speculative needs to

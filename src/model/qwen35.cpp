@@ -131,7 +131,7 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
       pos.push_back(pos3.back());
       if (i >= span.num_tokens - in.num_logits) {
         logit_rows.push_back(span.row_begin + i);
-        row_argmax.push_back({std::min<int64_t>(in.argmax_vocab, config_.vocab_size), in.argmax_excluded});
+        row_argmax.push_back({std::min<int64_t>(in.argmax_vocab, config_.vocab_size), in.argmax_excluded, in.draw});
       }
     }
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
@@ -569,24 +569,37 @@ Logits Qwen35Model::download_logits(const Tensor& logits, const std::vector<Argm
     backend_.download(out.data.data(), logits);
     return out;
   }
-  // The argmax of every row in one pass (rows asking the same share it; a mixed batch, e.g. some
-  // rows still under min_tokens, takes one pass per distinct request), then the values of only the
-  // rows that need them.
+  // The argmax (or draw) of every row in one pass (rows asking with the same limit and exclusions
+  // share it: greedy rows one argmax, sampled rows one draw, each with its own parameters; a mixed
+  // batch, e.g. some rows still under min_tokens, takes a pass per distinct request), then the
+  // values of only the rows that need them.
   out.argmax.resize(static_cast<size_t>(out.rows));
-  const auto same = [](const ArgmaxWant& a, const ArgmaxWant& b) {
-    return a.vocab == b.vocab && std::equal(a.excluded.begin(), a.excluded.end(), b.excluded.begin(), b.excluded.end());
+  const auto drawn = [&](int64_t r) { return row_argmax[static_cast<size_t>(r)].draw.temperature > 0.0f; };
+  const auto same = [&](int64_t a, int64_t b) {
+    const ArgmaxWant &x = row_argmax[static_cast<size_t>(a)], &y = row_argmax[static_cast<size_t>(b)];
+    return x.vocab == y.vocab && drawn(a) == drawn(b) &&
+           std::equal(x.excluded.begin(), x.excluded.end(), y.excluded.begin(), y.excluded.end());
   };
   std::vector<bool> done(static_cast<size_t>(out.rows), false);
   for (int64_t r = 0; r < out.rows; ++r) {
     if (!wants_argmax(r) || done[static_cast<size_t>(r)]) continue;
     const ArgmaxWant& want = row_argmax[static_cast<size_t>(r)];
-    const std::vector<RowArgmax> a =
-        backend_.argmax(logits, want.vocab, std::vector<int32_t>(want.excluded.begin(), want.excluded.end()));
+    const std::vector<int32_t> excluded(want.excluded.begin(), want.excluded.end());
+    std::vector<int64_t> group;
     for (int64_t q = r; q < out.rows; ++q)
-      if (wants_argmax(q) && same(row_argmax[static_cast<size_t>(q)], want)) {
-        out.argmax[static_cast<size_t>(q)] = a[static_cast<size_t>(q)];
-        done[static_cast<size_t>(q)] = true;
-      }
+      if (wants_argmax(q) && same(q, r)) group.push_back(q);
+    std::vector<RowArgmax> a;
+    if (drawn(r)) {
+      std::vector<RowDraw> draws(static_cast<size_t>(out.rows));  // temperature 0: not drawn
+      for (int64_t q : group) draws[static_cast<size_t>(q)] = row_argmax[static_cast<size_t>(q)].draw;
+      a = backend_.draw(logits, want.vocab, excluded, draws);
+    } else {
+      a = backend_.argmax(logits, want.vocab, excluded);
+    }
+    for (int64_t q : group) {
+      out.argmax[static_cast<size_t>(q)] = a[static_cast<size_t>(q)];
+      done[static_cast<size_t>(q)] = true;
+    }
   }
   out.data_row.assign(static_cast<size_t>(out.rows), -1);
   out.data.resize(static_cast<size_t>(full * out.vocab));

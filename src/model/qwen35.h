@@ -99,10 +99,11 @@ class Qwen35Model {
  private:
   struct Layout;  // the batch as rows and spans, see qwen35.cpp
   struct DecodeGraph;  // one recorded decode step, see qwen35.cpp
-  // What a logits row needs back (ForwardSeq::argmax_vocab, argmax_excluded): vocab 0 = its values.
+  // What a logits row needs back (ForwardSeq::argmax_vocab, argmax_excluded, draw): vocab 0 = its values.
   struct ArgmaxWant {
     int64_t vocab = 0;
     std::span<const int32_t> excluded;
+    RowDraw draw;  // temperature > 0: a draw instead of the argmax
   };
 
   // The layers: tok [T] i32 -> h [T, H] f32, the final-normalised hidden rows.

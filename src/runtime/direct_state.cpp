@@ -97,6 +97,7 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     f.mm = in.mm;
     f.argmax_vocab = in.argmax_vocab;
     f.argmax_excluded = in.argmax_excluded;
+    f.draw = in.draw;
     f.rope_delta = in.state->rope_delta;
     fwd.push_back(f);
   }

@@ -31,6 +31,7 @@ struct SequenceInput {
   MultimodalPrompt* mm = nullptr;  // the prompt's images (model/multimodal.h), for its prefill chunks
   int64_t argmax_vocab = 0;        // ForwardSeq::argmax_vocab
   std::vector<int32_t> argmax_excluded;  // ForwardSeq::argmax_excluded
+  RowDraw draw;                          // ForwardSeq::draw
   // A verify chunk (next token + drafts; logits for every token; GDN state not advanced until
   // Qwen35Model::commit_speculative): ForwardSeq::speculative.
   bool speculative = false;

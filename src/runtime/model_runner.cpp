@@ -31,6 +31,7 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
       ForwardSeq f{c.gdn_slot, c.block_table, c.start_pos, c.tokens, c.num_logits};
       f.argmax_vocab = c.argmax_vocab;
       f.argmax_excluded = c.argmax_excluded;
+      f.draw = c.draw;
       f.speculative = c.speculative;
       chunk_row_.push_back(rows);
       rows += static_cast<int64_t>(c.tokens.size());

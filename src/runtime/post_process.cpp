@@ -194,17 +194,20 @@ void PostProcessor::mark_argmax_rows(StepPlan& plan) const {
     const EngineRequest& r = *c.seq->req;
     // Rows that report prompt logprobs need their values; row j of a verify chunk is drawn after j
     // more tokens.
-    // A verify chunk's rows share one argmax request: every row must mask the same columns.
+    // A verify chunk's rows share one request: argmaxes that mask the same columns (its sampled
+    // rows, each with its own uniform number, come back whole).
     bool decides = c.num_logits > 0 && r.prompt_logprobs < 0;
-    std::optional<std::vector<int32_t>> excluded;
+    std::optional<DeviceChoice> choice;
     for (int64_t j = 0; decides && j < (c.speculative ? c.num_logits : 1); ++j) {
-      std::optional<std::vector<int32_t>> row = argmax_exclusions(r.params, r.constraint != nullptr, c.seq->num_generated() + j);
-      decides = row.has_value() && (j == 0 || *row == *excluded);
-      excluded = std::move(row);
+      std::optional<DeviceChoice> row = device_choice(r.params, r.constraint != nullptr, c.seq->num_generated() + j);
+      decides = row.has_value() && (!c.speculative || (row->draw.temperature == 0.0f &&
+                                                       (j == 0 || row->excluded == choice->excluded)));
+      choice = std::move(row);
     }
     if (decides) {
       c.argmax_vocab = vocab;
-      c.argmax_excluded = std::move(*excluded);
+      c.argmax_excluded = std::move(choice->excluded);
+      c.draw = choice->draw;
     }
   }
 }

@@ -35,8 +35,8 @@ class PostProcessor {
   PostProcessor(int64_t vocab_size, int64_t max_model_len, EngineObserver* observer, int sampling_threads = 1)
       : vocab_size_(vocab_size), max_model_len_(max_model_len), observer_(observer), pool_(sampling_threads) {}
 
-  // Marks the chunks whose next token the argmax of their logits row decides (argmax_exclusions),
-  // with the columns it leaves out, so the runner brings back only that choice.
+  // Marks the chunks whose next token an argmax or a draw where the logits are decides
+  // (device_choice), so the runner brings back only that choice.
   void mark_argmax_rows(StepPlan& plan) const;
   // follow (speculative decoding, may be null): receives per chunk the tokens now in its state
   // and, for every sequence that takes drafts (Sequence::spec_tokens) and is still running, the

@@ -1,13 +1,12 @@
 #include "runtime/sampler.h"
 
-#include "backend/ops.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "core/check.h"
+#include "core/truncated_draw.h"
 
 namespace sparkserve {
 namespace {
@@ -110,20 +109,26 @@ void apply_logits_processors(std::span<float> logits, const SamplingParams& para
                   params.presence_penalty, prompt, output);
 }
 
-std::optional<std::vector<int32_t>> argmax_exclusions(const SamplingParams& p, bool constrained,
-                                                      int64_t num_generated) {
-  if (!p.greedy() || constrained || p.num_logprobs >= 0 || p.allowed_token_ids || !p.logit_bias.empty() ||
+std::optional<DeviceChoice> device_choice(const SamplingParams& p, bool constrained, int64_t num_generated) {
+  if (constrained || p.num_logprobs >= 0 || p.allowed_token_ids || !p.logit_bias.empty() ||
       p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
     return std::nullopt;
-  std::vector<int32_t> excluded;
+  DeviceChoice c;
   if (num_generated < p.min_tokens) {  // apply_logits_processors' mask, same ids
-    excluded = p.eos_token_ids;
-    excluded.insert(excluded.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
-    std::sort(excluded.begin(), excluded.end());
-    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
-    if (excluded.size() > kArgmaxMaxExcluded) return std::nullopt;  // the full row then
+    c.excluded = p.eos_token_ids;
+    c.excluded.insert(c.excluded.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+    std::sort(c.excluded.begin(), c.excluded.end());
+    c.excluded.erase(std::unique(c.excluded.begin(), c.excluded.end()), c.excluded.end());
+    if (c.excluded.size() > kArgmaxMaxExcluded) return std::nullopt;  // the full row then
   }
-  return excluded;
+  if (!p.greedy()) {
+    c.draw.temperature = p.temperature;
+    c.draw.top_k = p.top_k;
+    c.draw.top_p = p.top_p;
+    c.draw.min_p = p.min_p;
+    c.draw.u = uniform_for_step(p.seed, static_cast<uint64_t>(num_generated));
+  }
+  return c;
 }
 
 int32_t argmax_lowest(std::span<const float> logits) {
@@ -142,121 +147,6 @@ int32_t argmax_lowest(std::span<const float> logits) {
   return best;
 }
 
-namespace {
-
-struct Item {
-  float s;  // logit / temperature
-  int32_t id;
-};
-
-// The kept tokens in id order with their unnormalized weights exp(s - max s) and their sum.
-struct Truncation {
-  std::vector<Item> items;
-  std::vector<double> w;
-  double total = 0.0;
-};
-
-Truncation truncate(std::span<const float> logits, float temperature, int32_t top_k, float top_p,
-                    float min_p) {
-  Truncation t;
-  // Pass 1: the maximum scaled logit and how many tokens are possible at all.
-  float mx_f = kNegInf;
-  size_t finite = 0;
-  for (float l : logits) {
-    if (!(l > kNegInf)) continue;  // -inf and NaN
-    mx_f = std::max(mx_f, l / temperature);
-    ++finite;
-  }
-  if (finite == 0) return t;
-  const double mx = mx_f;
-  // top_k in logit space, as vLLM: keep every s >= the k-th largest s (ties kept). A size-k heap
-  // (worst kept on top) finds that value in one pass. min_p and top_k commute (each keeps an
-  // upper set of the same order), so both are applied in the collection pass below.
-  float floor_s = kNegInf;
-  if (top_k > 0 && static_cast<size_t>(top_k) < finite) {
-    std::vector<float> heap;
-    heap.reserve(static_cast<size_t>(top_k));
-    auto worse_on_top = std::greater<float>();
-    for (float l : logits) {
-      if (!(l > kNegInf)) continue;
-      float sc = l / temperature;
-      if (heap.size() < static_cast<size_t>(top_k)) {
-        heap.push_back(sc);
-        std::push_heap(heap.begin(), heap.end(), worse_on_top);
-      } else if (sc > heap.front()) {
-        std::pop_heap(heap.begin(), heap.end(), worse_on_top);
-        heap.back() = sc;
-        std::push_heap(heap.begin(), heap.end(), worse_on_top);
-      }
-    }
-    floor_s = heap.front();
-  }
-  // min_p: keep w = exp(s - max) = p / p_max >= min_p. Entries far below the cut are dropped
-  // without the exp (exp(d) < min_p * e^-1e-6 there, far beyond exp's rounding error).
-  const double min_p_cut = min_p > 0.0f ? std::log(static_cast<double>(min_p)) - 1e-6 : 0.0;
-  std::vector<Item>& items = t.items;
-  items.reserve(top_k > 0 ? std::min(finite, static_cast<size_t>(top_k) + 16) : finite);
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (!(logits[i] > kNegInf)) continue;
-    float sc = logits[i] / temperature;
-    if (sc < floor_s) continue;
-    if (min_p > 0.0f) {
-      double d = static_cast<double>(sc) - mx;
-      if (d < min_p_cut || std::exp(d) < static_cast<double>(min_p)) continue;
-    }
-    items.push_back({sc, static_cast<int32_t>(i)});
-  }
-  std::vector<double>& w = t.w;
-  w.resize(items.size());
-  double total = 0.0;
-  for (size_t i = 0; i < items.size(); ++i) total += w[i] = std::exp(static_cast<double>(items[i].s) - mx);
-  t.total = total;
-  if (top_p >= 1.0f) return t;
-
-  // top_p: the minimal prefix in (w desc, id asc) order whose mass reaches top_p * total. Tokens
-  // are bucketed by (max - s) in 1/16 nat steps (one order-preserving pass); whole buckets above
-  // the one where the mass crosses the target are kept, and only that bucket is sorted.
-  constexpr size_t kPerNat = 16, kBuckets = kPerNat * 64 + 1;  // the last bucket: w < e^-64
-  auto bucket = [&](size_t i) {
-    double d = mx - static_cast<double>(items[i].s);
-    return d >= 64.0 ? kBuckets - 1 : static_cast<size_t>(d * kPerNat);
-  };
-  std::vector<double> mass(kBuckets, 0.0);
-  for (size_t i = 0; i < items.size(); ++i) mass[bucket(i)] += w[i];
-  const double target = static_cast<double>(top_p) * total;
-  double cum = 0.0;
-  size_t cross = 0;
-  while (cross < kBuckets && cum + mass[cross] < target) cum += mass[cross++];
-  if (cross == kBuckets) return t;  // rounding kept the target out of reach: keep everything
-  std::vector<uint8_t> keep(items.size(), 0);
-  std::vector<size_t> head;
-  for (size_t i = 0; i < items.size(); ++i) {
-    size_t b = bucket(i);
-    if (b < cross) keep[i] = 1;
-    else if (b == cross) head.push_back(i);
-  }
-  std::sort(head.begin(), head.end(), [&](size_t a, size_t b) {
-    return w[a] > w[b] || (w[a] == w[b] && items[a].id < items[b].id);
-  });
-  for (size_t i : head) {
-    if (cum >= target) break;
-    cum += w[i];
-    keep[i] = 1;
-  }
-  size_t n = 0;
-  t.total = 0.0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (!keep[i]) continue;
-    items[n] = items[i];
-    w[n] = w[i];
-    t.total += w[n++];
-  }
-  items.resize(n);
-  w.resize(n);
-  return t;
-}
-
-}  // namespace
 
 std::vector<Candidate> truncated_distribution(std::span<const float> logits, float temperature,
                                               int32_t top_k, float top_p, float min_p) {
@@ -333,21 +223,10 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   if (params.greedy()) {
     result.token = argmax_lowest(work);
   } else {
-    Truncation t = truncate(work, params.temperature, params.top_k, params.top_p, params.min_p);
-    if (t.items.empty()) {
-      result.token = argmax_lowest(work);  // everything masked: nothing better to do
-    } else {
-      const double target = uniform_for_step(params.seed, output.size()) * t.total;
-      double cum = 0.0;
-      result.token = t.items.back().id;  // covers rounding when u is just below 1
-      for (size_t i = 0; i < t.items.size(); ++i) {
-        cum += t.w[i];
-        if (target < cum) {
-          result.token = t.items[i].id;
-          break;
-        }
-      }
-    }
+    const int32_t drawn = draw_truncated(work, params.temperature, params.top_k, params.top_p, params.min_p,
+                                         uniform_for_step(params.seed, output.size()));
+    // Everything masked: nothing better to do than the argmax.
+    result.token = drawn >= 0 ? drawn : argmax_lowest(work);
   }
 
   if (params.num_logprobs >= 0) {

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/ops.h"
 #include "runtime/sampling_params.h"
 
 namespace sparkserve {
@@ -70,13 +71,17 @@ void apply_penalties(std::span<float> logits, float repetition_penalty, float fr
 
 // Lowest index of the maximum (NaN never wins). logits: [vocab] f32.
 int32_t argmax_lowest(std::span<const float> logits);
-// Whether sample_token would take the argmax of the raw row for these params (greedy, no logits
-// processor that changes the row other than min_tokens' mask of the stop ids, no logprobs, no
-// constraint), so Backend::argmax where the logits are gives the same token: the columns the
-// argmax must leave out (the stop ids while fewer than min_tokens were generated; empty after),
-// or nullopt where it would not decide. num_generated: the sequence's output tokens so far.
-std::optional<std::vector<int32_t>> argmax_exclusions(const SamplingParams& params, bool constrained,
-                                                      int64_t num_generated);
+// What a backend must do where the logits are to pick the token sample_token would pick: an argmax
+// (draw.temperature 0) or a draw (Backend::draw with the step's uniform number), leaving out
+// `excluded` (the stop ids while fewer than min_tokens were generated, min_tokens' mask; empty
+// after). nullopt when another logits processor changes the row (penalties, bias, allowed ids, a
+// constraint) or logprobs are wanted: then the whole row comes back. num_generated: the sequence's
+// output tokens so far.
+struct DeviceChoice {
+  std::vector<int32_t> excluded;
+  RowDraw draw;
+};
+std::optional<DeviceChoice> device_choice(const SamplingParams& params, bool constrained, int64_t num_generated);
 
 struct Candidate {
   int32_t token;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "runtime/request.h"
 
 namespace sparkserve {
@@ -41,6 +42,7 @@ struct ScheduledChunk {
   int64_t num_logits = 0;  // rows wanted for the last num_logits tokens (1: sample after this chunk)
   int64_t argmax_vocab = 0;  // > 0: only the greedy choice over these columns is needed (ForwardSeq)
   std::vector<int32_t> argmax_excluded;  // with argmax_vocab: columns out of play (ForwardSeq)
+  RowDraw draw;  // with argmax_vocab: a draw instead of the argmax when draw.temperature > 0 (ForwardSeq)
   bool speculative = false;  // a verify chunk: tokens = next token + drafts, its GDN state not advanced
 };
 

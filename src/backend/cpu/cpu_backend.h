@@ -36,6 +36,8 @@ class CpuBackend final : public Backend {
   void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
   void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) override;
   std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) override;
+  std::vector<RowArgmax> draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
+                              const std::vector<RowDraw>& rows) override;
 
   void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;
   void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) override;

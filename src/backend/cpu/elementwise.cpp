@@ -1,10 +1,11 @@
-// Embedding lookup, elementwise activations and gates, row gathers, argmax.
+// Embedding lookup, elementwise activations and gates, row gathers, argmax and draws.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "core/truncated_draw.h"
 
 namespace sparkserve {
 
@@ -86,6 +87,31 @@ std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab, c
         a.id = static_cast<int32_t>(i);
         found = true;
       }
+    }
+  }
+  return out;
+}
+
+std::vector<RowArgmax> CpuBackend::draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
+                                        const std::vector<RowDraw>& rows) {
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  CHECK(vocab >= 1 && vocab <= V && excluded.size() <= kArgmaxMaxExcluded && static_cast<int64_t>(rows.size()) == R);
+  std::vector<RowArgmax> out(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const RowDraw& p = rows[static_cast<size_t>(r)];
+    if (!(p.temperature > 0.0f)) continue;
+    const float* row = logits.ptr<const float>() + r * V;
+    RowArgmax& a = out[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < vocab && a.nonfinite < 0; ++i)
+      if (std::isnan(row[i]) || row[i] == std::numeric_limits<float>::infinity()) a.nonfinite = static_cast<int32_t>(i);
+    if (a.nonfinite >= 0) continue;
+    std::vector<float> work(row, row + vocab);
+    for (int32_t id : excluded)
+      if (id >= 0 && id < vocab) work[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    a.id = draw_truncated(work, p.temperature, p.top_k, p.top_p, p.min_p, p.u);
+    if (a.id < 0) {  // no possible token: the lowest column not excluded
+      a.id = 0;
+      while (a.id + 1 < vocab && std::find(excluded.begin(), excluded.end(), a.id) != excluded.end()) ++a.id;
     }
   }
   return out;

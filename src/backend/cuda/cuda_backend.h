@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   void attention_segments(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                           const std::vector<int64_t>& segment_lengths, float scale) override;
   std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) override;
+  std::vector<RowArgmax> draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
+                              const std::vector<RowDraw>& rows) override;
 
   void split_query_gate(const Tensor& q, const Tensor& gate, const Tensor& qg) override;
   void rope(const Tensor& x, const Tensor& positions, int64_t rotary_dim, double theta) override;

@@ -373,6 +373,48 @@ TEST(Engine, TinyModelMinTokensArgmaxPathEqualsTheFullRowPath) {
   EXPECT_EQ(masked, run(stops, true));
 }
 
+// A sampled row (temperature, top_k, top_p, min_p and a seed) is drawn where the logits are
+// (Backend::draw, device_choice) from the step's uniform number: the same tokens as the host
+// sampler's draw from the whole row, which a no-op logit bias forces, with and without min_tokens.
+TEST(Engine, TinyModelSampledRowsDrawnByTheBackendEqualTheHostDraws) {
+  auto backend = make_cpu_backend(2);
+  auto model = load_qwen35(kTiny, *backend);
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto run = [&](bool full_row, float top_p, int64_t min_tokens) {
+    StateLimits lim{4, 64, 16};
+    ModelState state(*backend, (*model)->config(), lim);
+    Qwen35Runner runner(**model, state);
+    EngineConfig ec;
+    ec.vocab_size = (*model)->config().vocab_size;
+    Engine engine(runner, ec);
+    std::vector<std::shared_ptr<EngineRequest>> rs;
+    for (uint64_t seed : {11u, 12u, 13u}) {
+      auto r = greedy_request({1, 17, 300, 42, 999, 5, 5, 77}, 12);
+      r->params.temperature = 1.3f;
+      r->params.top_k = 40;
+      r->params.top_p = top_p;
+      r->params.min_p = 0.001f;
+      r->params.seed = seed;
+      r->params.ignore_eos = true;
+      r->params.min_tokens = min_tokens;
+      r->params.stop_token_ids = {7};
+      if (full_row) r->params.logit_bias = {{0, 0.0f}};
+      engine.submit(r);
+      rs.push_back(r);
+    }
+    while (engine.step()) {}
+    std::vector<std::vector<int32_t>> outs;
+    for (auto& r : rs) outs.push_back(collect(*r).tokens);
+    return outs;
+  };
+  for (float top_p : {1.0f, 0.9f})
+    for (int64_t min_tokens : {0, 5}) {
+      const auto device = run(false, top_p, min_tokens);
+      EXPECT_EQ(device, run(true, top_p, min_tokens)) << top_p << " " << min_tokens;
+      EXPECT_NE(device[0], device[1]);  // the seeds matter: these are draws, not an argmax
+    }
+}
+
 // Warm-up runs prompts of 1, 2, 4, ... tokens up to the step budget on a private engine, leaving
 // garbage in the runner's KV and state pools: an engine made afterwards must produce the same
 // greedy tokens as one on a fresh runner (nothing of the warm-up may leak into real requests).

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "core/truncated_draw.h"
 #include "runtime/sampler.h"
 
 namespace sparkserve {
@@ -156,9 +157,10 @@ TEST(Processors, MinTokensMasksEosAndStopIdsUntilReached) {
   EXPECT_EQ(sample_token(logits, p, {}, hist).token, 2);
 }
 
-// The argmax a backend takes where the logits are stands for sample_token exactly when nothing but
-// min_tokens' mask changes the row: the same ids are left out, and the same token results.
-TEST(Processors, ArgmaxExclusionsAreWhatSampleTokenMasks) {
+// What a backend decides where the logits are stands for sample_token exactly when nothing but
+// min_tokens' mask changes the row: the same ids are left out, and the same token results; sampled
+// rows carry their parameters and the step's uniform number.
+TEST(Processors, DeviceChoiceIsWhatSampleTokenDoes) {
   std::vector<float> logits = {0.0f, 0.0f, 10.0f, 9.0f, 1.0f};
   SamplingParams p;
   p.temperature = 0.0f;
@@ -166,25 +168,45 @@ TEST(Processors, ArgmaxExclusionsAreWhatSampleTokenMasks) {
   p.stop_token_ids = {3, 2};
   p.min_tokens = 3;
   for (int64_t n : {0, 2, 3}) {
-    std::optional<std::vector<int32_t>> ex = argmax_exclusions(p, /*constrained=*/false, n);
-    ASSERT_TRUE(ex.has_value());
-    EXPECT_EQ(*ex, n < 3 ? std::vector<int32_t>({2, 3}) : std::vector<int32_t>{});
+    std::optional<DeviceChoice> c = device_choice(p, /*constrained=*/false, n);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->draw.temperature, 0.0f);
+    EXPECT_EQ(c->excluded, n < 3 ? std::vector<int32_t>({2, 3}) : std::vector<int32_t>{});
     std::vector<float> masked = logits;
-    for (int32_t id : *ex) masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    for (int32_t id : c->excluded) masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
     std::vector<int32_t> hist(static_cast<size_t>(n), 4);
     EXPECT_EQ(argmax_lowest(masked), sample_token(logits, p, {}, hist).token) << n;
   }
-  EXPECT_FALSE(argmax_exclusions(p, /*constrained=*/true, 0));
+  EXPECT_FALSE(device_choice(p, /*constrained=*/true, 0));
   SamplingParams biased = p;
   biased.logit_bias = {{0, 0.0f}};
-  EXPECT_FALSE(argmax_exclusions(biased, false, 5));
+  EXPECT_FALSE(device_choice(biased, false, 5));
+  SamplingParams logprobs = p;
+  logprobs.num_logprobs = 0;
+  EXPECT_FALSE(device_choice(logprobs, false, 5));
+  SamplingParams many = p;  // more stop ids than a backend takes: the full row
+  for (int32_t i = 0; i < 100; ++i) many.stop_token_ids.push_back(100 + i);
+  EXPECT_FALSE(device_choice(many, false, 0));
+  EXPECT_TRUE(device_choice(many, false, 3));
   SamplingParams sampled = p;
   sampled.temperature = 0.7f;
-  EXPECT_FALSE(argmax_exclusions(sampled, false, 5));
-  SamplingParams many = p;  // more stop ids than a backend argmax takes: the full row
-  for (int32_t i = 0; i < 100; ++i) many.stop_token_ids.push_back(100 + i);
-  EXPECT_FALSE(argmax_exclusions(many, false, 0));
-  EXPECT_TRUE(argmax_exclusions(many, false, 3));
+  sampled.top_k = 3;
+  sampled.top_p = 0.9f;
+  sampled.min_p = 0.01f;
+  sampled.seed = 99;
+  for (int64_t n : {0, 4}) {
+    std::optional<DeviceChoice> c = device_choice(sampled, false, n);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->draw.temperature, 0.7f);
+    EXPECT_EQ(c->draw.top_k, 3);
+    EXPECT_EQ(c->draw.top_p, 0.9f);
+    EXPECT_EQ(c->draw.min_p, 0.01f);
+    EXPECT_EQ(c->draw.u, uniform_for_step(99, static_cast<uint64_t>(n)));
+    std::vector<float> masked = logits;
+    for (int32_t id : c->excluded) masked[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    std::vector<int32_t> hist(static_cast<size_t>(n), 4);
+    EXPECT_EQ(draw_truncated(masked, 0.7f, 3, 0.9f, 0.01f, c->draw.u), sample_token(logits, sampled, {}, hist).token);
+  }
 }
 
 TEST(Processors, AllowedTokenIdsRestrictTheDraws) {

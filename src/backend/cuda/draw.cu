@@ -1,0 +1,293 @@
+// Backend::draw: the sampler's random draw (core/truncated_draw.h) where the logits are, so a sampled
+// row comes back as one id instead of 248,320 floats.
+//
+// One block per row, each thread owning a contiguous run of columns, so that every pass visits the
+// row in id order (thread by thread, then within a thread) as the host's inverse-CDF walk does. The
+// host sorts for top_k (a heap) and top_p (1/16-nat buckets, then a sort of the crossing bucket);
+// here both are MSB-first radix selects over an order-preserving 32-bit key of s = logit /
+// temperature: top_k finds the k-th largest s (every s >= it kept, ties included), top_p the s
+// where the mass of the larger ones reaches top_p * total, then keeps the fewest tokens of that s,
+// lowest ids first, that reach it — the host's (w desc, id asc) prefix. Weights exp(s - max) and
+// all sums are doubles, as on the host; only summation order and exp's last bit differ.
+#include <cfloat>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kDrawThreads = 1024;
+constexpr int kDrawWarps = kDrawThreads / 32;
+
+// Order-preserving map of a non-NaN float (-0 as +0, as the host's comparisons treat them).
+__device__ __forceinline__ uint32_t order_key(float s) {
+  uint32_t b = __float_as_uint(s == 0.0f ? 0.0f : s);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Block-wide reductions / scan over kDrawThreads threads; `tmp` is shared scratch of kDrawWarps
+// entries, reused after a barrier.
+template <class T, class Op>
+__device__ T block_reduce(T v, T* tmp, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) tmp[w] = v;
+  __syncthreads();
+  v = tmp[0];
+  for (int i = 1; i < kDrawWarps; ++i) v = op(v, tmp[i]);
+  return v;
+}
+
+// Exclusive prefix sum in thread order.
+template <class T>
+__device__ T block_exclusive_scan(T v, T* tmp) {
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const T n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  __syncthreads();
+  if (lane == 31) tmp[w] = inc;
+  __syncthreads();
+  T base = 0;
+  for (int i = 0; i < w; ++i) base += tmp[i];
+  return base + inc - v;
+}
+
+__global__ void __launch_bounds__(kDrawThreads) draw_kernel(RowArgmax* out, const float* logits, int64_t V,
+                                                             int64_t vocab, const int32_t* excluded, int num_excluded,
+                                                             const RowDraw* rows) {
+  const RowDraw p = rows[blockIdx.x];
+  if (!(p.temperature > 0.0f)) return;
+  const float* row = logits + blockIdx.x * V;
+  __shared__ int32_t ex[kArgmaxMaxExcluded];
+  __shared__ double dtmp[kDrawWarps];
+  __shared__ float ftmp[kDrawWarps];
+  __shared__ long long itmp[kDrawWarps];
+  __shared__ uint32_t hist[256];
+  __shared__ double mass[256];
+  __shared__ uint32_t chosen_digit;
+  __shared__ int crossed;
+  for (int j = threadIdx.x; j < num_excluded; j += blockDim.x) ex[j] = excluded[j];
+  __syncthreads();
+
+  const int64_t seg = (vocab + kDrawThreads - 1) / kDrawThreads;
+  const int64_t lo = min(vocab, threadIdx.x * seg), hi = min(vocab, lo + seg);
+  const auto is_excluded = [&](int64_t i) {
+    bool e = false;
+    for (int j = 0; j < num_excluded; ++j) e = e || ex[j] == static_cast<int32_t>(i);
+    return e;
+  };
+  // A possible token: finite (the row holds no NaN / +Inf past the first pass) and not excluded.
+  const auto possible = [&](int64_t i, float v) { return v > -INFINITY && !is_excluded(i); };
+
+  // Pass 1: first NaN / +Inf, max s, number of possible tokens.
+  int bad = INT_MAX;
+  float mx_f = -INFINITY;
+  long long finite = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const float v = row[i];
+    if (isnan(v) || v == INFINITY) {
+      bad = min(bad, static_cast<int>(i));
+      continue;
+    }
+    if (possible(i, v)) {
+      mx_f = fmaxf(mx_f, v / p.temperature);
+      ++finite;
+    }
+  }
+  bad = block_reduce(bad, reinterpret_cast<int*>(itmp), [](int a, int b) { return min(a, b); });
+  mx_f = block_reduce(mx_f, ftmp, [](float a, float b) { return fmaxf(a, b); });
+  finite = block_reduce(finite, itmp, [](long long a, long long b) { return a + b; });
+  if (bad != INT_MAX || finite == 0) {
+    if (threadIdx.x == 0) {
+      RowArgmax r;
+      r.nonfinite = bad != INT_MAX ? bad : -1;
+      r.id = 0;
+      if (bad == INT_MAX)  // no possible token: the lowest column not excluded
+        while (r.id + 1 < vocab && is_excluded(r.id)) ++r.id;
+      out[blockIdx.x] = r;
+    }
+    return;
+  }
+  const double mx = mx_f;
+
+  // min_p: w = exp(s - max) >= min_p; far below the cut, no exp (as the host). top_k: s >= the
+  // k-th largest (floor_key, set below; 0 keeps all).
+  uint32_t floor_key = 0;
+  const double min_p_cut = p.min_p > 0.0f ? log(static_cast<double>(p.min_p)) - 1e-6 : 0.0;
+  const auto weight = [&](int64_t i, double& w) {  // the token's weight, false when not kept
+    const float v = row[i];
+    if (!possible(i, v)) return false;
+    const float s = v / p.temperature;
+    if (order_key(s) < floor_key) return false;
+    const double d = static_cast<double>(s) - mx;
+    if (p.min_p > 0.0f && (d < min_p_cut || exp(d) < static_cast<double>(p.min_p))) return false;
+    w = exp(d);
+    return true;
+  };
+
+  // MSB-first radix select, 8 bits per round: by count over the possible tokens (top_k: the key
+  // whose count of keys at or above it reaches `want`), or by mass over the kept ones (top_p: where
+  // their weights reach `want`). Keys outside the prefix selected so far do not count. `above`
+  // (the count or mass strictly above the result) is valid on thread 0 only.
+  const auto select = [&](bool by_mass, double want, double& above) -> uint32_t {
+    uint32_t prefix = 0, mask = 0;
+    above = 0.0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+        hist[d] = 0;
+        mass[d] = 0.0;
+      }
+      __syncthreads();
+      for (int64_t i = lo; i < hi; ++i) {
+        const float v = row[i];
+        double w = 0.0;
+        if (by_mass ? !weight(i, w) : !possible(i, v)) continue;
+        const uint32_t k = order_key(v / p.temperature);
+        if ((k & mask) != prefix) continue;
+        const uint32_t d = (k >> shift) & 255u;
+        if (by_mass) atomicAdd(&mass[d], w);
+        else atomicAdd(&hist[d], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int d = 255;
+        for (; d >= 0; --d) {
+          const double here = by_mass ? mass[d] : static_cast<double>(hist[d]);
+          if (above + here >= want) break;
+          above += here;
+        }
+        crossed = d >= 0;
+        chosen_digit = d >= 0 ? static_cast<uint32_t>(d) : 0u;
+      }
+      __syncthreads();
+      if (!crossed) return 0;  // rounding kept `want` out of reach: select nothing
+      prefix |= chosen_digit << shift;
+      mask |= 255u << shift;
+      __syncthreads();  // every thread has read chosen_digit before the next round resets the histograms
+    }
+    return prefix;
+  };
+
+  if (p.top_k > 0 && p.top_k < finite) {
+    double unused;
+    floor_key = select(false, static_cast<double>(p.top_k), unused);
+  }
+  double total = 0.0;
+  for (int64_t i = lo; i < hi; ++i) {
+    double w;
+    if (weight(i, w)) total += w;
+  }
+  total = block_reduce(total, dtmp, [](double a, double b) { return a + b; });
+
+  // top_p: keys above `cut` all, and the first `ties` tokens (id order) whose key equals it.
+  uint32_t cut = 0;
+  long long ties = LLONG_MAX, tie_base = 0;
+  if (p.top_p < 1.0f) {
+    const double target = static_cast<double>(p.top_p) * total;
+    double above = 0.0;
+    const uint32_t k = select(true, target, above);
+    if (crossed) {
+      cut = k;
+      const double wk = exp(static_cast<double>(key_value(k)) - mx);
+      long long m = 0;
+      if (threadIdx.x == 0) {
+        double c = above;
+        while (c < target) {
+          c += wk;
+          ++m;
+        }
+        itmp[0] = m;
+      }
+      __syncthreads();
+      ties = itmp[0];
+      __syncthreads();
+      long long mine = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        double w;
+        if (weight(i, w) && order_key(row[i] / p.temperature) == cut) ++mine;
+      }
+      tie_base = block_exclusive_scan(mine, itmp);
+    }
+  }
+  // The kept set's weights in id order: this thread's run, then the draw.
+  const auto kept = [&](int64_t i, long long& tie_rank, double& w) {
+    if (!weight(i, w)) return false;
+    if (cut == 0) return true;
+    const uint32_t k = order_key(row[i] / p.temperature);
+    if (k > cut) return true;
+    if (k < cut) return false;
+    return tie_rank++ < ties;
+  };
+  double mine = 0.0;
+  int last = -1;
+  {
+    long long r = tie_base;
+    for (int64_t i = lo; i < hi; ++i) {
+      double w;
+      if (kept(i, r, w)) {
+        mine += w;
+        last = static_cast<int>(i);
+      }
+    }
+  }
+  const double kept_total = block_reduce(mine, dtmp, [](double a, double b) { return a + b; });
+  last = block_reduce(last, reinterpret_cast<int*>(itmp), [](int a, int b) { return max(a, b); });
+  const double before = block_exclusive_scan(mine, dtmp);
+  const double target = p.u * kept_total;
+  __shared__ int found;
+  if (threadIdx.x == 0) found = INT_MAX;
+  __syncthreads();
+  if (before <= target && target < before + mine) {
+    long long r = tie_base;
+    double cum = before;
+    for (int64_t i = lo; i < hi; ++i) {
+      double w;
+      if (!kept(i, r, w)) continue;
+      cum += w;
+      if (target < cum) {
+        atomicMin(&found, static_cast<int>(i));
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    RowArgmax r;
+    r.id = found != INT_MAX ? found : last;  // rounding left the target past the end: the last kept
+    r.nonfinite = -1;
+    out[blockIdx.x] = r;
+  }
+}
+
+}  // namespace
+
+std::vector<RowArgmax> CudaBackend::draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
+                                         const std::vector<RowDraw>& rows) {
+  const int64_t R = logits.dim(0), V = logits.dim(1);
+  CHECK(vocab >= 1 && vocab <= V && vocab < INT_MAX && excluded.size() <= kArgmaxMaxExcluded &&
+        static_cast<int64_t>(rows.size()) == R);
+  std::vector<RowArgmax> out(static_cast<size_t>(R));
+  if (R == 0) return out;
+  Scratch dev(this, out.size() * sizeof(RowArgmax));
+  Scratch ex = excluded.empty() ? Scratch(this, sizeof(int32_t))
+                                : upload_scratch(excluded.data(), excluded.size() * sizeof(int32_t));
+  Scratch params = upload_scratch(rows.data(), rows.size() * sizeof(RowDraw));
+  draw_kernel<<<static_cast<unsigned>(R), kDrawThreads, 0, stream_>>>(
+      dev.as<RowArgmax>(), logits.ptr<const float>(), V, vocab, ex.as<const int32_t>(),
+      static_cast<int>(excluded.size()), params.as<const RowDraw>());
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaMemcpyAsync(out.data(), dev.ptr, out.size() * sizeof(RowArgmax), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t r = 0; r < out.size(); ++r)
+    if (!(rows[r].temperature > 0.0f)) out[r] = RowArgmax{};
+  return out;
+}
+
+}  // namespace sparkserve
