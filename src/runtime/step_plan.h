@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/forward_batch.h"
 #include "runtime/request.h"
 
 namespace sparkserve {
@@ -42,6 +43,9 @@ struct ScheduledChunk {
   int64_t argmax_vocab = 0;  // > 0: only the greedy choice over these columns is needed (ForwardSeq)
   std::vector<int32_t> argmax_excluded;  // with argmax_vocab: columns out of play (ForwardSeq)
   bool speculative = false;  // a verify chunk: tokens = next token + drafts, its GDN state not advanced
+  // Prefix-cache snapshots taken inside the forward: the state after the chunk's first `tokens`
+  // tokens goes to a snapshot row (ascending; never in a verify chunk).
+  std::vector<GdnStateSave> saves;
 };
 
 // A request the scheduler ended without running it further (cancelled, impossible to serve).
@@ -56,14 +60,13 @@ struct EndedRequest {
 struct StepPlan {
   std::vector<StateOp> before;          // run before the forward
   std::vector<ScheduledChunk> chunks;   // the forward's batch (may be empty: state ops only)
-  std::vector<StateOp> after;           // run after the forward (snapshots of chunk-end states)
   std::vector<EndedRequest> ended;
   int64_t num_tokens() const {
     int64_t n = 0;
     for (const auto& c : chunks) n += static_cast<int64_t>(c.tokens.size());
     return n;
   }
-  bool empty() const { return before.empty() && chunks.empty() && after.empty() && ended.empty(); }
+  bool empty() const { return before.empty() && chunks.empty() && ended.empty(); }
 };
 
 // What follows a step's post-processing when speculative decoding is on (Engine::step -> runner).
