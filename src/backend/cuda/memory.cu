@@ -165,8 +165,10 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
       c.last_use = use_clock_;
       return c.layout;
     }
-  // Replace the least recently used of a few entries (a forward uses up to three layouts).
-  constexpr size_t kCacheEntries = 4;
+  // Replace the least recently used of a few entries: a forward uses up to four layouts (all spans,
+  // stateful, prefill, decode), three more per round of in-forward state saves, and every layer
+  // asks for them again.
+  constexpr size_t kCacheEntries = 8;
   CachedLayout* slot = nullptr;
   if (layouts_.size() < kCacheEntries) {
     layouts_.emplace_back();
