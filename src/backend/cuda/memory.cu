@@ -165,9 +165,9 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
       c.last_use = use_clock_;
       return c.layout;
     }
-  // Replace the least recently used of a few entries: a forward uses up to four layouts (all spans,
-  // stateful, prefill, decode), three more per round of in-forward state saves, and every layer
-  // asks for them again.
+  // Replace the least recently used of a few entries: every layer of a forward asks again for its
+  // layouts (all spans, stateful, prefill, decode, verify), and each round of in-forward state saves
+  // adds up to three.
   constexpr size_t kCacheEntries = 8;
   CachedLayout* slot = nullptr;
   if (layouts_.size() < kCacheEntries) {
