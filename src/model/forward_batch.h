@@ -16,6 +16,15 @@ namespace sparkserve {
 
 struct MultimodalPrompt;  // model/multimodal.h
 
+// A copy of one sequence's GDN state taken inside a forward: once the first `tokens` of its new
+// tokens are folded in, every GDN layer's conv and recurrent rows of its slot are copied to pool row
+// `row` (a prefix-cache snapshot row: one forward both runs a prompt chunk and saves the states at
+// positions inside it).
+struct GdnStateSave {
+  int64_t tokens = 0;  // 0 < tokens <= the chunk's tokens
+  int32_t row = -1;    // >= StatePools::num_slots
+};
+
 // One sequence's part of a forward batch: `tokens` continue the sequence at position start_pos.
 struct ForwardSeq {
   int32_t gdn_slot = -1;                   // row of the GDN state pools holding its state
@@ -46,6 +55,8 @@ struct ForwardSeq {
   // advance it by the accepted prefix afterwards. Keys and values are written as for any span; those
   // past the accepted prefix are rewritten by later steps.
   bool speculative = false;
+  // State saves inside this span, ascending by `tokens` (none for a speculative span).
+  std::span<const GdnStateSave> saves{};
 };
 
 // What a forward keeps for speculative decoding (Qwen35Model::forward's optional output): the inputs of
@@ -81,7 +92,7 @@ struct Logits {
 //   conv[i]:      GDN layer i's conv state [rows, conv_dim, K-1]
 //   recurrent[i]: GDN layer i's recurrent state [rows, Hv, dk, dv]
 // Rows [0, num_slots) of the GDN pools are the state of running sequences; an owner may keep more
-// rows after them (e.g. prefix-cache snapshots) that no forward touches.
+// rows after them (e.g. prefix-cache snapshots) that a forward writes only as a span's saves.
 struct StatePools {
   int64_t block_size = 0;
   int64_t num_slots = 0;

@@ -144,14 +144,33 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
       layout.verify_tmp.seqs.push_back(tmp);
       for (int64_t i = 0; i < span.num_tokens; ++i) layout.verify_rows.push_back(span.row_begin + i);
     } else {
-      (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
-      layout.stateful.seqs.push_back(span);
+      // Its parts between saves (Layout::save_rounds); several tokens take the chunked GDN form,
+      // one the recurrent form, as a chunk of that size would.
+      int64_t from = 0;
+      for (size_t r = 0; r <= in.saves.size(); ++r) {
+        const int64_t to = r < in.saves.size() ? in.saves[r].tokens : span.num_tokens;
+        if (r > 0 && layout.save_rounds.size() < r) layout.save_rounds.resize(r);
+        GdnSaveRound* round = r > 0 ? &layout.save_rounds[r - 1] : nullptr;
+        if (round) round->saves.emplace_back(span.gdn_slot, in.saves[r - 1].row);
+        if (to == from) continue;
+        SeqSpan part = span;
+        part.row_begin += from;
+        part.start_pos += from;
+        part.num_tokens = to - from;
+        BatchLayout& chunked = round ? round->prefill : layout.prefill;
+        BatchLayout& recurrent = round ? round->decode : layout.decode;
+        (part.num_tokens > 1 ? chunked : recurrent).seqs.push_back(part);
+        (round ? round->stateful : layout.stateful).seqs.push_back(part);
+        from = to;
+      }
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size());
   for (BatchLayout* b : {&layout.all, &layout.prefill, &layout.decode, &layout.stateful, &layout.verify,
                          &layout.verify_tmp})
     b->total_rows = T;
+  for (GdnSaveRound& r : layout.save_rounds)
+    for (BatchLayout* b : {&r.stateful, &r.prefill, &r.decode}) b->total_rows = T;
 }
 
 void Qwen35Model::upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3) {
@@ -165,6 +184,31 @@ void Qwen35Model::upload_positions(Layout& layout, const std::vector<int32_t>& p
     backend_.upload(layout.positions3, pos3.data());
   }
 }
+
+namespace {
+
+// A span's state saves (ForwardSeq::saves) are well formed: inside the span, ascending, into
+// distinct rows past the live slots.
+Status check_saves(const ForwardSeq& in, const StatePools& state, const std::string& who) {
+  if (in.saves.empty()) return Status::Ok();
+  if (in.speculative) return make_error(who + " is speculative and saves its state");
+  const int64_t rows = state.conv.empty() ? 0 : state.conv[0].dim(0);
+  int64_t prev = 0;
+  for (const GdnStateSave& v : in.saves) {
+    if (v.tokens <= prev || v.tokens > static_cast<int64_t>(in.tokens.size()))
+      return make_error(who + " saves its state after " + std::to_string(v.tokens) + " of " +
+                        std::to_string(in.tokens.size()) + " tokens (saves must ascend, each after a new token)");
+    if (v.row < state.num_slots || v.row >= rows)
+      return make_error(who + " saves its state into row " + std::to_string(v.row) + ", not a row in [" +
+                        std::to_string(state.num_slots) + ", " + std::to_string(rows) + ")");
+    for (const GdnStateSave& u : in.saves)
+      if (&u != &v && u.row == v.row) return make_error(who + " saves twice into row " + std::to_string(v.row));
+    prev = v.tokens;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const StatePools& state,
                                       SpecCapture* capture) {
@@ -192,14 +236,20 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
       if (id < 0 || id >= c.vocab_size)
         return make_error("token id " + std::to_string(id) + " is out of range [0, " +
                           std::to_string(c.vocab_size) + ")");
+    SS_RETURN_IF_ERROR(check_saves(in, state, "sequence " + std::to_string(s)));
     T += static_cast<int64_t>(in.tokens.size());
     if (in.mm) SS_RETURN_IF_ERROR(encode_images(*in.mm));
   }
   if (T == 0) return make_error("empty batch");
   for (size_t s = 0; s < batch.size(); ++s)
-    for (size_t r = 0; r < s; ++r)
+    for (size_t r = 0; r < s; ++r) {
       if (batch[s].gdn_slot == batch[r].gdn_slot)
         return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " share one state");
+      for (const GdnStateSave& a : batch[s].saves)
+        for (const GdnStateSave& b : batch[r].saves)
+          if (a.row == b.row)
+            return make_error("sequences " + std::to_string(r) + " and " + std::to_string(s) + " save into one row");
+    }
 
   Layout layout;
   std::vector<int32_t> ids, pos, pos3;
@@ -208,7 +258,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
   make_layout(batch, /*with_images=*/true, layout, ids, pos, pos3, logit_rows, row_argmax);
   bool decode_only = true;
   for (const ForwardSeq& in : batch)
-    decode_only = decode_only && in.tokens.size() == 1 && in.num_logits == 1 && !in.speculative;
+    decode_only = decode_only && in.tokens.size() == 1 && in.num_logits == 1 && !in.speculative && in.saves.empty();
 
   if (decode_only && !capture && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
     std::optional<Logits> out = forward_recorded(layout, ids, pos, state, row_argmax);
@@ -404,7 +454,7 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const Tensor& rec = state.recurrent[static_cast<size_t>(gdn_index)];
   const Tensor& conv = state.conv[static_cast<size_t>(gdn_index)];
   Buffer normed = buffer({T, Hv * dv});
-  if (fused_ && layout.prefill.seqs.empty() && layout.verify.seqs.empty()) {
+  if (fused_ && layout.prefill.seqs.empty() && layout.verify.seqs.empty() && layout.save_rounds.empty()) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
                              config_.rms_norm_eps, conv, rec, layout.decode, dims);
@@ -422,6 +472,7 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   Buffer core = buffer({T, Hv, dv});
   if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
   if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
+  for (const GdnSaveRound& r : layout.save_rounds) gdn_save_round(qkv, core, mixed, g, beta, w.conv, conv, rec, r);
   if (!layout.verify.seqs.empty()) {
     gdn_verify(qkv, core, mixed, g, beta, w, conv, rec, layout);
     // What commit_speculative replays once the accepted prefix is known.
@@ -434,6 +485,19 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
   backend_.linear(out, normed, w.out_proj);
+}
+
+void Qwen35Model::gdn_save_round(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
+                                 const Tensor& beta, const Tensor& conv_weight, const Tensor& conv_pool,
+                                 const Tensor& rec_pool, const GdnSaveRound& round) {
+  for (const auto& [slot, row] : round.saves) {
+    backend_.copy(conv_pool.rows(row, 1), conv_pool.rows(slot, 1));
+    backend_.copy(rec_pool.rows(row, 1), rec_pool.rows(slot, 1));
+  }
+  const GdnDims dims = gdn_dims(config_);
+  if (!round.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, conv_weight, conv_pool, round.stateful);
+  if (!round.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec_pool, round.prefill, dims);
+  if (!round.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec_pool, round.decode, dims);
 }
 
 void Qwen35Model::gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,

@@ -23,6 +23,8 @@ namespace sparkserve {
 GdnDims gdn_dims(const ModelConfig& c);
 int count_layers(const ModelConfig& c, LayerType type);
 
+struct GdnSaveRound;  // model/qwen35_layout.h
+
 class Qwen35Model {
  public:
   Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights);
@@ -122,6 +124,12 @@ class Qwen35Model {
   // pool: this layer's paged KV pool [num_blocks, block_size, kvh, hd].
   void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, const Layout& layout,
                        const KvPool& pool, int64_t block_size);
+  // One round of in-forward state saves (GdnSaveRound): the copies, then the round's conv and
+  // delta rule. Tensors as gdn_layer's: qkv [T, conv_dim], core [T, Hv, dv], mixed [T, conv_dim],
+  // g, beta [T, Hv] f32; conv_weight [conv_dim, K]; the layer's conv and recurrent state pools.
+  void gdn_save_round(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
+                      const Tensor& beta, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& rec_pool,
+                      const GdnSaveRound& round);
   // The GDN state ops of the speculative spans: conv and delta rule over copies of their state rows.
   // mixed: [T, conv_dim], g, beta: [T, Hv] -> qkv: [T, conv_dim], core: [T, Hv, dv] (their rows).
   void gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g, const Tensor& beta,

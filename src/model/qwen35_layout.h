@@ -2,11 +2,18 @@
 // Private to the model's own sources (qwen35.cpp, qwen35_mtp.cpp).
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "model/qwen35.h"
 
 namespace sparkserve {
+
+// One round of in-forward state saves (Qwen35Model::Layout::save_rounds).
+struct GdnSaveRound {
+  std::vector<std::pair<int32_t, int32_t>> saves;  // (live slot, snapshot row)
+  BatchLayout stateful, prefill, decode;
+};
 
 // The batch seen by the state ops: all spans, and the same spans split by which GDN form runs
 // them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
@@ -17,6 +24,12 @@ struct Qwen35Model::Layout {
   // gdn_slot = their index among the copies). verify_rows: the batch rows of verify's tokens in order.
   BatchLayout stateful, verify, verify_tmp;
   std::vector<int64_t> verify_rows;
+  // State saves inside the forward (ForwardSeq::saves) cut a stateful span into parts: `stateful`,
+  // `prefill` and `decode` above hold its rows up to its first save (all of them when it saves
+  // nothing), save_rounds[r] its rows from its (r+1)-th save to the next save or its end. A round
+  // first copies the state rows of its saves (live slot -> snapshot row, every GDN layer), then runs
+  // the conv and delta rule of its parts as the first round does.
+  std::vector<GdnSaveRound> save_rounds;
   Tensor positions;  // [T] i32, device
   Buffer positions_storage;
   // Prompt chunks with images: M-RoPE positions [T, 3] (t, h, w), needed only when some token's

@@ -33,6 +33,7 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
       f.argmax_excluded = c.argmax_excluded;
       f.draw = c.draw;
       f.speculative = c.speculative;
+      f.saves = c.saves;
       chunk_row_.push_back(rows);
       rows += static_cast<int64_t>(c.tokens.size());
       // A prompt with images: its chunks take their positions and image rows from mm; every later
@@ -45,7 +46,6 @@ Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {
     }
     SS_ASSIGN_OR_RETURN(out.logits, model_.forward(batch, state_.pools(), can_speculate() ? &capture_ : nullptr));
   }
-  run_ops(plan.after);
   return out;
 }
 

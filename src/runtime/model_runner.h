@@ -1,5 +1,6 @@
-// Executes the scheduler's step plans: the state operations before the forward, one batched
-// forward, the state operations after it. It decides nothing (no allocation, no sampling).
+// Executes the scheduler's step plans: the state operations before the forward, then one batched
+// forward (which also takes the plan's in-chunk state saves). It decides nothing (no allocation, no
+// sampling).
 // Tests plug in a fake runner, so the scheduler and post-processing run without weights.
 #pragma once
 
@@ -31,8 +32,7 @@ class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   virtual CacheGeometry geometry() const = 0;
-  // plan.before in order, the forward of plan.chunks (when there are any), plan.after in order.
-  // On a forward error plan.after is skipped.
+  // plan.before in order, then the forward of plan.chunks (when there are any), with their saves.
   virtual Expected<StepOutput> execute(const StepPlan& plan) = 0;
 
   // Speculative decoding (multi-token prediction): whether the runner can verify drafts and

@@ -94,16 +94,14 @@ void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
   auto add = [&](int64_t p) {
     if (p > from && p <= end) s.snapshot_points.push_back(p);
   };
-  // Where the next request may resume: the HTTP side's hints (e.g. where the chat template's
-  // generation prompt begins: the next turn of the conversation renders this reply differently
-  // from there, and a repeat of this request recomputes only the few tokens after it); without a
-  // hint, the prompt's last position (a repeat) and the block boundary before it (a re-rendered
-  // last turn diverges there). Every point is a chunk boundary, i.e. one more forward, so a hint
-  // replaces both guesses.
-  if (s.req->snapshot_hints.empty()) {
-    add(end);
-    add(end / bs * bs);
-  }
+  // Where the next request may resume: the prompt's last position (a repeat or a retry of this
+  // request); the HTTP side's hints (e.g. where the chat template's generation prompt begins: the
+  // next turn of the conversation renders this reply differently from there); without a hint, the
+  // block boundary before the last position (where a re-rendered last turn may diverge). Points are
+  // saved inside the forward that runs them (ScheduledChunk::saves): they cost a snapshot entry each,
+  // no extra forward.
+  add(end);
+  if (s.req->snapshot_hints.empty()) add(end / bs * bs);
   for (int64_t p : s.req->snapshot_hints) add(p);
   add(matched_blocks * bs);     // a prefix other requests share
   if (config_.snapshot_interval > 0)
@@ -114,13 +112,19 @@ void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
   s.snapshot_points.erase(std::unique(s.snapshot_points.begin(), s.snapshot_points.end()), s.snapshot_points.end());
 }
 
-int64_t Scheduler::to_next_point(Sequence& s, int64_t want) {
+void Scheduler::plan_saves(Sequence& s, ScheduledChunk& c) {
   auto& pts = s.snapshot_points;
   pts.erase(pts.begin(), std::upper_bound(pts.begin(), pts.end(), s.num_computed));
-  return pts.empty() ? want : std::min(want, pts.front() - s.num_computed);
+  const auto n = static_cast<int64_t>(c.tokens.size());
+  for (auto it = pts.begin(); it != pts.end() && *it <= s.num_computed + n; ++it) {
+    const int32_t id = take_snapshot(s, *it - s.num_computed);
+    if (id < 0) continue;
+    c.saves.push_back(GdnStateSave{*it - s.num_computed, snapshots_.row(id)});
+    pending_publish_.push_back(id);
+  }
 }
 
-int32_t Scheduler::take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& ops, bool publish_now) {
+int32_t Scheduler::take_snapshot(Sequence& s, int64_t n) {
   const int64_t pos = s.num_computed + n;
   if (!config_.prefix_caching || snapshots_.capacity() == 0 || pos <= 0 || pos > s.cacheable_len || s.slot < 0)
     return -1;
@@ -136,8 +140,6 @@ int32_t Scheduler::take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& o
   if (evicted_tail >= 0) blocks_.release(evicted_tail, /*cache=*/true);
   if (!id) return -1;
   if (snap.tail_block >= 0) blocks_.retain(snap.tail_block, /*cache=*/true);
-  ops.push_back(StateOp{StateOp::Kind::kCopyState, s.slot, snapshots_.row(*id)});
-  if (publish_now) snapshots_.publish(*id);
   return *id;
 }
 
@@ -168,7 +170,12 @@ bool Scheduler::make_room(int32_t need) {
 // ---- sequences ----------------------------------------------------------------------------------
 
 void Scheduler::release_state(Sequence& s, std::vector<StateOp>& ops) {
-  take_snapshot(s, 0, ops, /*publish_now=*/true);
+  // The copy runs before anything that could look the snapshot up (the next plan's ops, or this
+  // plan's ops before its forward).
+  if (const int32_t id = take_snapshot(s, 0); id >= 0) {
+    ops.push_back(StateOp{StateOp::Kind::kCopyState, s.slot, snapshots_.row(id)});
+    snapshots_.publish(id);
+  }
   if (s.slot >= 0) free_slots_.push_back(s.slot);
   s.slot = -1;
   // Last block first: the LRU then evicts a released prefix from its end.
@@ -261,7 +268,7 @@ bool Scheduler::admit(Sequence& s, int64_t& budget, StepPlan& plan, int64_t& chu
   s.num_computed = hit.tokens;
   s.num_registered = static_cast<int64_t>(hit.blocks.size());
   plan_snapshot_points(s, hit.matched_blocks);
-  const int64_t n = fitting(s, to_next_point(s, chunk_limit(s, budget)));
+  const int64_t n = fitting(s, chunk_limit(s, budget));
   if (n == 0) {
     if (tail >= 0) blocks_.release(tail);
     for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.release(*it);
@@ -337,7 +344,7 @@ StepPlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
     if (chunk[i] != 0 || s.remaining() <= 1) continue;
-    const int64_t n = fitting(s, to_next_point(s, chunk_limit(s, budget)));
+    const int64_t n = fitting(s, chunk_limit(s, budget));
     if (n == 0) continue;
     CHECK(grow(s, n));
     chunk[i] = n;
@@ -389,13 +396,8 @@ StepPlan Scheduler::schedule() {
     c.num_logits = s.wants_prompt_rows() ? chunk[i]
                    : s.num_computed + chunk[i] == static_cast<int64_t>(s.tokens.size()) ? 1
                                                                                         : 0;
-    plan.chunks.push_back(c);
-    // A chunk that ends at a snapshot point: the state after it is saved once the forward ran.
-    const auto& pts = s.snapshot_points;
-    if (!pts.empty() && pts.front() == s.num_computed + chunk[i]) {
-      const int32_t id = take_snapshot(s, chunk[i], plan.after, /*publish_now=*/false);
-      if (id >= 0) pending_publish_.push_back(id);
-    }
+    plan_saves(s, c);
+    plan.chunks.push_back(std::move(c));
   }
   // Nothing fits: sequences in prefill hold every block. Free the newest so others progress.
   if (plan.chunks.empty() && !running_.empty()) preempt(running_.size() - 1, plan);
@@ -416,7 +418,7 @@ void Scheduler::commit(const StepPlan& plan, bool ran_ok) {
     c.seq->num_computed += static_cast<int64_t>(c.tokens.size());
     register_full_blocks(*c.seq);
   }
-  for (int32_t id : pending_publish_) snapshots_.publish(id);
+  for (int32_t id : pending_publish_) snapshots_.publish(id);  // their saves ran in the forward
   pending_publish_.clear();
 }
 

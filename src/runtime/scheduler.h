@@ -14,16 +14,20 @@
 // Gated DeltaNet layer's state after token t exists only if it was saved at t. So full KV blocks
 // carry the content hash of the prefix they end (block_pool.h) and GDN states are snapshotted
 // (state_snapshots.h) at: the end of every prompt (position len-1: the last token always runs, to
-// give the logits), the block boundary before it, the request's hints (the HTTP side gives where a
-// chat template's generation prompt starts: the next turn re-renders the reply differently from
-// there), every snapshot_interval tokens of a long prompt,
-// the end of the longest shared run of cached blocks found at admission (a branch point other
-// requests demonstrably share), and the end of every sequence (finished, cancelled or preempted).
+// give the logits), the request's hints (the HTTP side gives where a chat template's generation
+// prompt starts: the next turn re-renders the reply differently from there) or, without one, the
+// block boundary before len-1, every snapshot_interval tokens of a long prompt, the end of the
+// longest shared run of cached blocks found at admission (a branch point other requests
+// demonstrably share), and the end of every sequence (finished, cancelled or preempted).
 // A request that wants prompt logprobs never resumes from the cache while some are unreported
 // (every prompt position must go through the model to give its logits row).
 // Admission resumes from the longest prefix where both exist: a snapshot at n, the blocks before
 // n's block, and the snapshot's own copy of positions up to n in its tail block (copied into a new
-// block: shared blocks are never written). Prefill chunks end at snapshot points.
+// block: shared blocks are never written). Snapshot points do not cut prefill chunks (the budget and
+// the free blocks do): the points inside a chunk become its saves (ScheduledChunk::saves), copies of
+// the state the forward takes once it has folded in the tokens up to the point, published in
+// commit(). A chunk's snapshot holds its tail block, whose positions before the point this forward
+// writes and nothing rewrites later (the rows after the point write only later positions).
 // The plan's positions become real in commit(), after the runner executed it; a verify chunk's
 // (speculative decoding: the next token and its drafts, step 1) in advance(), by the accepted prefix.
 // Drafts never reach a snapshot: a verify chunk is never a snapshot point, and the GDN state row
@@ -132,12 +136,12 @@ class Scheduler {
   PrefixHash snapshot_key(Sequence& s, int64_t n);
   Hit lookup(Sequence& s);
   void plan_snapshot_points(Sequence& s, int64_t matched_blocks);
-  // Tokens of a prefill chunk of `s` up to its next snapshot point (or `want`).
-  int64_t to_next_point(Sequence& s, int64_t want);
-  // A snapshot of s's state at num_computed + n (after this step's chunk of n tokens when n > 0):
-  // the copy goes to `ops`; -1 when not taken (caching off, nothing to save, already cached, no
-  // entry free). publish_now: ops run before anything that could look it up.
-  int32_t take_snapshot(Sequence& s, int64_t n, std::vector<StateOp>& ops, bool publish_now);
+  // The saves of chunk `c` of `s`: a snapshot at each of s's points inside it, pending until commit.
+  void plan_saves(Sequence& s, ScheduledChunk& c);
+  // A pending snapshot entry for s's state at num_computed + n (n tokens into this step's chunk of
+  // s; 0: the state it holds now), its tail block held; the caller has its row filled. -1 when not
+  // taken (caching off, nothing to save, already cached, no entry free).
+  int32_t take_snapshot(Sequence& s, int64_t n);
   void register_full_blocks(Sequence& s);
 
   SchedulerConfig config_;
@@ -150,7 +154,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order (oldest first)
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<StateOp> pending_ops_;     // snapshots of sequences finished since the last plan
-  std::vector<int32_t> pending_publish_;  // snapshots the current plan's after-ops fill
+  std::vector<int32_t> pending_publish_;  // snapshots the current plan's forward saves
   uint64_t preemptions_ = 0;
   uint64_t queries_ = 0, hits_ = 0;
 };

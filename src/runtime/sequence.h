@@ -28,7 +28,7 @@ struct Sequence {
   int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied at the first admission
   // Prefix cache: H(1..k), the chained hashes of its first k full blocks of tokens (computed as
   // needed; tokens only grow, so they stay valid); how many of its blocks carry their hash in the
-  // block pool; the positions where its prefill chunks end and its state is saved.
+  // block pool; the positions after which its state is saved.
   std::vector<PrefixHash> block_hashes;
   int64_t num_registered = 0;
   // Tokens a cache key may cover: image placeholders share one token id, so a key of ids alone

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "model/forward_batch.h"
 #include "runtime/request.h"
 
 namespace sparkserve {
@@ -44,6 +45,9 @@ struct ScheduledChunk {
   std::vector<int32_t> argmax_excluded;  // with argmax_vocab: columns out of play (ForwardSeq)
   RowDraw draw;  // with argmax_vocab: a draw instead of the argmax when draw.temperature > 0 (ForwardSeq)
   bool speculative = false;  // a verify chunk: tokens = next token + drafts, its GDN state not advanced
+  // Prefix-cache snapshots taken inside the forward: the state after the chunk's first `tokens`
+  // tokens goes to a snapshot row (ascending; never in a verify chunk).
+  std::vector<GdnStateSave> saves;
 };
 
 // A request the scheduler ended without running it further (cancelled, impossible to serve).
@@ -58,14 +62,13 @@ struct EndedRequest {
 struct StepPlan {
   std::vector<StateOp> before;          // run before the forward
   std::vector<ScheduledChunk> chunks;   // the forward's batch (may be empty: state ops only)
-  std::vector<StateOp> after;           // run after the forward (snapshots of chunk-end states)
   std::vector<EndedRequest> ended;
   int64_t num_tokens() const {
     int64_t n = 0;
     for (const auto& c : chunks) n += static_cast<int64_t>(c.tokens.size());
     return n;
   }
-  bool empty() const { return before.empty() && chunks.empty() && after.empty() && ended.empty(); }
+  bool empty() const { return before.empty() && chunks.empty() && ended.empty(); }
 };
 
 // What follows a step's post-processing when speculative decoding is on (Engine::step -> runner).

@@ -2,7 +2,7 @@
 // token-by-token recurrence otherwise) against the CPU backend's chunked form, on fresh random inputs.
 // Covers spans of 1..200 tokens (odd sizes, chunk multiples and +-1 around them), 8192 tokens, several
 // spans in one batch, continued state (start_pos > 0 with a random pooled state; a span split over
-// two calls against one CPU call), value heads sharing key heads (Hv / Hk = 1, 3, 4), dv 16..128, and
+// two calls against one CPU call, also as two parts of one batch), value heads sharing key heads (Hv / Hk = 1, 3, 4), dv 16..128, and
 // three input regimes: HF's gating (strong decay: little state crosses a chunk boundary), weak decay
 // (g in [-0.05, 0]: the state carries across many chunks) and correlated keys (k = a shared
 // direction + noise: large k_i.k_j, T = (I + L)^-1 far from I).
@@ -117,8 +117,9 @@ void check_batch(Harness& h, const GdnDims& d, const std::vector<std::array<int6
 }
 
 // A span of n tokens split over two GPU calls (the second continuing from the pooled state) against
-// one CPU call over all n.
-void check_split(Harness& h, const GdnDims& d, int64_t n, int64_t first, Regime regime) {
+// one CPU call over all n. in_batch: each call takes all n rows, its span only its part (the other
+// rows belong to no span), as a forward's state-save rounds run it; else each call only its rows.
+void check_split(Harness& h, const GdnDims& d, int64_t n, int64_t first, Regime regime, bool in_batch) {
   const int64_t Hv = d.num_v_heads, C = d.conv_dim();
   const GdnInputs in = gdn_inputs(d, n, 1, regime);
   BatchLayout whole = gdn_spans({{0, n}}, 1);
@@ -127,11 +128,17 @@ void check_split(Harness& h, const GdnDims& d, int64_t n, int64_t first, Regime 
   h.cpu->gdn_chunked(o.cpu(), qkv.cpu(), g.cpu(), beta.cpu(), st.cpu(), whole, d);
   for (auto [start, len] : {std::array<int64_t, 2>{0, first}, std::array<int64_t, 2>{first, n - first}}) {
     BatchLayout part = gdn_spans({{start, len}}, 1);
-    h.gpu->gdn_chunked(o.gpu().rows(start, len), qkv.gpu().rows(start, len), g.gpu().rows(start, len),
-                       beta.gpu().rows(start, len), st.gpu(), part, d);
+    if (in_batch) {
+      part.seqs[0].row_begin = start;
+      part.total_rows = n;
+      h.gpu->gdn_chunked(o.gpu(), qkv.gpu(), g.gpu(), beta.gpu(), st.gpu(), part, d);
+    } else {
+      h.gpu->gdn_chunked(o.gpu().rows(start, len), qkv.gpu().rows(start, len), g.gpu().rows(start, len),
+                         beta.gpu().rows(start, len), st.gpu(), part, d);
+    }
   }
   const std::string name = dims_name(d) + " " + regime_name(regime) + " " + std::to_string(n) + " as " +
-                           std::to_string(first) + "+" + std::to_string(n - first);
+                           std::to_string(first) + "+" + std::to_string(n - first) + (in_batch ? " in one batch" : "");
   record("gdn_chunked", name + " out", h.err(o), kTensorCoreGdn);
   record("gdn_chunked", name + " state", h.err(st), kTensorCoreGdn);
 }
@@ -145,7 +152,8 @@ void test_gdn_chunked(Harness& h) {
   for (Regime r : {Regime::kHfGating, Regime::kWeakDecay, Regime::kCorrelatedKeys}) {
     check_batch(h, small, {{0, 8192}}, r, "T8192");
     check_batch(h, small, {{0, 150}, {333, 77}, {64, 1}, {1000, 64}, {5, 129}}, r, "5 spans continued");
-    check_split(h, small, 300, 131, r);
+    check_split(h, small, 300, 131, r, /*in_batch=*/false);
+    check_split(h, small, 300, 131, r, /*in_batch=*/true);
   }
   // The 122B's heads (16 key, 64 value), several spans; other head ratios and value widths (the
   // kernel's 64-, 32- and 16-column slices).

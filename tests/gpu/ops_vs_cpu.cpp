@@ -205,12 +205,29 @@ void test_gdn(Harness& h) {
       const int64_t T = sp.layout.total_rows;
       const std::string tag = name + (decode ? " decode" : " prefill");
       // Conv with random prior state.
+      const std::vector<float> cs0 = randn(slots * C * (c.K - 1));
       Pair mixed = h.f32({T, C}, randn(T * C)), w = h.f32({C, c.K}, randn(C * c.K, 0.5f)),
-           cs = h.f32({slots, C, c.K - 1}, randn(slots * C * (c.K - 1))), qkv = h.out({T, C});
+           cs = h.f32({slots, C, c.K - 1}, cs0), qkv = h.out({T, C});
       h.cpu->gdn_conv(qkv.cpu(), mixed.cpu(), w.cpu(), cs.cpu(), sp.layout);
       h.gpu->gdn_conv(qkv.gpu(), mixed.gpu(), w.gpu(), cs.gpu(), sp.layout);
       record("gdn_conv", tag + " out", h.err(qkv), kFp32);
       record("gdn_conv", tag + " state", h.err(cs), kFp32);
+      if (!decode) {
+        // On the GPU in two calls over the same batch, each span cut after a third of its rows (the
+        // rows of the other call belong to no span), as a forward's state-save rounds run it.
+        Pair cs2 = h.f32({slots, C, c.K - 1}, cs0), qkv2 = h.out({T, C});
+        for (int round = 0; round < 2; ++round) {
+          BatchLayout part = sp.layout;
+          for (SeqSpan& s : part.seqs) {
+            const int64_t cut = (s.num_tokens + 1) / 3;
+            if (round == 1) s.row_begin += cut, s.start_pos += cut;
+            s.num_tokens = round == 0 ? cut : s.num_tokens - cut;
+          }
+          h.gpu->gdn_conv(qkv2.gpu(), mixed.gpu(), w.gpu(), cs2.gpu(), part);
+        }
+        record("gdn_conv", tag + " in 2 rounds out", rel_err(h.gpu_f(qkv2), h.cpu_f(qkv)), kFp32);
+        record("gdn_conv", tag + " in 2 rounds state", rel_err(h.gpu_f(cs2), h.cpu_f(cs)), kFp32);
+      }
       // Gating from random a/b (A_log, dt_bias as initialised by HF: log U(1,16), small bias).
       Pair a = h.f32({T, c.hv}, randn(T * c.hv, 2.0f)), b = h.f32({T, c.hv}, randn(T * c.hv, 2.0f));
       std::vector<float> alog(static_cast<size_t>(c.hv)), dtb = randn(c.hv, 0.5f);

@@ -165,8 +165,10 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
       c.last_use = use_clock_;
       return c.layout;
     }
-  // Replace the least recently used of a few entries (a forward uses up to three layouts).
-  constexpr size_t kCacheEntries = 4;
+  // Replace the least recently used of a few entries: every layer of a forward asks again for its
+  // layouts (all spans, stateful, prefill, decode, verify), and each round of in-forward state saves
+  // adds up to three.
+  constexpr size_t kCacheEntries = 8;
   CachedLayout* slot = nullptr;
   if (layouts_.size() < kCacheEntries) {
     layouts_.emplace_back();

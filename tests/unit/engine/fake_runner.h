@@ -26,6 +26,7 @@ class FakeRunner : public ModelRunner {
   std::chrono::microseconds delay{0};         // per forward, to keep a request running
   bool prefix_dependent = false;
   int64_t tokens_run = 0;                     // tokens through the "model", all steps
+  int64_t saves_run = 0;                      // state saves inside forwards, all steps
 
   explicit FakeRunner(CacheGeometry g)
       : geo_(g),
@@ -55,10 +56,19 @@ class FakeRunner : public ModelRunner {
         h = mix(h, t);
       }
       if (h != hash_[row]) return make_error("the KV blocks do not hold the tokens of the state");
+      size_t save = 0;
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         at(c.block_table, c.start_pos + static_cast<int64_t>(i)) = c.tokens[i];
         hash_[row] = mix(hash_[row], c.tokens[i]);
+        for (; save < c.saves.size() && c.saves[save].tokens == static_cast<int64_t>(i) + 1; ++save) {
+          const auto dst = static_cast<size_t>(c.saves[save].row);
+          if (c.saves[save].row < geo_.num_slots || dst >= hash_.size()) return make_error("save into a live row");
+          hash_[dst] = hash_[row];
+          len_[dst] = c.start_pos + static_cast<int64_t>(i) + 1;
+        }
       }
+      if (save != c.saves.size()) return make_error("a save outside its chunk or out of order");
+      saves_run += static_cast<int64_t>(save);
       len_[row] = end;
       sizes.push_back(static_cast<int64_t>(c.tokens.size()));
       tokens_run += static_cast<int64_t>(c.tokens.size());
@@ -71,7 +81,6 @@ class FakeRunner : public ModelRunner {
       }
     }
     if (!plan.chunks.empty()) batches.push_back(sizes);
-    run_ops(plan.after);
     return out;
   }
 

@@ -36,14 +36,30 @@ Model& tiny() {
   return m;
 }
 
+// The model runner, counting its forwards: the tokens of each chunk, per forward.
+struct CountingRunner final : ModelRunner {
+  ModelRunner& inner;
+  std::vector<std::vector<int64_t>> forwards;
+  explicit CountingRunner(ModelRunner& r) : inner(r) {}
+  CacheGeometry geometry() const override { return inner.geometry(); }
+  Expected<StepOutput> execute(const StepPlan& plan) override {
+    if (!plan.chunks.empty()) {
+      forwards.emplace_back();
+      for (const ScheduledChunk& c : plan.chunks) forwards.back().push_back(static_cast<int64_t>(c.tokens.size()));
+    }
+    return inner.execute(plan);
+  }
+};
+
 struct Rig {
   ModelState state;
   Qwen35Runner runner;
+  CountingRunner counting{runner};
   Engine engine;
   Rig(int32_t slots, int32_t blocks, int64_t block_size, int32_t snapshots, bool caching, int64_t budget = 256)
       : state(*tiny().backend, tiny().model->config(), StateLimits{slots, blocks, block_size, snapshots}),
         runner(*tiny().model, state),
-        engine(runner, config(slots, budget, caching)) {}
+        engine(counting, config(slots, budget, caching)) {}
   static EngineConfig config(int32_t slots, int64_t budget, bool caching) {
     EngineConfig ec;
     ec.max_num_seqs = slots;
@@ -143,6 +159,38 @@ TEST(PrefixCacheModel, MultiTurnAndBranches) {
   const auto got = run(on, {x, y, z}, 10);
   for (int i = 0; i < 3; ++i) expect_same(got[static_cast<size_t>(i)].tokens, ref[static_cast<size_t>(i)].tokens, "branch " + std::to_string(i));
   EXPECT_EQ(got[0].cached, static_cast<int64_t>(conv.size()) - 6);
+}
+
+// A chat session: each turn's prompt is the previous one up to where its generation prompt began
+// (the hint), the re-rendered reply, a new message and a new generation prompt. Every turn runs its
+// new tokens in ONE forward (the snapshots at its hint and last position are saves of that forward),
+// the next turn resumes at the hint, and the outputs equal the cache off. (That a save holds bit for
+// bit what a forward cut at its position leaves: tests/unit/model/state_saves_test.cpp.)
+TEST(PrefixCacheModel, ChatTurnsRunInOneForwardAndResumeAtTheirHint) {
+  Rig on(2, 128, 16, 32, true), off(2, 128, 16, 32, false);
+  const std::vector<int32_t> gen_prompt = ids(9, 70);
+  std::vector<int32_t> conv = ids(150, 71);
+  int64_t hint = 0;
+  for (uint32_t turn = 0; turn < 4; ++turn) {
+    const auto prompt = cat(conv, gen_prompt);
+    const int64_t len = static_cast<int64_t>(prompt.size());
+    auto r = request(prompt, 8), ref = request(prompt, 8);
+    r->snapshot_hints = ref->snapshot_hints = {len - 9};
+    const size_t before = on.counting.forwards.size();
+    on.engine.submit(r);
+    on.run_all();
+    off.engine.submit(ref);
+    off.run_all();
+    const Out got = drain(*r);
+    expect_same(got.tokens, drain(*ref).tokens, "turn " + std::to_string(turn));
+    EXPECT_EQ(got.cached, hint) << turn;
+    ASSERT_LT(before, on.counting.forwards.size());
+    EXPECT_EQ(on.counting.forwards[before], std::vector<int64_t>{len - hint}) << turn;  // one forward
+    hint = len - 9;
+    conv = cat(cat(cat(std::vector<int32_t>(prompt.begin(), prompt.begin() + hint), ids(3, 80 + turn)), got.tokens),
+               ids(20, 90 + turn));  // re-rendered reply, then the next user message
+  }
+  EXPECT_EQ(on.engine.stats().blocks_held_by_sequences, 0);
 }
 
 TEST(PrefixCacheModel, EvictionAndPreemption) {

@@ -216,6 +216,54 @@ TEST(PrefixCache, LongPromptsGetSnapshotsEveryInterval) {
   EXPECT_EQ(o.cached, 512);
 }
 
+// Snapshot points do not cut prefill chunks: a chat request's prompt (its hint where the generation
+// prompt starts, its last position, interval points) runs in one forward that saves the state at
+// each point, and later requests resume at each of them.
+TEST(PrefixCache, SnapshotPointsAreSavedInsideOneForward) {
+  CacheRig on(4, 64, 16, 16, true, /*budget=*/512, /*interval=*/128), off(4, 64, 16, 16, false, 512, 128);
+  const auto p = ids(300, 21);
+  auto r = request(p, 4);
+  r->snapshot_hints = {290};
+  on.engine->submit(r);
+  on.run_all();
+  EXPECT_EQ(drain(*r).tokens, run_one(off, p, 4).tokens);
+  ASSERT_FALSE(on.runner.batches.empty());
+  EXPECT_EQ(on.runner.batches.front(), std::vector<int64_t>{300});  // the whole prompt, one forward
+  EXPECT_EQ(on.runner.saves_run, 4);                                  // at 128, 256, 290 and 299
+  auto prefix = [&](int64_t n, int tail, int32_t seed) {
+    return cat(std::vector<int32_t>(p.begin(), p.begin() + n), ids(tail, seed));
+  };
+  for (const auto& [prompt, cached] : std::vector<std::pair<std::vector<int32_t>, int64_t>>{
+           {prefix(200, 30, 22), 128}, {prefix(270, 9, 23), 256}, {prefix(290, 20, 24), 290}, {p, 299}}) {
+    Out got = run_one(on, prompt, 4);
+    EXPECT_EQ(got.tokens, run_one(off, prompt, 4).tokens) << cached;
+    EXPECT_EQ(got.cached, cached);
+  }
+  on.expect_idle();
+}
+
+// Several sequences in one forward, each with its own number of saves.
+TEST(PrefixCache, SavesOfSeveralSequencesInOneForward) {
+  CacheRig on(4, 64, 16, 16, true, /*budget=*/512, /*interval=*/128), off(4, 64, 16, 16, false, 512, 128);
+  const std::vector<std::vector<int32_t>> prompts = {ids(300, 31), ids(20, 32), ids(5, 33)};
+  std::vector<std::shared_ptr<EngineRequest>> rs;
+  for (const auto& p : prompts) rs.push_back(request(p, 3));
+  rs[0]->snapshot_hints = {290};
+  for (auto& r : rs) on.engine->submit(r);
+  on.run_all();
+  ASSERT_FALSE(on.runner.batches.empty());
+  EXPECT_EQ(on.runner.batches.front(), (std::vector<int64_t>{300, 20, 5}));
+  // 128, 256, 290, 299 | 16 (the block boundary before the last position, no hint), 19 | 4.
+  EXPECT_EQ(on.runner.saves_run, 4 + 2 + 1);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(drain(*rs[i]).tokens, run_one(off, prompts[i], 3).tokens) << i;
+    Out again = run_one(on, prompts[i], 3);
+    EXPECT_EQ(again.cached, static_cast<int64_t>(prompts[i].size()) - 1) << i;
+    EXPECT_EQ(again.tokens, run_one(off, prompts[i], 3).tokens) << i;
+  }
+  on.expect_idle();
+}
+
 // Prompt logprobs (echo with logprobs) need every prompt position's logits row: such a request
 // recomputes a prompt that is cached (and others still find it afterwards), in chunks of at most
 // kPromptLogprobsChunk rows, and reports each position once, equal to the log-softmax of its row
