@@ -12,6 +12,7 @@
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,14 @@ const Shape kFp8Shapes[] = {
     {"out_proj 3072x8192", 3072, 8192, 1},   {"attn q 16384x3072", 16384, 3072, 1},
     {"shared gate_up 2048x3072", 2048, 3072, 2}, {"shared down 3072x1024", 3072, 1024, 1},
 };
+// The 35B-A3B's (hidden 2048): qkv / z / out_proj, attention q / k (= v) / o, shared gate_up / down.
+const Shape kFp8Shapes35[] = {
+    {"35B qkv 8192x2048", 8192, 2048, 1},         {"35B z 4096x2048", 4096, 2048, 1},
+    {"35B out_proj 2048x4096", 2048, 4096, 1},    {"35B attn q 8192x2048", 8192, 2048, 1},
+    {"35B attn k 512x2048", 512, 2048, 1},        {"35B attn o 2048x4096", 2048, 4096, 1},
+    {"35B shared gate_up 1024x2048", 1024, 2048, 2}, {"35B shared down 2048x512", 2048, 512, 1},
+};
+const int64_t kPrefillTokens[] = {128, 330, 512, 2048, 8192};
 
 Buffer random_x(Backend& g, int64_t T, int64_t K) {
   Buffer x(&g, DType::kF32, {T, K});
@@ -53,11 +62,14 @@ void print_row(const std::string& name, int64_t T, const char* path, double ms, 
 }
 
 // Times linear_probe(path) on weights[i % copies]; negative when the path does not take the case.
+double time_path(Backend& g, const Tensor& out, const Tensor& x, std::vector<BenchLinear>& ws, int copies,
+                 LinearPath path, int iters) {
+  if (!linear_probe(g, out, x, ws[0].lin, path)) return -1;
+  return time_graph(g, [&](int i) { linear_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, path); }, iters);
+}
 double time_path(Backend& g, const Tensor& out, const Tensor& x, std::vector<BenchLinear>& ws, LinearPath path,
                  int iters) {
-  if (!linear_probe(g, out, x, ws[0].lin, path)) return -1;
-  return time_graph(
-      g, [&](int i) { linear_probe(g, out, x, ws[static_cast<size_t>(i) % ws.size()].lin, path); }, iters);
+  return time_path(g, out, x, ws, static_cast<int>(ws.size()), path, iters);
 }
 
 std::vector<BenchLinear> weight_copies(Backend& g, WeightFormat fmt, ActivationQuant act, int64_t N, int64_t K,
@@ -68,28 +80,101 @@ std::vector<BenchLinear> weight_copies(Backend& g, WeightFormat fmt, ActivationQ
   return ws;
 }
 
+// Weight copies rotated where the weight stream matters (T <= 512: a served turn's prefill reads
+// its weights from HBM, not from L2); the first copy alone where the MMAs dominate.
+int prefill_copies(int64_t T, const std::vector<BenchLinear>& ws) { return T <= 512 ? static_cast<int>(ws.size()) : 1; }
+
+// Random activations per [T, K], drawn once per benchmark (the host's normal draws are slow at 8K x 8K).
+struct XCache {
+  Backend& g;
+  std::map<std::pair<int64_t, int64_t>, Buffer> m;
+  const Tensor& get(int64_t T, int64_t K) {
+    auto it = m.find({T, K});
+    if (it == m.end()) it = m.emplace(std::pair{T, K}, random_x(g, T, K)).first;
+    return it->second;
+  }
+};
+
+// FP8 weights of a shape and copies of them on the device (rotation defeats L2, not the values:
+// the host draws the random bytes once).
+std::vector<BenchLinear> prefill_weights(Backend& g, const Shape& s, int most) {
+  std::vector<BenchLinear> ws;
+  ws.push_back(make_linear(&g, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 1, s.N, s.K, s.P));
+  const int copies = static_cast<int>(std::clamp(512e6 / static_cast<double>(s.N * s.K), 1.0, static_cast<double>(most)));
+  for (int i = 1; i < copies; ++i) {
+    BenchLinear c;
+    c.lin = ws[0].lin;
+    c.bytes_per_expert = ws[0].bytes_per_expert;
+    for (const Buffer& b : ws[0].keep) {
+      c.keep.emplace_back(&g, b.tensor().dtype, b.tensor().shape);
+      g.copy(c.keep.back(), b);
+    }
+    c.lin.weight = c.keep[0].tensor();
+    c.lin.weight_scale = c.keep[1].tensor();
+    c.lin.input_scale = c.keep[2].tensor();
+    ws.push_back(std::move(c));
+  }
+  return ws;
+}
+
+std::vector<Shape> prefill_shapes() {
+  std::vector<Shape> shapes(std::begin(kFp8Shapes), std::end(kFp8Shapes));
+  shapes.insert(shapes.end(), std::begin(kFp8Shapes35), std::end(kFp8Shapes35));
+  return shapes;
+}
+
 void bench_fp8_prefill(Backend& g) {
   const double copy = copy_bandwidth(g);
   std::printf("-- W8A8 GEMM, TFLOP/s including quantization, conversion and scaling\n");
-  const std::pair<LinearPath, const char*> paths[] = {
-      {LinearPath::kDispatch, "dispatch"}, {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kFp8SmallN, "small-n x64"}};
-  for (const Shape& s : kFp8Shapes) {
-    auto ws = weight_copies(g, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, s.N, s.K, s.P,
-                            static_cast<double>(s.N * s.K), 1);
-    const bool qkv = s.N == 12288;
-    for (int64_t T : qkv ? std::vector<int64_t>{128, 512, 2048, 8192} : std::vector<int64_t>{8192}) {
-      Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
+  const std::pair<LinearPath, const char*> paths[] = {{LinearPath::kDispatch, "dispatch"},
+                                                      {LinearPath::kFp8Wgmma, "wgmma"},
+                                                      {LinearPath::kFp8Gemm, "gemm-f16"},
+                                                      {LinearPath::kFp8SmallN, "small-n x64"}};
+  XCache xs{g, {}};
+  for (const Shape& s : prefill_shapes()) {
+    auto ws = prefill_weights(g, s, 16);
+    for (int64_t T : kPrefillTokens) {
+      const Tensor& x = xs.get(T, s.K);
+      Buffer out(&g, DType::kF32, {T, s.N});
       const double flop = 2.0 * T * s.N * s.K, bytes = static_cast<double>(s.N * s.K);
+      const int copies = prefill_copies(T, ws);
       for (auto [path, name] : paths) {
-        const double ms = time_path(g, out, x, ws, path, T >= 2048 ? 4 : 8);
+        if (path == LinearPath::kFp8SmallN && T > 512) continue;  // the fallback: its crossover is far below
+        const double ms = time_path(g, out, x, ws, copies, path, std::max(T >= 2048 ? 4 : 8, copies));
         if (ms < 0) std::printf("%-32s %5lld %-12s not taken\n", s.name, static_cast<long long>(T), name);
         else print_row(s.name, T, name, ms, flop, bytes, copy);
       }
-      if (qkv && T == 8192) {  // the quantization alone, part of every figure above
+      if (s.N == 12288 && T == 8192) {  // the quantization alone, part of every figure above
         Buffer values(&g, DType::kF16, {T, s.K}), scales(&g, DType::kF32, {T});
         const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, values, scales, x); }, 8);
         print_row("fp8 quantize x 8192x3072 (f16)", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 6.0, copy);
       }
+    }
+  }
+}
+
+// The wgmma kernel with each tile shape (0: 256 weight rows x 128 tokens, 1: 128 x 256, 2: 128 x
+// 128, 3: 256 x 64) and K split forced: the data behind its own choice (fp8_gemm_wgmma.cu plan_for).
+void bench_fp8_tiles(Backend& g) {
+  const double copy = copy_bandwidth(g);
+  std::printf("-- W8A8 wgmma kernel per tile shape and K split\n");
+  XCache xs{g, {}};
+  for (const Shape& s : prefill_shapes()) {
+    auto ws = prefill_weights(g, s, 16);
+    for (int64_t T : kPrefillTokens) {
+      const Tensor& x = xs.get(T, s.K);
+      Buffer out(&g, DType::kF32, {T, s.N});
+      const double flop = 2.0 * T * s.N * s.K, bytes = static_cast<double>(s.N * s.K);
+      const int copies = prefill_copies(T, ws);
+      for (int tile = 0; tile < 4; ++tile)
+        for (int splits : T >= 2048 ? std::vector<int>{1} : std::vector<int>{1, 2, 4}) {
+          if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits)) return;
+          const double ms = time_graph(
+              g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits); },
+              std::max(T >= 2048 ? 4 : 8, copies));
+          const std::string name = "tile " + std::to_string(tile) + " s" + std::to_string(splits);
+          print_row(s.name, T, name.c_str(), ms, flop, bytes, copy);
+        }
     }
   }
 }
@@ -105,7 +190,8 @@ void bench_small_n(Backend& g) {
       Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
       const int iters = std::max<int>(static_cast<int>(ws.size()), 8);
       for (auto [path, name] : {std::pair{LinearPath::kGemv, "gemv"}, {LinearPath::kFp8SmallN, "small-n"},
-                                {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kDispatch, "dispatch"}}) {
+                                {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kFp8Wgmma, "wgmma"},
+                                {LinearPath::kDispatch, "dispatch"}}) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
@@ -139,6 +225,7 @@ void bench_bf16(Backend& g) {
 }
 
 RegisterKernelBench reg_prefill("gemm fp8 prefill", bench_fp8_prefill);
+RegisterKernelBench reg_tiles("gemm fp8 tiles", bench_fp8_tiles);
 RegisterKernelBench reg_small("gemm small-N", bench_small_n);
 RegisterKernelBench reg_bf16("gemm bf16", bench_bf16);
 

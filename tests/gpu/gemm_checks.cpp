@@ -1,4 +1,5 @@
-// gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, bf16_gemm.cu) and of
+// gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, fp8_gemm_wgmma.cu,
+// fp8_small_n.cu, bf16_gemm.cu) and of
 // linear's dispatch around them, vs the CPU backend on fresh random inputs. Groups: gemm_fp8,
 // gemm_bf16, gemm_router.
 //
@@ -13,7 +14,7 @@
 // Bounds. Recursive f32 summation of K terms in any order errs by at most γ_K Σ|terms| with
 // γ_K ≈ K · 2^-24, so two f32 sums (CPU and GPU) differ by at most 2 K 2^-24 of the norm product:
 // 3.7e-4 at K = 3072, 9.8e-4 at K = 8192 (the worst case; random data gives ~sqrt(K) times less).
-// - W8A8 small-N and cuBLASLt routes: exact f16 products (E4M3 values are exact in f16), f32 sums:
+// - W8A8 small-N, wgmma and cuBLASLt routes: exact f16 products (E4M3 values are exact in f16), f32 sums:
 //   2 K 2^-24. They are also held to the GEMVs' own bound, 1e-5 of max|ref| (kFp32): the same
 //   exact products summed in f32 in another order. (Hopper's FP8 tensor cores, measured and not
 //   kept, were 1.3e-4..2.1e-4 of max|ref|: their partial sums keep ~14 significant bits.)
@@ -96,31 +97,46 @@ void test_fp8(Harness& h) {
   // rows of very different magnitudes (a zero
   // row takes the minimum scale 1/(448·512); a tiny one quantizes mostly to subnormal codes).
   {
-    const int64_t T = 37, K = 3072;
+    const int64_t T = 37, K = 3056;  // no multiple of 64: the wgmma order pads the last chunk
     auto x = randn(T * K);
     const float mags[] = {1.0f, 0.0f, 1e-6f, 300.0f, 3e-3f};
     for (int64_t t = 0; t < T; ++t)
       for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(t * K + k)] *= mags[t % 5];
     Pair xp = h.f32({T, K}, x);
-    Buffer values(h.gpu, DType::kF16, {T, K}), scales(h.gpu, DType::kF32, {T});
-    if (!fp8_quantize_probe(*h.gpu, values, scales, xp.gpu())) {
-      record("gemm_fp8", "quantize: not the CUDA backend", INFINITY, 0);
-      return;
+    // Both k orders: x's (small-N, cuBLASLt) and the wgmma kernel's (rows padded to 64 with +0;
+    // within a 64-chunk x's k = 16 t + 4 s + j at 16 s + 2 t + j % 2 + 8 (j / 2), linear_probe.h).
+    for (const bool wgmma_order : {false, true}) {
+      const int64_t ld = wgmma_order ? (K + 63) / 64 * 64 : K;
+      auto pos = [&](int64_t k) {
+        if (!wgmma_order) return k;
+        const int64_t c = k / 64 * 64, p = k % 64, t = p / 16, st = p / 4 % 4, j = p % 4;
+        return c + 16 * st + 2 * t + j % 2 + 8 * (j / 2);
+      };
+      Buffer values(h.gpu, DType::kF16, {T, ld}), scales(h.gpu, DType::kF32, {T});
+      h.gpu->upload(values, std::vector<uint16_t>(static_cast<size_t>(T * ld), 0x7e00).data());  // f16 NaN
+      if (!fp8_quantize_probe(*h.gpu, values, scales, xp.gpu(), wgmma_order)) {
+        record("gemm_fp8", "quantize: not the CUDA backend", INFINITY, 0);
+        return;
+      }
+      std::vector<uint16_t> gv(static_cast<size_t>(T * ld));
+      h.gpu->download(gv.data(), values);
+      const auto gs = h.get(h.gpu, scales);
+      int64_t bad = 0;
+      std::vector<uint8_t> q(static_cast<size_t>(K));
+      for (int64_t t = 0; t < T; ++t) {
+        const float s = fp8_token_scale(x.data() + t * K, K);
+        fp8_quantize_row(x.data() + t * K, K, s, q.data());
+        bad += gs[static_cast<size_t>(t)] != s;
+        // The f16 value must be the code's value exactly (bitwise, -0 included); padding +0.
+        std::vector<uint16_t> want(static_cast<size_t>(ld), 0);
+        for (int64_t k = 0; k < K; ++k)
+          want[static_cast<size_t>(pos(k))] = f32_to_f16(fp8_e4m3_to_f32(q[static_cast<size_t>(k)]));
+        for (int64_t k = 0; k < ld; ++k) bad += gv[static_cast<size_t>(t * ld + k)] != want[static_cast<size_t>(k)];
+      }
+      record("gemm_fp8", std::string("quantized values+scales differing ") + (wgmma_order ? "(wgmma order) " : "") +
+                             "TxK " + sz({T, K}),
+             static_cast<double>(bad), kExact);
     }
-    std::vector<uint16_t> gv(static_cast<size_t>(T * K));
-    h.gpu->download(gv.data(), values);
-    const auto gs = h.get(h.gpu, scales);
-    int64_t bad = 0;
-    std::vector<uint8_t> q(static_cast<size_t>(K));
-    for (int64_t t = 0; t < T; ++t) {
-      const float s = fp8_token_scale(x.data() + t * K, K);
-      fp8_quantize_row(x.data() + t * K, K, s, q.data());
-      bad += gs[static_cast<size_t>(t)] != s;
-      // The f16 value must be the code's value exactly (bitwise, -0 included).
-      for (int64_t k = 0; k < K; ++k)
-        bad += gv[static_cast<size_t>(t * K + k)] != f32_to_f16(fp8_e4m3_to_f32(q[static_cast<size_t>(k)]));
-    }
-    record("gemm_fp8", "quantized values+scales differing TxK " + sz({T, K}), static_cast<double>(bad), kExact);
   }
   // 2. The GEMM through each FP8 path vs the CPU. Prefill-like and batched-decode T (the small-N
   // kernel runs T > 64 in pieces of 64), rows and T that are no multiple of 16, K of the 122B (3072,
@@ -143,7 +159,8 @@ void test_fp8(Harness& h) {
     const char* name;
   };
   const Path paths[] = {{LinearPath::kFp8SmallN, "small-n"}, {LinearPath::kFp8Gemm, "gemm-f16"},
-                        {LinearPath::kDispatch, "dispatch"}};
+                        {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}};
+  const bool hopper = fp8_wgmma_expected(*h.gpu);
   for (const Case& c : cases) {
     QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
     auto xv = randn(c.T * c.K);
@@ -157,10 +174,11 @@ void test_fp8(Harness& h) {
       h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
       if (!linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, p.path)) {
         // Allowed to decline: the small-N kernel at K % 64 != 0, cuBLASLt at rows that are no
-        // multiple of 16 (the dispatch then runs the next path, checked by its own line). Everything
-        // else, the model's shapes among them, must be taken.
+        // multiple of 16 (the dispatch then runs the next path, checked by its own line), the wgmma
+        // kernel off compute 9.0. Everything else, the model's shapes among them, must be taken.
         const bool small_n = p.path == LinearPath::kFp8SmallN;
-        if ((small_n && c.K % 64 != 0) || (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0)) {
+        if ((small_n && c.K % 64 != 0) || (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0) ||
+            (p.path == LinearPath::kFp8Wgmma && !hopper)) {
           std::printf("      %-10s %s: declined\n", p.name, shape.c_str());
           continue;
         }
@@ -172,13 +190,58 @@ void test_fp8(Harness& h) {
       record("gemm_fp8", std::string(p.name) + " max-rel " + shape, rel_err(got, ref), kFp32);
     }
   }
-  // 3. Shapes the tensor cores do not take fall back to the GEMVs (K % 16 != 0 here): the
+  // 3. The wgmma kernel's every tile shape and K splits (1, 3 and 5 ways: the split-K partial sums
+  // and their reduction) on the edges of its tiles: T one past a tile of tokens (65, 129, 257, 513)
+  // or inside one (330: a served agent turn), weight rows no multiple of a tile (520, 1000, 384), K
+  // no multiple of 64 (1040: a zero-padded last stage), the 35B's K 512 / 2048 / 4096, two
+  // partitions with static per-partition scales. Bounds as in 2.
+  if (hopper) {
+    const std::vector<Case> edges = {
+        {330, 520, 2048, 1, WeightFormat::kFp8Channel, dyn}, {129, 1000, 1040, 2, WeightFormat::kFp8Channel, dyn},
+        {65, 2048, 512, 1, WeightFormat::kFp8Channel, dyn},  {257, 384, 4096, 1, WeightFormat::kFp8Channel, dyn},
+        {200, 768, 1024, 2, WeightFormat::kFp8Tensor, stat}, {513, 256, 3072, 1, WeightFormat::kFp8Channel, dyn},
+    };
+    for (const Case& c : edges) {
+      QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
+      auto xv = randn(c.T * c.K);
+      Pair x = h.f32({c.T, c.K}, xv), o = h.out({c.T, c.N});
+      h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
+      const auto ref = h.cpu_f(o);
+      std::vector<double> rn, cn;
+      fp8_norms(h, w, xv, c.T, c.K, c.N, c.P, c.act == dyn, rn, cn);
+      const std::string shape = std::string(c.act == dyn ? "dyn " : "static ") + "TxNxKxP " + sz({c.T, c.N, c.K, c.P});
+      double worst_norm = 0, worst_rel = 0;
+      int runs = 0;
+      for (int tile = 0;; ++tile) {
+        bool taken = false;
+        for (int splits : {1, 3, 5}) {
+          h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
+          if (!fp8_wgmma_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, tile, splits)) break;
+          taken = true;
+          ++runs;
+          const auto got = h.gpu_f(o);
+          const double e = norm_relative(got, ref, rn, cn), r = rel_err(got, ref);
+          if (!(e <= fp32_sums_bound(c.K)) || !(r <= kFp32))  // a failing variant gets its own line
+            record("gemm_fp8", "wgmma tile " + std::to_string(tile) + " splits " + std::to_string(splits) + " " + shape,
+                   std::max(e / fp32_sums_bound(c.K), r / kFp32), 1.0);
+          worst_norm = std::max(worst_norm, e);
+          worst_rel = std::max(worst_rel, r);
+        }
+        if (!taken) break;
+      }
+      record("gemm_fp8", "wgmma tiles run " + shape, runs >= 12 ? 0.0 : 1.0, kExact);  // 4 tiles x 3 splits
+      record("gemm_fp8", "wgmma all tiles+splits " + shape, worst_norm, fp32_sums_bound(c.K));
+      record("gemm_fp8", "wgmma all tiles+splits max-rel " + shape, worst_rel, kFp32);
+    }
+  }
+  // 4. Shapes the tensor cores do not take fall back to the GEMVs (K % 16 != 0 here): the
   // dispatch's answer is the GEMV's, bound kFp32 as in ops_vs_cpu's decode_linear cases.
   {
     const int64_t T = 40, N = 300, K = 1000;
     QWeight w = make_qweight(h, 1, N, K, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
     Pair x = h.f32({T, K}, randn(T * K)), o = h.out({T, N});
     const bool taken = linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8Gemm) ||
+                       linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8Wgmma) ||
                        linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, LinearPath::kFp8SmallN);
     record("gemm_fp8", "K % 16 != 0 declined by the tensor-core paths", taken ? 1.0 : 0.0, kExact);
     h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);

@@ -25,20 +25,21 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for Hopper (split-K / stream-K)
 
-// Four E4M3 codes (one word) stored as their f16 values (exact).
-__device__ __forceinline__ void store4_f16(__half* dst, uint32_t codes) {
+// Four E4M3 codes (one word) as their f16 values (exact), codes 0, 1 in .x.
+__device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
   const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
   const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
-  *reinterpret_cast<uint2*>(dst) = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
-                                              static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
+  return make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
+                    static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
 }
-
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
 // conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x),
-// stored as the codes' f16 values.
+// stored as the codes' f16 values in row `ld` apart, in the k order `kOrder` (fp8_code_pos); positions
+// k in [K, ld) get +0.
+template <Fp8CodeOrder kOrder>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* values, float* scales, const float* x,
-                                                                     int64_t K, const float* static_scale) {
+                                                                     int64_t K, int64_t ld, const float* static_scale) {
   const int64_t t = blockIdx.x;
   const float* xr = x + t * K;
   float s;
@@ -59,13 +60,25 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* va
     for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
     s = fp8_token_scale_from_amax(amax);
   }
-  for (int64_t k = threadIdx.x * 4; k < K; k += kQuantThreads * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(xr + k);
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE,
-                                                 __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
-                                                 __NV_E4M3);
-    store4_f16(values + t * K + k, lo | (hi << 16));
+  __half* row = values + t * ld;
+  for (int64_t k = threadIdx.x * 4; k < ld; k += kQuantThreads * 4) {
+    uint32_t codes = 0;  // +0 past K
+    if (k < K) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + k);
+      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE,
+                                                   __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
+                                                   __NV_E4M3);
+      codes = lo | (hi << 16);
+    }
+    if constexpr (kOrder == Fp8CodeOrder::kNatural) {
+      *reinterpret_cast<uint2*>(row + k) = f16x4_of(codes);
+    } else {  // codes k, k+1 and k+2, k+3 are two pairs of the wgmma order
+      const uint2 h = f16x4_of(codes);
+      const int64_t p = fp8_code_pos(k);
+      *reinterpret_cast<uint32_t*>(row + p) = h.x;
+      *reinterpret_cast<uint32_t*>(row + p + 8) = h.y;
+    }
   }
   if (threadIdx.x == 0) scales[t] = s;
 }
@@ -75,15 +88,7 @@ __global__ void fp8_to_f16_kernel(__half* out, const uint8_t* w, int64_t n16) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n16) return;
   const uint4 q = reinterpret_cast<const uint4*>(w)[i];
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  uint2 o[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[j] & 0xffffu), __NV_E4M3);
-    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[j] >> 16), __NV_E4M3);
-    o[j] = make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
-                      static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
-  }
+  const uint2 o[4] = {f16x4_of(q.x), f16x4_of(q.y), f16x4_of(q.z), f16x4_of(q.w)};
   uint4* dst = reinterpret_cast<uint4*>(out) + 2 * i;
   dst[0] = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
   dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
@@ -101,10 +106,17 @@ __global__ void scale_outer_kernel(float* out, int64_t ldo, int64_t T, int64_t c
 }  // namespace
 
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
-                           const float* static_scale) {
+                           const float* static_scale, Fp8CodeOrder order) {
   if (T == 0) return;
   CHECK(K % 4 == 0 && T <= INT32_MAX);
-  quantize_rows_kernel<<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, static_scale);
+  if (order == Fp8CodeOrder::kNatural) {
+    quantize_rows_kernel<Fp8CodeOrder::kNatural>
+        <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, K, static_scale);
+  } else {
+    CHECK(K % 16 == 0);
+    quantize_rows_kernel<Fp8CodeOrder::kWgmma64>
+        <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, fp8_wgmma_row(K), static_scale);
+  }
   CUDA_CHECK_LAUNCH();
 }
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,

@@ -199,13 +199,18 @@ void small_n_tokens(CudaBackend& b, float* out, const float* x, int64_t T, const
       default: launch_small_n<8>(a, grid, b.stream()); break;
     }
     if (used > 1) {
-      reduce_splits_kernel<<<blocks_for(T * rows, 256), 256, 0, b.stream()>>>(out + p * rows, N, part.as<float>(), used,
-                                                                            T, rows, ts.as<float>(), ws + p * rows);
-      CUDA_CHECK_LAUNCH();
+      fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), used, T, rows, ts.as<float>(), ws + p * rows);
     }
   }
 }
 }  // namespace
+
+void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
+                       const float* ts, const float* ws) {
+  if (T * rows == 0) return;
+  reduce_splits_kernel<<<blocks_for(T * rows, 256), 256, 0, s>>>(out, ldo, part, splits, T, rows, ts, ws);
+  CUDA_CHECK_LAUNCH();
+}
 
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
   if (!fp8_w8a8_takes(w, kChunk) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;

@@ -1,7 +1,8 @@
 // y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
 //   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
 //   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_small_n.cu (mma.sync, weights read once)
-//   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm.cu (cuBLASLt, exact f16 products)
+//   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
+//                                                           (cuBLASLt); exact f16 products both
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
 //   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
@@ -43,7 +44,8 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kDispatch:
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w) && fp8_small_n_linear(b, out, x, T, w)) return true;
-      if (fp8_tensor_core_regime(T, w) && fp8_gemm_linear(b, out, x, T, w)) return true;
+      if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
+        return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
       if (nvfp4_grouped_regime(T, w) && grouped_nvfp4_linear(b, out, x, T, w)) return true;
       // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
@@ -59,6 +61,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
     case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
     case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
+    case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
     case LinearPath::kSimt:
       if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
@@ -89,13 +92,30 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
   return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
 }
 
-bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x) {
+bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
-  const int64_t T = x.dim(0), K = x.dim(1);
-  CHECK(values.numel() == T * K && values.dtype == DType::kF16 && scales.numel() == T && K % 4 == 0);
+  const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
+  CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
+  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits);
+}
+
+bool fp8_wgmma_expected(Backend& b) {
+  if (!dynamic_cast<CudaBackend*>(&b)) return false;
+  int dev = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
+bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x, bool wgmma_order) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t T = x.dim(0), K = x.dim(1), ld = wgmma_order ? fp8_wgmma_row(K) : K;
+  CHECK(values.numel() == T * ld && values.dtype == DType::kF16 && scales.numel() == T && K % 4 == 0);
   fp8_quantize_rows_f16(c->stream(), static_cast<__half*>(values.data), scales.ptr<float>(), x.ptr<const float>(), T, K,
-                        nullptr);
+                        nullptr, wgmma_order ? Fp8CodeOrder::kWgmma64 : Fp8CodeOrder::kNatural);
   return true;
 }
 

@@ -12,6 +12,7 @@ enum class LinearPath : int {
   kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
   kFp8SmallN,           // fp8_small_n.cu (any T, in pieces of 64 tokens)
   kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
+  kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
   kBf16Split,           // bf16_gemm.cu
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)
@@ -21,9 +22,23 @@ enum class LinearPath : int {
 // x: [T, K] f32 -> out: [T, N] f32
 bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path);
 
+// linear through fp8_gemm_wgmma.cu with a forced tile shape (index into its tile list) and K split.
+// False when `b` is not the CUDA backend or the kernel does not take the case (a tile index past
+// its list included).
+// x: [T, K] f32 -> out: [T, N] f32
+bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits);
+
+// Whether fp8_gemm_wgmma.cu is expected to run: the CUDA backend on a compute 9.0 device (builds
+// for the H200 carry sm_90a code).
+bool fp8_wgmma_expected(Backend& b);
+
 // The W8A8 activation quantization of the tensor-core paths alone (fp8_quantize_rows_f16), dynamic
-// per-token scales. False when `b` is not the CUDA backend.
-// x: [T, K] f32 (K % 4 == 0) -> values: [T, K] f16 (the E4M3 codes' values), scales: [T] f32
-bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x);
+// per-token scales, in x's k order or (wgmma_order) fp8_gemm_wgmma.cu's: rows padded to a multiple
+// of 64 with +0, within each 64-wide chunk x's k = 16 t + 4 s + j stored at 16 s + 2 t + j % 2 + 8 (j / 2).
+// False when `b` is not the CUDA backend.
+// x: [T, K] f32 (K % 4 == 0; wgmma_order: K % 16 == 0) -> values: [T, K] f16 (wgmma_order: [T, K
+// rounded up to 64]) (the E4M3 codes' values), scales: [T] f32
+bool fp8_quantize_probe(Backend& b, const Tensor& values, const Tensor& scales, const Tensor& x,
+                        bool wgmma_order = false);
 
 }  // namespace sparkserve

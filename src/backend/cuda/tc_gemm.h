@@ -1,5 +1,6 @@
-// The tensor-core GEMMs of linear: fp8_gemm.cu (W8A8 FP8 weights with dynamic per-token or static
-// activation scales, prefill T, cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
+// The tensor-core GEMMs of linear: fp8_gemm_wgmma.cu (W8A8 FP8 weights with dynamic per-token or
+// static activation scales, prefill T, sm_90a), fp8_gemm.cu (the same on the other targets through
+// cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
 // mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
 // cuBLASLt). Each returns false when it does not take the case (format, shape,
 // alignment, the library missing or refusing the problem); the caller then runs another kernel.
@@ -25,6 +26,21 @@ bool fp8_gemm_takes(const Linear& w);
 // (weights converted per call), Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+// out = x W^T for prefill-sized T on sm_90a (fp8_gemm_wgmma.cu): the FP8 weight codes go from global
+// memory into the kernel and are turned into f16 there, the activation codes (fp8_quantize_rows_f16,
+// Fp8CodeOrder::kWgmma64) are the f16 wgmma's other operand, exact products, f32 sums, s_t · ws[n] in
+// the epilogue. False where the kernel cannot run (not sm_90a code on a compute 9.0 device) or does
+// not take the case. force_tile / force_splits (>= 0 / > 0): a tile shape and K split instead of
+// the kernel's own choice (tests and benchmarks; a tile index past the last is declined).
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
+                      int force_splits = 0);
+bool fp8_wgmma_available();
+// out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n] for n < rows, the split-K partial sums added in split
+// order (out rows ldo apart).
+// part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
+void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
+                       const float* ts, const float* ws);
 // out = x W^T for T = 2..64 tokens (batched decode, speculative verify): fp8_small_n.cu, weights on
 // the MMA's M side streamed once, exact f16 products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run
 // in pieces of 64 tokens (each reads the weights again: the fallback where cuBLASLt is missing).
@@ -32,12 +48,26 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 
+// The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
+// kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
+// a multiple of 64): within each 64-wide chunk, x's k = 16 t + 4 s + j (j < 4) is stored at
+// 16 s + 2 t + (j % 2) + 8 (j / 2), the position of the k16 step s where the wgmma A fragment of
+// quad lane t takes byte j of its 4-byte slice of the weight row (so one 16-byte load of a weight
+// row is a lane's fragments for four k16 steps). A dot product does not depend on the k order.
+enum class Fp8CodeOrder { kNatural, kWgmma64 };
+inline int64_t fp8_wgmma_row(int64_t K) { return (K + 63) / 64 * 64; }
+// Where kWgmma64 stores x's k (k % 4 == 0; k + 1 follows it, k + 2 and k + 3 are 8 further on).
+__host__ __device__ inline int64_t fp8_code_pos(int64_t k) {
+  return (k & ~int64_t{63}) + 16 * ((k >> 2) & 3) + 2 * ((k >> 4) & 3);
+}
+
 // The activation quantization of the W8A8 paths, as core/fp8_quant.cpp: scales[t] = the token's
 // dynamic scale (static_scale null) or *static_scale; codes = fp8_e4m3(x / s) saturating, stored as
-// their exact f16 values.
-// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> values: [T, K] f16, scales: [T] f32 (device)
+// their exact f16 values in `order` (kWgmma64: K % 16 == 0).
+// x: [T, K] f32 (K % 4 == 0, 16-byte aligned) -> values: [T, K] f16 (kWgmma64: [T, fp8_wgmma_row(K)]),
+// scales: [T] f32 (device)
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
-                           const float* static_scale);
+                           const float* static_scale, Fp8CodeOrder order = Fp8CodeOrder::kNatural);
 // out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
                      const float* ws);

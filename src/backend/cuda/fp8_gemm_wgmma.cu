@@ -1,0 +1,424 @@
+// W8A8 FP8 Linear for prefill-sized T on Hopper's warpgroup MMA (sm_90a; tc_gemm.h's
+// fp8_wgmma_linear). The FP8 weight codes are read from global memory once per tile and turned into
+// f16 inside the kernel: no f16 copy of the weights, no separate scale pass.
+//
+// Numerics: those of fp8_gemm.cu's exact route. The activation codes and per-token scales are the
+// CPU's bit for bit (fp8_quantize_rows_f16); every E4M3 value is exact in f16, so the f16 wgmma
+// multiplies the codes of both sides exactly and sums in f32; out = sum · (s_t · ws[n]) in f32, the
+// same operations as fp8_scale_outer. Split-K partial sums (few tiles) are added in split order by
+// fp8_reduce_splits: deterministic.
+//
+// Operands: the weights are the MMA's M side (A from registers): a tile's rows arrive by TMA as
+// 64-byte rows of codes per 64-k stage; a quad lane's 16-byte load of a row holds its A fragments of
+// the stage's four k16 steps, converted by cvt.rn.f16x2.e4m3x2 (the activations are stored in the
+// matching k order: tc_gemm.h Fp8CodeOrder::kWgmma64). The activation codes (f16) are the N side (B
+// from shared memory, K-major, 128-byte swizzle, by TMA). D = [weight rows, tokens] in f32 registers.
+//
+// CTA: warpgroup 0 is the producer (one thread issues the TMA copies into a ring of stages with
+// full / empty mbarriers), warpgroups 1 and 2 consume: each takes 64 · kMT weight rows of the tile
+// (kMT m64 tiles) against all kBN tokens. Per k16 step a warpgroup converts its fragments (two
+// buffers), issues kMT wgmmas, and waits for the previous step's (wait_group 1), so one step is
+// always in flight; a stage is handed back once its last step has completed. Persistent: a grid
+// of at most one CTA per SM walks the work units (tile x K split) in a grouped order (kGroupM weight
+// tiles share the tokens' tiles), the producer loading the next unit while the consumers store.
+#include <cuda.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/tc_gemm.h"
+#include "backend/cuda/wgmma_primitives.cuh"
+#include "core/check.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kGroupM = 8;     // weight tiles per raster group
+constexpr int kSmemLimit = 227 * 1024;
+
+template <int kMT, int kBN>
+struct Tile {
+  static constexpr int BM = 128 * kMT;          // weight rows per CTA
+  static constexpr int kXBytes = kBN * 128;      // activation codes of a stage: kBN rows of 64 f16 (swizzled)
+  static constexpr int kWBytes = BM * 64;        // weight codes of a stage: BM rows of 64 bytes
+  static constexpr int kStageBytes = kXBytes + kWBytes;
+  static constexpr int kStages = std::min(8, (kSmemLimit - 2048) / kStageBytes);
+  static constexpr int kBarOffset = kStages * kStageBytes;
+  static constexpr int kSmem = kBarOffset + 2 * kStages * 8 + 1024;  // + the base's alignment to 1 KB
+  static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages keep the swizzle's 1 KB alignment");
+};
+
+struct WgmmaArgs {
+  const float* ts;  // [T] activation scales
+  const float* ws;  // [rows] weight scales
+  float* out;       // [T, ldo] (splits == 1)
+  float* part;      // [splits, T, rows] unscaled partial sums (splits > 1)
+  int64_t ldo;
+  int T, rows, k_stages, splits, stages_per_split, m_tiles, n_tiles, units;
+};
+
+// Work unit u -> weight tile, token tile, K split. Splits of a tile are adjacent; tiles run in
+// groups of kGroupM weight tiles, token tiles outer within a group.
+__device__ __forceinline__ void unit_coords(const WgmmaArgs& a, int u, int& mt, int& nt, int& split) {
+  split = u % a.splits;
+  const int tile = u / a.splits, per_group = kGroupM * a.n_tiles;
+  const int group = tile / per_group, in = tile % per_group;
+  const int m0 = group * kGroupM, gm = min(kGroupM, a.m_tiles - m0);
+  mt = m0 + in % gm;
+  nt = in / gm;
+}
+
+#ifdef SPARKSERVE_HAS_WGMMA
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Box (x = c0 innermost, y = c1) of a 2-D tensor map into shared memory; completes on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// Two E4M3 codes (low 16 bits) -> f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
+  uint32_t h;
+  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(h) : "r"(v));
+  return h;
+}
+__device__ __forceinline__ uint32_t word(const uint4& v, int s) {
+  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+}
+
+template <int kBN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kBN / 8][4], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (kBN == 256)
+    wgmma_m64n256k16_rs_f16(d, a, desc);
+  else if constexpr (kBN == 128)
+    wgmma_m64n128k16_rs_f16(d, a, desc);
+  else
+    wgmma_m64n64k16_rs_f16(d, a, desc);
+}
+
+template <int kMT, int kBN>
+__device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* xmap, const CUtensorMap* wmap,
+                                        uint32_t smem, uint32_t full, uint32_t empty) {
+  using Tl = Tile<kMT, kBN>;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
+    int mt, nt, split;
+    unit_coords(a, u, mt, nt, split);
+    const int k0 = split * a.stages_per_split, k1 = min(a.k_stages, k0 + a.stages_per_split);
+    for (int kb = k0; kb < k1; ++kb) {
+      mbar_wait(empty + 8 * stage, phase ^ 1);  // a fresh barrier counts as released
+      const uint32_t st = smem + stage * Tl::kStageBytes, bar = full + 8 * stage;
+      mbar_expect_tx(bar, Tl::kStageBytes);
+      tma_load_2d(st, xmap, kb * 64, nt * kBN, bar);
+      tma_load_2d(st + Tl::kXBytes, wmap, kb * 64, mt * Tl::BM, bar);
+      if (++stage == Tl::kStages) stage = 0, phase ^= 1;
+    }
+  }
+}
+
+template <int kMT, int kBN>
+__device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem, uint32_t full, uint32_t empty) {
+  using Tl = Tile<kMT, kBN>;
+  const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  // This warp's rows in a stage's weight block: m64 tile m, rows r0 + 64 m (+ 8).
+  const int r0 = cw * 64 * kMT + warp * 16 + g;
+  const uint64_t desc0 = sw128_desc(smem);  // stage offsets and k16 steps are added to its address field
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc[kMT][kBN / 8][4];
+  uint32_t frag[2][kMT][4];
+  for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
+    int mt, nt, split;
+    unit_coords(a, u, mt, nt, split);
+    const int k0 = split * a.stages_per_split, k1 = min(a.k_stages, k0 + a.stages_per_split);
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][i][e] = 0.0f;
+      wgmma_fence_operand(acc[m]);
+    }
+    int prev = -1;
+    for (int kb = k0; kb < k1; ++kb) {
+      mbar_wait(full + 8 * stage, phase);
+      const uint8_t* sw = smem + stage * Tl::kStageBytes + Tl::kXBytes;
+      uint4 codes[kMT][2];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          codes[m][h] = *reinterpret_cast<const uint4*>(sw + (r0 + 64 * m + 8 * h) * 64 + 16 * t);
+      const uint64_t desc = desc0 + static_cast<uint64_t>((stage * Tl::kStageBytes) >> 4);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // Buffer s % 2 was read by step s - 2, complete since the last wait.
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) {
+          const uint32_t w0 = word(codes[m][0], s), w8 = word(codes[m][1], s);
+          frag[s % 2][m][0] = e4m3x2_f16x2(w0);
+          frag[s % 2][m][1] = e4m3x2_f16x2(w8);
+          frag[s % 2][m][2] = e4m3x2_f16x2(w0 >> 16);
+          frag[s % 2][m][3] = e4m3x2_f16x2(w8 >> 16);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) wgmma_rs<kBN>(acc[m], frag[s % 2][m], desc + 2 * s);  // + 32 bytes per k16
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (s == 0 && prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);  // its last step completed
+      }
+      prev = stage;
+      if (++stage == Tl::kStages) stage = 0, phase ^= 1;
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) wgmma_fence_operand(acc[m]);
+    if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+    // D fragment: acc[m][i] = weight rows r and r + 8, tokens 8 i + 2 t and + 1.
+    const int64_t row0 = static_cast<int64_t>(mt) * Tl::BM + r0;
+    float wsv[kMT][2];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row0 + 64 * m + 8 * h;
+        wsv[m][h] = r < a.rows ? a.ws[r] : 0.0f;
+      }
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = nt * kBN + 8 * i + 2 * t + e;
+        if (tok >= a.T) continue;
+        const float tsv = a.splits == 1 ? a.ts[tok] : 0.0f;
+#pragma unroll
+        for (int m = 0; m < kMT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t r = row0 + 64 * m + 8 * h;
+            if (r >= a.rows) continue;
+            const float v = acc[m][i][2 * h + e];
+            if (a.splits == 1)
+              a.out[tok * a.ldo + r] = v * (tsv * wsv[m][h]);
+            else
+              a.part[(static_cast<int64_t>(split) * a.T + tok) * a.rows + r] = v;
+          }
+      }
+  }
+}
+#endif  // SPARKSERVE_HAS_WGMMA
+
+template <int kMT, int kBN>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                     const WgmmaArgs a) {
+#ifdef SPARKSERVE_HAS_WGMMA
+  using Tl = Tile<kMT, kBN>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t full = base + Tl::kBarOffset, empty = full + 8 * Tl::kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Tl::kStages; ++s) {
+      mbar_init(full + 8 * s, 1);   // the producer's expect_tx arrival (+ the copies' bytes)
+      mbar_init(empty + 8 * s, 8);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) produce<kMT, kBN>(a, &xmap, &wmap, base, full, empty);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    consume<kMT, kBN>(a, smem, full, empty);
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A row-major [rows, cols] tensor (row stride ld elements) read in boxes of [box_rows, box_cols];
+// rows and columns past the end read as zeros.
+CUtensorMap tensor_map(const void* p, CUtensorMapDataType type, int elem_bytes, int64_t rows, int64_t cols, int64_t ld,
+                       int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
+  CUtensorMap m{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(p), dims, strides, box, elem_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CHECK_MSG(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed");
+  return m;
+}
+
+// The tile shapes (weight rows per CTA = 128 kMT, tokens kBN).
+struct TileShape {
+  int mt, bn;
+};
+constexpr TileShape kTiles[] = {{2, 128}, {1, 256}, {1, 128}, {2, 64}};
+constexpr int kNumTiles = sizeof(kTiles) / sizeof(kTiles[0]);
+
+template <int kMT, int kBN>
+void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
+  using Tl = Tile<kMT, kBN>;
+  auto kern = fp8_wgmma_kernel<kMT, kBN>;
+  static int64_t allowed = 0;
+  allow_smem(kern, Tl::kSmem, allowed);
+  const int grid = std::min(a.units, b.sm_count());
+  kern<<<grid, kThreads, Tl::kSmem, b.stream()>>>(xmap, wmap, a);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
+  switch (tile) {
+    case 0: launch<2, 128>(b, xmap, wmap, a); break;
+    case 1: launch<1, 256>(b, xmap, wmap, a); break;
+    case 2: launch<1, 128>(b, xmap, wmap, a); break;
+    default: launch<2, 64>(b, xmap, wmap, a); break;
+  }
+}
+
+int tile_smem(int tile) {
+  switch (tile) {
+    case 0: return Tile<2, 128>::kSmem;
+    case 1: return Tile<1, 256>::kSmem;
+    case 2: return Tile<1, 128>::kSmem;
+    default: return Tile<2, 64>::kSmem;
+  }
+}
+
+// Tile and K split for a problem: the fewest estimated cycles over (tile, splits), counting the
+// waves of work units over the SMs (a unit's MMA time at the tensor cores' f16 rate plus a fixed
+// cost for its pipeline fill and epilogue) and, for splits, the partial sums' round trip.
+struct Plan {
+  int tile, splits;
+};
+Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
+  const int64_t k_stages = (K + 63) / 64;
+  Plan best{0, 1};
+  double best_cost = 1e300;
+  for (int ti = 0; ti < kNumTiles; ++ti) {
+    const int64_t bm = 128 * kTiles[ti].mt, bn = kTiles[ti].bn;
+    const int64_t tiles = ((rows + bm - 1) / bm) * ((T + bn - 1) / bn);
+    for (int64_t s = 1; s <= std::min<int64_t>(8, k_stages / 4 > 0 ? k_stages / 4 : 1); ++s) {
+      const int64_t per = (k_stages + s - 1) / s;
+      if ((s - 1) * per >= k_stages) continue;  // an empty split
+      const int64_t units = tiles * s, waves = (units + sms - 1) / sms;
+      // cycles: 4096 f16 flop per SM per clock; ~2000 cycles per unit outside its MMAs.
+      const double unit = static_cast<double>(bm * bn * 64 * per * 2) / 4096.0 + 2000.0;
+      // partials: written and read once at ~20 bytes per cycle per SM of the whole device.
+      const double reduce = s > 1 ? static_cast<double>(T * rows * 4 * (s + 1)) / (20.0 * sms) + 3000.0 : 0.0;
+      const double cost = static_cast<double>(waves) * unit + reduce;
+      if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+bool fp8_wgmma_available() {
+  static const bool ok = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int most = 0;
+    for (int ti = 0; ti < kNumTiles; ++ti) most = std::max(most, tile_smem(ti));
+    return sm90a_kernel_runs(reinterpret_cast<const void*>(fp8_wgmma_kernel<2, 128>)) && most <= optin &&
+           encode_tiled() != nullptr;
+  }();
+  return ok;
+}
+
+bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile,
+                      int force_splits) {
+  if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !fp8_wgmma_available()) return false;
+  if (force_tile >= kNumTiles) return false;
+  const int64_t K = w.in_features, N = w.out_features;
+  if (T == 0 || N == 0) return true;
+  CHECK(T <= INT32_MAX / 2 && N <= INT32_MAX / 2 && K <= INT32_MAX / 2);
+  // A static activation scale may differ per partition: each partition's rows get x quantized
+  // with its own scale. Dynamic scales are per token, the same for every partition.
+  const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
+  const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts, ld = fp8_wgmma_row(K);
+  Plan plan = plan_for(T, rows, K, b.sm_count());
+  if (force_tile >= 0) plan.tile = force_tile;
+  if (force_splits > 0) plan.splits = force_splits;
+  const int64_t k_stages = ld / 64, per = (k_stages + plan.splits - 1) / plan.splits;
+  const int splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
+  const int bm = 128 * kTiles[plan.tile].mt, bn = kTiles[plan.tile].bn;
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(T * ld) * 2), scales(&b, static_cast<size_t>(T) * 4),
+      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0);
+  const auto* wq = static_cast<const uint8_t*>(w.weight.data);
+  const auto* ws = static_cast<const float*>(w.weight_scale.data);
+  const auto* is = static_cast<const float*>(w.input_scale.data);
+  const CUtensorMap xmap = tensor_map(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, bn, 64,
+                                      CU_TENSOR_MAP_SWIZZLE_128B);
+  WgmmaArgs a{};
+  a.ts = scales.as<float>();
+  a.part = part.as<float>();
+  a.ldo = N;
+  a.T = static_cast<int>(T);
+  a.rows = static_cast<int>(rows);
+  a.k_stages = static_cast<int>(k_stages);
+  a.splits = splits;
+  a.stages_per_split = static_cast<int>(per);
+  a.m_tiles = static_cast<int>((rows + bm - 1) / bm);
+  a.n_tiles = static_cast<int>((T + bn - 1) / bn);
+  a.units = a.m_tiles * a.n_tiles * splits;
+  for (int64_t p = 0; p < parts; ++p) {
+    fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
+                          w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr,
+                          Fp8CodeOrder::kWgmma64);
+    const CUtensorMap wmap = tensor_map(wq + p * rows * K, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, K, K, bm, 64,
+                                        CU_TENSOR_MAP_SWIZZLE_NONE);
+    a.ws = ws + p * rows;
+    a.out = out + p * rows;
+    launch_tile(b, plan.tile, xmap, wmap, a);
+    if (splits > 1) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
+  }
+  return true;
+}
+
+}  // namespace sparkserve
