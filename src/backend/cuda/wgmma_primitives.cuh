@@ -1,5 +1,5 @@
 // Hopper warpgroup-MMA building blocks (wgmma.mma_async, sm_90a only): the fences and group
-// waits, the shared-memory matrix descriptor of the 128-byte swizzle, and the bf16 instructions
+// waits, the shared-memory matrix descriptor of the 128-byte swizzle, and the bf16 / f16 instructions
 // the kernels use. Everything here exists only in the sm_90a device pass (SPARKSERVE_HAS_WGMMA);
 // kernels built for the other targets must not reach it (their launchers check at run time).
 //
