@@ -1,9 +1,11 @@
 // gpu_ops --bench-kernels cases of the dense matmul regimes (--bench-filter gemm), at the
-// Qwen3.5-122B-A10B shapes, every path through linear_probe (backend/cuda/linear_probe.h):
-// - "gemm fp8 prefill": the W8A8 GEMM at T = 8192 (M = 8192, N = 12288, K = 3072 is in_proj_qkv):
-//   TFLOP/s with the activation quantization, the weights' f16 conversion and the scaling included,
-//   for the cuBLASLt route and the small-N kernel in pieces of 64 tokens (the fallback); the
-//   quantization alone; qkv at T = 128..2048 for the crossover;
+// Qwen3.5-122B-A10B and 35B-A3B shapes, every path through linear_probe (backend/cuda/linear_probe.h):
+// - "gemm fp8 prefill": the W8A8 GEMM at T = 128, 330 (a served agent turn), 512, 2048, 8192 (M =
+//   8192, N = 12288, K = 3072 is in_proj_qkv): TFLOP/s with the activation quantization, the scaling
+//   and (cuBLASLt route) the weights' f16 conversion included, for the dispatch, the sm_90a wgmma
+//   kernel, the cuBLASLt route and (T <= 512) the small-N kernel in pieces of 64 tokens (the
+//   fallback); the quantization alone;
+// - "gemm fp8 tiles": the wgmma kernel with each tile shape and K split forced;
 // - "gemm small-N": T = 1..64 tokens (batched decode, speculative verify): the GEMVs, the small-N
 //   kernel and the cuBLASLt route, µs and weight bytes per second against the measured copy
 //   bandwidth (the floor);
@@ -146,8 +148,11 @@ void bench_fp8_prefill(Backend& g) {
       }
       if (s.N == 12288 && T == 8192) {  // the quantization alone, part of every figure above
         Buffer values(&g, DType::kF16, {T, s.K}), scales(&g, DType::kF32, {T});
-        const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, values, scales, x); }, 8);
-        print_row("fp8 quantize x 8192x3072 (f16)", T, "quantize", ms, 0, static_cast<double>(T * s.K) * 6.0, copy);
+        for (const bool wgmma_order : {false, true}) {
+          const double ms = time_graph(g, [&](int) { fp8_quantize_probe(g, values, scales, x, wgmma_order); }, 8);
+          print_row(wgmma_order ? "fp8 quantize 8192x3072 wgmma order" : "fp8 quantize 8192x3072 (f16)", T,
+                    "quantize", ms, 0, static_cast<double>(T * s.K) * 6.0, copy);
+        }
       }
     }
   }

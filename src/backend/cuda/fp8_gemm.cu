@@ -1,4 +1,7 @@
-// W8A8 FP8 Linear on the tensor cores for prefill-sized T (tc_gemm.h).
+// W8A8 FP8 Linear on the tensor cores for prefill-sized T through cuBLASLt (tc_gemm.h), where
+// fp8_gemm_wgmma.cu's kernel does not run (the Blackwell targets; sm_90a takes that kernel, which
+// reads the FP8 weights itself instead of converting them per call). Also the W8A8 activation
+// quantization of every tensor-core path.
 //
 // Numerics vs the CPU specification (core/fp8_quant.cpp, backend/cpu/quant_linear.cpp): the
 // activation codes and scales are the CPU's bit for bit (same f32 amax, the same __fdiv_rn(x, s)

@@ -21,9 +21,10 @@ bool fp8_w8a8_takes(const Linear& w, int64_t k_multiple);
 
 // fp8_w8a8_takes(w, 16): 16-byte rows of codes for cuBLASLt.
 bool fp8_gemm_takes(const Linear& w);
-// out = x W^T for prefill-sized T through cuBLASLt: x quantized to the CPU's E4M3 codes and
-// per-token scales, the codes of both sides as their exact f16 values on the f16 tensor cores
-// (weights converted per call), Σ_k q_x q_w with f32 accumulation, then s_t · ws[n] (fp8_scale_outer).
+// out = x W^T for prefill-sized T through cuBLASLt (targets without fp8_wgmma_linear): x quantized
+// to the CPU's E4M3 codes and per-token scales, the codes of both sides as their exact f16 values on
+// the f16 tensor cores (weights converted per call), Σ_k q_x q_w with f32 accumulation, then
+// s_t · ws[n] (fp8_scale_outer).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 // out = x W^T for prefill-sized T on sm_90a (fp8_gemm_wgmma.cu): the FP8 weight codes go from global
