@@ -38,18 +38,15 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kGroupM = 8;     // weight tiles per raster group
 constexpr int kSmemLimit = 227 * 1024;
 
-// kPing: the two consumer warpgroups take alternate work units ("ping-pong": one stores while the
-// other multiplies), each the whole tile of 64 kMT weight rows; else both share a unit of 128 kMT.
-template <int kMT, int kBN, bool kPing>
+template <int kMT, int kBN>
 struct Tile {
-  static constexpr int BM = (kPing ? 64 : 128) * kMT;  // weight rows per unit
+  static constexpr int BM = 128 * kMT;  // weight rows per unit
   static constexpr int kXBytes = kBN * 128;      // activation codes of a stage: kBN rows of 64 f16 (swizzled)
   static constexpr int kWBytes = BM * 64;        // weight codes of a stage: BM rows of 64 bytes
   static constexpr int kStageBytes = kXBytes + kWBytes;
   static constexpr int kStages = std::min(8, (kSmemLimit - 2048) / kStageBytes);
   static constexpr int kBarOffset = kStages * kStageBytes;
   static constexpr int kSmem = kBarOffset + 2 * kStages * 8 + 1024;  // + the base's alignment to 1 KB
-  static constexpr int kReaders = kPing ? 4 : 8;                      // consumer warps per stage
   static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages keep the swizzle's 1 KB alignment");
 };
 
@@ -99,9 +96,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// Named barriers between the two consumer warpgroups (256 threads: one side arrives, one waits).
-__device__ __forceinline__ void named_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 // Two E4M3 codes (low 16 bits) -> f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
   uint32_t h;
@@ -122,10 +116,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kBN / 8][4], const uint32_t 
     wgmma_m64n64k16_rs_f16(d, a, desc);
 }
 
-template <int kMT, int kBN, bool kPing>
+template <int kMT, int kBN>
 __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* xmap, const CUtensorMap* wmap,
                                         uint32_t smem, uint32_t full, uint32_t empty) {
-  using Tl = Tile<kMT, kBN, kPing>;
+  using Tl = Tile<kMT, kBN>;
   int stage = 0;
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
@@ -143,32 +137,22 @@ __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* x
   }
 }
 
-template <int kMT, int kBN, bool kPing>
+template <int kMT, int kBN>
 __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem, uint32_t full, uint32_t empty) {
-  using Tl = Tile<kMT, kBN, kPing>;
+  using Tl = Tile<kMT, kBN>;
   const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   // This warp's rows in a stage's weight block: m64 tile m, rows r0 + 64 m (+ 8).
-  const int r0 = (kPing ? 0 : cw * 64 * kMT) + warp * 16 + g;
+  const int r0 = cw * 64 * kMT + warp * 16 + g;
   const uint64_t desc0 = sw128_desc(smem);  // stage offsets and k16 steps are added to its address field
   int stage = 0;
   uint32_t phase = 0;
   float acc[kMT][kBN / 8][4];
   uint32_t frag[2][kMT][4];
-  for (int u = blockIdx.x, j = 0; u < a.units; u += gridDim.x, ++j) {
+  for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
     int mt, nt, split;
     unit_coords(a, u, mt, nt, split);
     const int k0 = split * a.stages_per_split, k1 = min(a.k_stages, k0 + a.stages_per_split);
-    if (kPing && j % 2 != cw) {  // the other warpgroup's unit: skip its stages in the ring
-      const int n = stage + (k1 - k0);
-      phase ^= (n / Tl::kStages) & 1;
-      stage = n % Tl::kStages;
-      continue;
-    }
-    // Ping-pong: this unit's stages are waited for only once the other warpgroup has waited for all
-    // of its previous unit's (the full barriers' parity tells apart only adjacent fills of a stage);
-    // this also keeps one warpgroup at a time on the tensor cores, the other storing.
-    if (kPing && j > 0) named_bar_sync(1 + cw);
 #pragma unroll
     for (int m = 0; m < kMT; ++m) {
 #pragma unroll
@@ -209,7 +193,6 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
       prev = stage;
       if (++stage == Tl::kStages) stage = 0, phase ^= 1;
     }
-    if (kPing && u + static_cast<int>(gridDim.x) < a.units) named_bar_arrive(2 - cw);  // the next unit may start
     // D fragment: acc[m][i] = weight rows r and r + 8, tokens 8 i + 2 t and + 1. The scales are
     // loaded in batches of kBatch token octets, each batch's loads issued together (the first while
     // the last steps run): a few memory latencies per unit rather than one per token.
@@ -265,12 +248,12 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
 }
 #endif  // SPARKSERVE_HAS_WGMMA
 
-template <int kMT, int kBN, bool kPing>
+template <int kMT, int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                      const WgmmaArgs a) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  using Tl = Tile<kMT, kBN, kPing>;
+  using Tl = Tile<kMT, kBN>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
@@ -279,17 +262,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tl::kStages; ++s) {
       mbar_init(full + 8 * s, 1);   // the producer's expect_tx arrival (+ the copies' bytes)
-      mbar_init(empty + 8 * s, Tl::kReaders);  // one arrival per consumer warp that reads it
+      mbar_init(empty + 8 * s, 8);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == 0) produce<kMT, kBN, kPing>(a, &xmap, &wmap, base, full, empty);
+    if (threadIdx.x == 0) produce<kMT, kBN>(a, &xmap, &wmap, base, full, empty);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    consume<kMT, kBN, kPing>(a, smem, full, empty);
+    consume<kMT, kBN>(a, smem, full, empty);
   }
 #endif
 }
@@ -326,20 +309,24 @@ CUtensorMap tensor_map(const void* p, CUtensorMapDataType type, int elem_bytes, 
   return m;
 }
 
-// The tile shapes: weight rows per unit (128 kMT, or 64 kMT ping-pong), tokens kBN.
+// The tile shapes (weight rows per unit = 128 kMT, tokens kBN) and the planner's relative MMA
+// efficiency of each, fitted with its fixed costs below to gpu_ops' "gemm fp8 tiles" sweep on the
+// H200 (122B and 35B shapes, T = 128..8192: its choice within 2.8% of the best tile and split of the
+// sweep everywhere). Measured and not kept: 128 x 256 and 256 x 64 cooperative tiles (best in a few
+// cases by <= 3%), and ping-pong warpgroups (each its own 128 x 128 or 64 x 256 unit, one storing
+// while the other multiplies): 4-28% slower than these at 8K tokens.
 struct TileShape {
   int mt, bn;
-  bool ping;
+  double efficiency;
 };
-constexpr TileShape kTiles[] = {{2, 128, false}, {1, 256, false}, {1, 128, false},
-                                {2, 64, false},  {2, 128, true},  {1, 256, true}};
+constexpr TileShape kTiles[] = {{2, 128, 1.0}, {1, 128, 0.85}};
 constexpr int kNumTiles = sizeof(kTiles) / sizeof(kTiles[0]);
-int tile_rows(int tile) { return (kTiles[tile].ping ? 64 : 128) * kTiles[tile].mt; }
+int tile_rows(int tile) { return 128 * kTiles[tile].mt; }
 
-template <int kMT, int kBN, bool kPing>
+template <int kMT, int kBN>
 void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
-  using Tl = Tile<kMT, kBN, kPing>;
-  auto kern = fp8_wgmma_kernel<kMT, kBN, kPing>;
+  using Tl = Tile<kMT, kBN>;
+  auto kern = fp8_wgmma_kernel<kMT, kBN>;
   static int64_t allowed = 0;
   allow_smem(kern, Tl::kSmem, allowed);
   const int grid = std::min(a.units, b.sm_count());
@@ -348,32 +335,19 @@ void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, co
 }
 
 void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
-  switch (tile) {
-    case 0: launch<2, 128, false>(b, xmap, wmap, a); break;
-    case 1: launch<1, 256, false>(b, xmap, wmap, a); break;
-    case 2: launch<1, 128, false>(b, xmap, wmap, a); break;
-    case 3: launch<2, 64, false>(b, xmap, wmap, a); break;
-    case 4: launch<2, 128, true>(b, xmap, wmap, a); break;
-    default: launch<1, 256, true>(b, xmap, wmap, a); break;
-  }
+  if (tile == 0)
+    launch<2, 128>(b, xmap, wmap, a);
+  else
+    launch<1, 128>(b, xmap, wmap, a);
 }
 
-int tile_smem(int tile) {
-  switch (tile) {
-    case 0: return Tile<2, 128, false>::kSmem;
-    case 1: return Tile<1, 256, false>::kSmem;
-    case 2: return Tile<1, 128, false>::kSmem;
-    case 3: return Tile<2, 64, false>::kSmem;
-    case 4: return Tile<2, 128, true>::kSmem;
-    default: return Tile<1, 256, true>::kSmem;
-  }
-}
+constexpr int kMostSmem = std::max(Tile<2, 128>::kSmem, Tile<1, 128>::kSmem);
 
-// Tile and K split for a problem: the fewest estimated cycles over (tile, splits), counting the
-// work units per SM (each SM runs its units one after the other on its tensor cores): a unit's MMA
-// time at the tensor cores' f16 rate plus a fixed cost (pipeline fill, and for the cooperative
-// tiles the epilogue, which ping-pong hides behind the other warpgroup's MMAs), and for splits the
-// partial sums' round trip.
+// Tile and K split (1, 2 or 4 ways) for a problem: the fewest estimated cycles, counting the work
+// units per SM (each SM runs its units one after the other): a unit's MMA cycles at the tensor
+// cores' f16 rate (4096 flop per SM per clock) over the tile's efficiency plus 1000 cycles (pipeline
+// fill, epilogue), and for splits the partial sums' round trip (written and read once at 10 bytes
+// per cycle per SM, plus 4000 cycles for the reduction's launch).
 struct Plan {
   int tile, splits;
 };
@@ -384,14 +358,12 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
   for (int ti = 0; ti < kNumTiles; ++ti) {
     const int64_t bm = tile_rows(ti), bn = kTiles[ti].bn;
     const int64_t tiles = ((rows + bm - 1) / bm) * ((T + bn - 1) / bn);
-    for (int64_t s = 1; s <= std::min<int64_t>(8, k_stages / 4 > 0 ? k_stages / 4 : 1); ++s) {
+    for (int64_t s : {1, 2, 4}) {
       const int64_t per = (k_stages + s - 1) / s;
       if ((s - 1) * per >= k_stages) continue;  // an empty split
       const int64_t units = tiles * s, waves = (units + sms - 1) / sms;
-      // cycles: 4096 f16 flop per SM per clock
-      const double unit = static_cast<double>(bm * bn * 64 * per * 2) / 4096.0 + (kTiles[ti].ping ? 1000.0 : 3000.0);
-      // partials: written and read once at ~20 bytes per cycle per SM of the whole device.
-      const double reduce = s > 1 ? static_cast<double>(T * rows * 4 * (s + 1)) / (20.0 * sms) + 3000.0 : 0.0;
+      const double unit = static_cast<double>(bm * bn * 64 * per * 2) / 4096.0 / kTiles[ti].efficiency + 1000.0;
+      const double reduce = s > 1 ? static_cast<double>(T * rows * 4 * (s + 1)) / (10.0 * sms) + 4000.0 : 0.0;
       const double cost = static_cast<double>(waves) * unit + reduce;
       if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
     }
@@ -406,9 +378,7 @@ bool fp8_wgmma_available() {
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    int most = 0;
-    for (int ti = 0; ti < kNumTiles; ++ti) most = std::max(most, tile_smem(ti));
-    return sm90a_kernel_runs(reinterpret_cast<const void*>(fp8_wgmma_kernel<2, 128, false>)) && most <= optin &&
+    return sm90a_kernel_runs(reinterpret_cast<const void*>(fp8_wgmma_kernel<2, 128>)) && kMostSmem <= optin &&
            encode_tiled() != nullptr;
   }();
   return ok;
