@@ -35,7 +35,6 @@ namespace sparkserve {
 namespace {
 
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kGroupM = 8;     // weight tiles per raster group
 constexpr int kSmemLimit = 227 * 1024;
 
 template <int kMT, int kBN>
@@ -60,6 +59,7 @@ struct WgmmaArgs {
 };
 
 #ifdef SPARKSERVE_HAS_WGMMA
+constexpr int kGroupM = 8;  // weight tiles per raster group
 // Work unit u -> weight tile, token tile, K split. Splits of a tile are adjacent; tiles run in
 // groups of kGroupM weight tiles, token tiles outer within a group.
 __device__ __forceinline__ void unit_coords(const WgmmaArgs& a, int u, int& mt, int& nt, int& split) {
