@@ -23,7 +23,8 @@ namespace {
 
 // Measured on the H200 at the 122B shapes (gpu_ops --bench-kernels --bench-filter gemm; docs/performance.md):
 // the one-token kernels stream weights at ~3 TB/s; from 2 tokens on, the small-N kernel reads them
-// once where the GEMVs re-read them per 8 tokens; above kFp8SmallNMaxTokens the cuBLASLt GEMM wins.
+// once where the GEMVs re-read them per 8 tokens; above kFp8SmallNMaxTokens the tensor-core GEMM wins
+// (sm_90a: fp8_gemm_wgmma.cu, 1.0-3.2x faster than the cuBLASLt route at T = 128..8192; elsewhere cuBLASLt).
 bool one_token_gemv(int64_t T) { return T == 1; }
 bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_w8a8_takes(w, 64); }
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
