@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn_probe.h"
 
 namespace sparkserve {
 namespace {
@@ -380,28 +381,257 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
   }
 }
 
+
+// The decode step for many sequences. gdn_step_kernel spreads a head over a cluster of 4 small
+// blocks (256 blocks of 128 threads at batch 1: one wave), but at batch 64 its 16,384 blocks run
+// ~25 waves of a ~10 us serial chain (a/b products, two cluster barriers, q/k loads, the step) with
+// only 16 KB of state read per block: ~1.1 TB/s read. Here a block of 8 / kNc warps owns 128 / kNc
+// of a head's columns, 16 per warp (lane = 4 rg + quad: 4 adjacent columns in one 16-byte access, on
+// rows rg, rg + 8, ..., 16 rows in registers), so one block issues 64 / kNc KB of state loads at
+// once; with kNc = 1 the head's a/b partials and RMSNorm sum meet in shared memory behind one
+// __syncthreads each instead of crossing a cluster. q and k are normalised once per block by warps 0
+// and 1 into shared memory. The partials are added in slot order 0..7 whatever kNc is (the same
+// result bit for bit for every kNc).
+constexpr int kWideThreads = 256;                      // per head
+constexpr int kWideWarps = kWideThreads / 32;
+constexpr int kWideCols = 16;                          // state columns per warp
+constexpr int kWideGroups = 8;                         // row groups: lane = 4 rg + quad
+constexpr int kWideRows = kStepMaxDk / kWideGroups;    // rows per thread
+constexpr int kWideAbUnroll = 3;                       // 4-element groups of H per thread and round
+
+// Four consecutive weight elements from element i (i % 4 == 0; 8-byte aligned bf16 or 16-byte f32).
+__device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t i) {
+  if (bf16) {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(w) + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+  }
+  return *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
+}
+
+template <int kNc>
+__global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
+    float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
+    const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
+    const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
+    int64_t conv_dim, float scale, int ahead) {
+  constexpr int kWarps = kWideWarps / kNc;
+  static_assert(kWarps >= 2, "warps 0 and 1 normalise q and k");
+  __shared__ float qk_n[2][kStepMaxDk];     // normalised q (scaled), k; zero past dk
+  __shared__ float ab_all[kWideWarps][2];   // [rank * kWarps + warp]: that warp's share of a and b
+  __shared__ double ssq_all[kWideWarps];    // [rank * kWarps + warp]: sum of squares of its outputs
+
+  const int cb = kNc > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int head = static_cast<int>(blockIdx.x) / kNc;  // span * Hv + value head
+  const int s = head / Hv, h = head % Hv, kh = h / (Hv / Hk);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane / 4;
+  const int slot = cb * kWarps + warp;
+  const int c = slot * kWideCols + (lane & 3) * 4;  // this thread's first column
+  const bool col_ok = c < dv;                       // dv % 4 == 0: a thread's 4 columns are all in or out
+  const int64_t row = L.row_begin(s);
+  const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
+  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  if constexpr (kNc > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  // The state of the head `ahead` blocks on (one that starts about when this one ends) into L2 by
+  // the copy engine, so HBM keeps streaming while this block computes.
+  if (ahead > 0 && threadIdx.x == 0 && cb == 0 && head + ahead < L.num_seqs * Hv) {
+    const int nh = head + ahead, ns = nh / Hv;
+    const float* next = state_pool + (static_cast<int64_t>(L.gdn_slot(ns)) * Hv + nh % Hv) * dk * dv;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next), "r"(static_cast<unsigned>(dk * dv * 4))
+                 : "memory");
+  }
+  float4 st[kWideRows];
+#pragma unroll
+  for (int m = 0; m < kWideRows; ++m) {
+    const int i = rg + m * kWideGroups;
+    st[m] = col_ok && i < dk ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c) : zero4;
+  }
+  const int64_t oi = (row * Hv + h) * dv + c;
+  const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
+
+  // a/b partial dot products over this block's share of H: 16-byte loads of h when ab_vec
+  // (H % 4 == 0 and aligned rows), else element by element.
+  float pa = 0.0f, pb = 0.0f;
+  if (wa) {
+    const float* hr = hid + row * H;
+    const int64_t wrow = static_cast<int64_t>(h) * H;
+    const int64_t n4 = ab_vec ? H / 4 : 0, chunk4 = (n4 + kNc - 1) / kNc;
+    const int64_t beg4 = cb * chunk4, end4 = beg4 + chunk4 < n4 ? beg4 + chunk4 : n4;
+    for (int64_t base = beg4 + threadIdx.x; base < end4; base += kWideAbUnroll * (kWideThreads / kNc)) {
+      float4 xv[kWideAbUnroll], av[kWideAbUnroll], bv[kWideAbUnroll];
+#pragma unroll
+      for (int u = 0; u < kWideAbUnroll; ++u) {
+        const int64_t j = base + static_cast<int64_t>(u) * (kWideThreads / kNc);
+        const bool in = j < end4;
+        xv[u] = in ? reinterpret_cast<const float4*>(hr)[j] : zero4;
+        av[u] = in ? load_weight4(wa, w_bf16, wrow + 4 * j) : zero4;
+        bv[u] = in ? load_weight4(wb, w_bf16, wrow + 4 * j) : zero4;
+      }
+#pragma unroll
+      for (int u = 0; u < kWideAbUnroll; ++u) {
+        pa += xv[u].x * av[u].x + xv[u].y * av[u].y + xv[u].z * av[u].z + xv[u].w * av[u].w;
+        pb += xv[u].x * bv[u].x + xv[u].y * bv[u].y + xv[u].z * bv[u].z + xv[u].w * bv[u].w;
+      }
+    }
+    // The elements past 4 * n4 (all of H when !ab_vec), shared the same way.
+    const int64_t rest = H - 4 * n4, chunk = (rest + kNc - 1) / kNc;
+    const int64_t beg = 4 * n4 + cb * chunk, end = beg + chunk < H ? beg + chunk : H;
+#pragma unroll 1
+    for (int64_t i = beg + threadIdx.x; i < end; i += kWideThreads / kNc) {
+      pa += hr[i] * load_weight(wa, w_bf16, wrow + i);
+      pb += hr[i] * load_weight(wb, w_bf16, wrow + i);
+    }
+    pa = warp_sum(pa);
+    pb = warp_sum(pb);
+  }
+
+  pdl_wait();  // qkv is the conv kernel's output
+  if (warp < 2) {  // warp 0: q (HF l2norm: x * rsqrt(sum x^2 + 1e-6), times dk^-0.5), warp 1: k
+    const float* src = qkv + row * conv_dim + warp * key_dim + static_cast<int64_t>(kh) * dk;
+    float x[kStepMaxDk / 32], ss = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kStepMaxDk / 32; ++t) {
+      const int i = lane + 32 * t;
+      x[t] = i < dk ? src[i] : 0.0f;
+      ss += x[t] * x[t];
+    }
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
+#pragma unroll
+    for (int t = 0; t < kStepMaxDk / 32; ++t) qk_n[warp][lane + 32 * t] = x[t] * inv;
+  }
+  const float4 v = col_ok ? *reinterpret_cast<const float4*>(qkv + row * conv_dim + 2 * key_dim +
+                                                             static_cast<int64_t>(h) * dv + c)
+                          : zero4;
+  if constexpr (kNc > 1) {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
+    if (wa && lane < kNc) {  // lane r writes this warp's slot in block r
+      float* dst = cg::this_cluster().map_shared_rank(&ab_all[slot][0], lane);
+      dst[0] = pa;
+      dst[1] = pb;
+    }
+    cg::this_cluster().sync();  // also the block barrier for qk_n
+  } else {
+    if (wa && lane == 0) {
+      ab_all[slot][0] = pa;
+      ab_all[slot][1] = pb;
+    }
+    __syncthreads();
+  }
+  float a_val, b_val;
+  if (wa) {
+    a_val = 0.0f;
+    b_val = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWideWarps; ++k) {
+      a_val += ab_all[k][0];
+      b_val += ab_all[k][1];
+    }
+  } else {
+    a_val = a[row * Hv + h];
+    b_val = b[row * Hv + h];
+  }
+  // Gating as gdn_gating_kernel computes it.
+  const float x = a_val + dt_bias[h];
+  const float softplus = x > 20.0f ? x : log1pf(expf(x));
+  const float decay = expf(-expf(A_log[h]) * softplus);
+  const float bt = sigmoid_f(b_val);
+
+  // S = e^g S; kv = S^T k (this thread's rows, then the warp's 8 row groups: lanes 4 apart).
+  float4 kv = zero4;
+#pragma unroll
+  for (int m = 0; m < kWideRows; ++m) {
+    const float ki = qk_n[1][rg + m * kWideGroups];
+    st[m].x *= decay;
+    st[m].y *= decay;
+    st[m].z *= decay;
+    st[m].w *= decay;
+    kv.x += st[m].x * ki;
+    kv.y += st[m].y * ki;
+    kv.z += st[m].z * ki;
+    kv.w += st[m].w * ki;
+  }
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    kv.x += __shfl_xor_sync(0xffffffffu, kv.x, o);
+    kv.y += __shfl_xor_sync(0xffffffffu, kv.y, o);
+    kv.z += __shfl_xor_sync(0xffffffffu, kv.z, o);
+    kv.w += __shfl_xor_sync(0xffffffffu, kv.w, o);
+  }
+  const float4 delta = make_float4((v.x - kv.x) * bt, (v.y - kv.y) * bt, (v.z - kv.z) * bt, (v.w - kv.w) * bt);
+
+  // S += k delta^T; o = S^T q.
+  float4 o = zero4;
+#pragma unroll
+  for (int m = 0; m < kWideRows; ++m) {
+    const int i = rg + m * kWideGroups;
+    const float ki = qk_n[1][i], qi = qk_n[0][i];
+    st[m].x += ki * delta.x;
+    st[m].y += ki * delta.y;
+    st[m].z += ki * delta.z;
+    st[m].w += ki * delta.w;
+    if (col_ok && i < dk) *reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c) = st[m];
+    o.x += st[m].x * qi;
+    o.y += st[m].y * qi;
+    o.z += st[m].z * qi;
+    o.w += st[m].w * qi;
+  }
+#pragma unroll
+  for (int k = 4; k < 32; k <<= 1) {
+    o.x += __shfl_xor_sync(0xffffffffu, o.x, k);
+    o.y += __shfl_xor_sync(0xffffffffu, o.y, k);
+    o.z += __shfl_xor_sync(0xffffffffu, o.z, k);
+    o.w += __shfl_xor_sync(0xffffffffu, o.w, k);
+  }
+
+  // Gated RMSNorm over the head's dv outputs (sum of squares in double, as norm.cu). Every lane
+  // holds its quad's sums, so after adding the four quads every lane has the warp's share.
+  double sq = col_ok ? static_cast<double>(o.x) * o.x + static_cast<double>(o.y) * o.y +
+                           static_cast<double>(o.z) * o.z + static_cast<double>(o.w) * o.w
+                     : 0.0;
+  sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+  sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+  if constexpr (kNc > 1) {
+    if (lane < kNc) *cg::this_cluster().map_shared_rank(&ssq_all[slot], lane) = sq;
+    cg::this_cluster().sync();  // every warp's slot written (no shared memory is touched across blocks after this)
+  } else {
+    if (lane == 0) ssq_all[slot] = sq;
+    __syncthreads();
+  }
+  if (rg == 0 && col_ok) {
+    double tot = 0.0;
+#pragma unroll
+    for (int k = 0; k < kWideWarps; ++k) tot += ssq_all[k];
+    const float rs = static_cast<float>(1.0 / sqrt(tot / static_cast<double>(dv) + eps));
+    float4 y;
+    y.x = o.x * rs * norm_w[c] * silu_f(zv.x);
+    y.y = o.y * rs * norm_w[c + 1] * silu_f(zv.y);
+    y.z = o.z * rs * norm_w[c + 2] * silu_f(zv.z);
+    y.w = o.w * rs * norm_w[c + 3] * silu_f(zv.w);
+    *reinterpret_cast<float4*>(out + oi) = y;
+  }
+}
+
 }  // namespace
 
 namespace {
 bool plain_weight(const Linear& w) {
   return (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF32) && w.activation == ActivationQuant::kNone;
 }
-}  // namespace
 
-void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
-                                  const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
-                                  const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
-                                  const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
-                                  const GdnDims& d) {
+// The fused step through `path` (kDispatch: by batch size), or false (nothing ran) when the geometry
+// is outside the kernels' limits.
+bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Tensor& h, const Tensor& mixed,
+                 const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                 const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                 const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, C = d.conv_dim(), K = d.conv_kernel;
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (dv > kStepMaxDv || dv < 16 || dv % 8 != 0 || dk > kStepMaxDk || K < 1 ||
-      K > kMaxConvKernel || dk % 4 != 0 || !aligned16(out.data) || !aligned16(z.data) || !aligned16(state_pool.data)) {
-    // Geometry outside the fused kernel's limits: the op chain.
-    Backend::gdn_decode_step(out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
-                             conv_state_pool, state_pool, batch, d);
-    return;
-  }
+  if (dv > kStepMaxDv || dv < 16 || dv % 8 != 0 || dk > kStepMaxDk || K < 1 || K > kMaxConvKernel || dk % 4 != 0 ||
+      !aligned16(out.data) || !aligned16(z.data) || !aligned16(state_pool.data))
+    return false;
   const int64_t T = batch.total_rows, H = h.numel() / std::max<int64_t>(T, 1);
   CHECK(h.numel() == T * H && mixed.numel() == T * C && z.numel() == T * Hv * dv && out.numel() == z.numel());
   CHECK(in_proj_a.out_features == Hv && in_proj_b.out_features == Hv && in_proj_a.in_features == H &&
@@ -413,60 +643,121 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
     CHECK_MSG(s.num_tokens == 1, "gdn_decode_step takes single-token spans");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
-  if (batch.seqs.empty()) return;
+  if (batch.seqs.empty()) return true;
+  const cudaStream_t stream = be.stream();
   // a and b inside the kernel when both weights are plain f32/bf16 of one kind; else as linear ops.
   const bool fuse_ab = plain_weight(in_proj_a) && plain_weight(in_proj_b) && in_proj_a.format == in_proj_b.format;
-  std::optional<Scratch> ab;
+  std::optional<CudaBackend::Scratch> ab;
   const float* ab_dev = nullptr;  // b rows then a rows
   if (!fuse_ab) {
-    ab.emplace(this, static_cast<size_t>(2 * T * Hv) * sizeof(float));
+    ab.emplace(&be, static_cast<size_t>(2 * T * Hv) * sizeof(float));
     const Tensor b_t(ab->as<float>(), DType::kF32, {T, Hv}, Device::kCuda);
     const Tensor a_t(ab->as<float>() + T * Hv, DType::kF32, {T, Hv}, Device::kCuda);
-    linear(b_t, h, in_proj_b);
-    linear(a_t, h, in_proj_a);
+    be.linear(b_t, h, in_proj_b);
+    be.linear(a_t, h, in_proj_a);
     ab_dev = ab->as<const float>();
   }
-  DeviceLayout L = device_layout(batch);
+  DeviceLayout L = be.device_layout(batch);
   // The conv output stays in stream-ordered scratch between the two kernels.
-  Scratch qkv(this, static_cast<size_t>(T * C) * sizeof(float));
+  CudaBackend::Scratch qkv(&be, static_cast<size_t>(T * C) * sizeof(float));
   const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C;
-  gdn_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(
+  gdn_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
       qkv.as<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(), conv_state_pool.ptr<float>(), L, C,
       static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
-  // A cluster of nc blocks per (span, value head): 4 at dv = 128, 256 blocks at batch 1 on the
-  // H200's 132 SMs (an earlier 256-thread version measured 16.5 us with 16 columns and 8 blocks per
-  // head against 9.7 us with 32 and 4: its 512 blocks no longer fitted one wave).
-  const int nc = static_cast<int>((dv + kStepCols - 1) / kStepCols);
+  const int64_t heads = static_cast<int64_t>(batch.seqs.size()) * Hv;
+  if (path == GdnStepPath::kDispatch)
+    path = heads * 4 <= 2 * be.sm_count() ? GdnStepPath::kCluster : GdnStepPath::kWide1;
+  // kCluster: a cluster of nc blocks per (span, value head), 4 at dv = 128, 256 blocks at batch 1 on
+  // the H200's 132 SMs (an earlier 256-thread version measured 16.5 us with 16 columns and 8 blocks
+  // per head against 9.7 us with 32 and 4: its 512 blocks no longer fitted one wave).
+  // kWide<N>: N blocks of 256 / N threads per head (a cluster when N > 1).
+  int nc = 1;
+  void (*kernel)(float*, const float*, const float*, const float*, const float*, const float*, const void*,
+                 const void*, bool, bool, int64_t, const float*, const float*, const float*, float, float*,
+                 DeviceLayout, int, int, int, int, int64_t, float, int) = nullptr;
+  unsigned threads = kStepThreads;
+  switch (path) {
+    case GdnStepPath::kCluster: nc = static_cast<int>((dv + kStepCols - 1) / kStepCols); break;
+    case GdnStepPath::kWide1:
+    case GdnStepPath::kWide1Ahead: nc = 1; kernel = gdn_step_wide_kernel<1>; break;
+    case GdnStepPath::kWide2: nc = 2; kernel = gdn_step_wide_kernel<2>; break;
+    case GdnStepPath::kWide4: nc = 4; kernel = gdn_step_wide_kernel<4>; break;
+    case GdnStepPath::kDispatch: break;
+  }
+  if (kernel) threads = kWideThreads / nc;
+  int ahead = 0;  // kWide1Ahead: one wave of resident blocks
+  if (path == GdnStepPath::kWide1Ahead) {
+    static const int per_sm = [] {
+      int n = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gdn_step_wide_kernel<1>, kWideThreads, 0));
+      return n;
+    }();
+    ahead = per_sm * be.sm_count();
+  }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(batch.seqs.size() * Hv * nc));
-  cfg.blockDim = dim3(kStepThreads);
+  cfg.gridDim = dim3(static_cast<unsigned>(heads * nc));
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream_;
+  cfg.stream = stream;
   cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(nc);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = static_cast<unsigned>(nc);
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
   cfg.attrs = attrs;
   // The step kernel may start while the conv kernel runs (it waits for qkv at griddepcontrol.wait):
   // its state loads and a/b products overlap the conv.
-  cfg.numAttrs = 2;
+  cfg.numAttrs = nc > 1 ? 2 : 1;
   const float* a_dev = fuse_ab ? nullptr : ab_dev + T * Hv;
   const float* b_dev = ab_dev;
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
   const void* wb_dev = fuse_ab ? in_proj_b.weight.data : nullptr;
   const bool w_bf16 = in_proj_a.format == WeightFormat::kBf16;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_step_kernel, out.ptr<float>(),
-                                qkv.as<const float>(), z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(),
-                                wa_dev, wb_dev, w_bf16, H, A_log.ptr<const float>(), dt_bias.ptr<const float>(),
-                                norm_w.ptr<const float>(), eps, state_pool.ptr<float>(), L, static_cast<int>(Hv),
-                                static_cast<int>(d.num_k_heads), static_cast<int>(dk), static_cast<int>(dv), C,
-                                scale));
+  if (kernel) {
+    // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
+    const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) &&
+                        reinterpret_cast<uintptr_t>(wa_dev) % 16 == 0 && reinterpret_cast<uintptr_t>(wb_dev) % 16 == 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(), a_dev,
+                                  b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
+                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                  state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
+                                  static_cast<int>(dk), static_cast<int>(dv), C, scale, ahead));
+  } else {
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
+                                  a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, H,
+                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                  state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
+                                  static_cast<int>(dk), static_cast<int>(dv), C, scale));
+  }
   CUDA_CHECK_LAUNCH();
+  return true;
+}
+}  // namespace
+
+void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
+                                  const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                                  const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                                  const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
+                                  const GdnDims& d) {
+  if (!decode_step(*this, GdnStepPath::kDispatch, out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias,
+                   norm_w, eps, conv_state_pool, state_pool, batch, d))
+    // Geometry outside the fused kernels' limits: the op chain.
+    Backend::gdn_decode_step(out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
+                             conv_state_pool, state_pool, batch, d);
+}
+
+bool gdn_decode_step_probe(Backend& b, GdnStepPath path, const Tensor& out, const Tensor& h, const Tensor& mixed,
+                           const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                           const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                           const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
+                           const GdnDims& d) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  return c && decode_step(*c, path, out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
+                          conv_state_pool, state_pool, batch, d);
 }
 
 void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,

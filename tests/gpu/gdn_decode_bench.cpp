@@ -1,0 +1,112 @@
+// gpu_ops --bench-kernels --bench-filter gdn_decode: one GDN layer's fused decode step
+// (Backend::gdn_decode_step: the conv kernel, then the a/b + gating + delta rule + gated RMSNorm
+// kernel) at the Qwen3.5 shapes for 1..64 sequences, through the dispatch and through each kernel
+// (gdn_probe.h), timed as bench_kernels.cpp times everything (CUDA graph of the op, median of 5
+// replays). The recurrent state (4 MB per sequence at the 122B shapes) is what moves: each call in
+// the graph takes another set of state slots, so every call reads its state from HBM as a decode step
+// does (a sequence's state comes back after the other 47 layers), not from the 50 MB L2. Bytes =
+// the state read and written + h, mixed, z, the conv state (read and written), in_proj_a/b, out;
+// TB/s over the whole op's time.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gdn_probe.h"
+#include "backend/ops.h"
+#include "bench_common.h"
+#include "gpu_harness.h"
+
+namespace sparkserve {
+namespace {
+
+std::vector<float> uniform(int64_t n, float lo, float hi, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& f : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    f = lo + (hi - lo) * static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+  }
+  return v;
+}
+
+struct Shape {
+  const char* name;
+  int64_t hk, hv, H;
+};
+
+void bench_gdn_decode(Backend& gpu) {
+  std::printf("%-34s %4s %9s %9s %9s\n", "gdn_decode_step (dk = dv = 128)", "B", "MB moved", "us", "GB/s");
+  const int64_t dk = 128, dv = 128, K = 4;
+  for (const Shape& sh : {Shape{"122B 16/64 heads", 16, 64, 3072}, Shape{"35B 16/32 heads", 16, 32, 2048}}) {
+    const GdnDims d{sh.hk, sh.hv, dk, dv, K};
+    const int64_t C = d.conv_dim(), Hv = sh.hv, H = sh.H, per_seq = Hv * dk * dv;
+    BenchLinear wa = make_linear(&gpu, WeightFormat::kBf16, ActivationQuant::kNone, 1, Hv, H, 1);
+    BenchLinear wb = make_linear(&gpu, WeightFormat::kBf16, ActivationQuant::kNone, 1, Hv, H, 1);
+    Buffer conv_w(&gpu, DType::kF32, {C, K}), A_log(&gpu, DType::kF32, {Hv}), dt(&gpu, DType::kF32, {Hv}),
+        norm_w(&gpu, DType::kF32, {dv});
+    gpu.upload(conv_w.tensor(), uniform(C * K, -0.5f, 0.5f, 1).data());
+    gpu.upload(A_log.tensor(), uniform(Hv, 0.0f, 2.7f, 2).data());
+    gpu.upload(dt.tensor(), uniform(Hv, -0.5f, 0.5f, 3).data());
+    gpu.upload(norm_w.tensor(), uniform(dv, 0.8f, 1.2f, 4).data());
+    for (int64_t B : {1, 2, 4, 8, 16, 32, 64}) {
+      // Enough state sets that one graph replay streams >= 256 MB of distinct state.
+      const int64_t sets = std::min<int64_t>(64, std::max<int64_t>(2, (256ll << 20) / (B * per_seq * 4)));
+      BatchLayout L;
+      for (int64_t s = 0; s < B; ++s) {
+        SeqSpan sp;
+        sp.row_begin = s;
+        sp.num_tokens = 1;
+        sp.start_pos = 100;
+        sp.gdn_slot = static_cast<int32_t>(s);
+        L.seqs.push_back(sp);
+      }
+      L.total_rows = B;
+      Buffer hid(&gpu, DType::kF32, {B, H}), mixed(&gpu, DType::kF32, {B, C}), z(&gpu, DType::kF32, {B, Hv * dv}),
+          out(&gpu, DType::kF32, {B, Hv * dv}), conv_pool(&gpu, DType::kF32, {B, C, K - 1}),
+          rec(&gpu, DType::kF32, {sets * B, Hv, dk, dv});
+      gpu.upload(hid.tensor(), uniform(B * H, -1.0f, 1.0f, 5).data());
+      gpu.upload(mixed.tensor(), uniform(B * C, -2.0f, 2.0f, 6).data());
+      gpu.upload(z.tensor(), uniform(B * Hv * dv, -3.0f, 3.0f, 7).data());
+      gpu.upload(conv_pool.tensor(), uniform(B * C * (K - 1), -1.0f, 1.0f, 8).data());
+      gpu.upload(rec.tensor(), uniform(sets * B * per_seq, -0.5f, 0.5f, 9).data());
+      auto state_set = [&](int i) {
+        float* base = rec.tensor().ptr<float>() + static_cast<int64_t>(i % sets) * B * per_seq;
+        return Tensor(base, DType::kF32, {B, Hv, dk, dv}, Device::kCuda);
+      };
+      const double bytes = 4.0 * (2 * B * per_seq + B * H + B * C + 2 * B * Hv * dv + 2 * B * C * (K - 1)) +
+                           2.0 * 2 * Hv * H;
+      const std::pair<GdnStepPath, const char*> paths[] = {{GdnStepPath::kDispatch, "dispatch"},
+                                                           {GdnStepPath::kCluster, "cluster"},
+                                                           {GdnStepPath::kWide1, "wide1"},
+                                                       {GdnStepPath::kWide1Ahead, "wide1-ahead"},
+                                                           {GdnStepPath::kWide2, "wide2"},
+                                                           {GdnStepPath::kWide4, "wide4"}};
+      for (const auto& [path, pname] : paths) {
+        const double ms = time_graph(
+            gpu,
+            [&](int i) {
+              const Tensor st = state_set(i);
+              if (path == GdnStepPath::kDispatch)
+                gpu.gdn_decode_step(out.tensor(), hid.tensor(), mixed.tensor(), z.tensor(), wa.lin, wb.lin,
+                                    conv_w.tensor(), A_log.tensor(), dt.tensor(), norm_w.tensor(), 1e-6f,
+                                    conv_pool.tensor(), st, L, d);
+              else
+                gdn_decode_step_probe(gpu, path, out.tensor(), hid.tensor(), mixed.tensor(), z.tensor(), wa.lin,
+                                      wb.lin, conv_w.tensor(), A_log.tensor(), dt.tensor(), norm_w.tensor(), 1e-6f,
+                                      conv_pool.tensor(), st, L, d);
+            },
+            static_cast<int>(sets));
+        std::printf("%-34s %4lld %9.1f %9.2f %9.0f\n", (std::string(sh.name) + " " + pname).c_str(),
+                    static_cast<long long>(B), bytes / 1e6, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+RegisterKernelBench register_gdn_decode_bench("gdn_decode", bench_gdn_decode);
+
+}  // namespace
+}  // namespace sparkserve
