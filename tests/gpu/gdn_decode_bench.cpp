@@ -78,11 +78,9 @@ void bench_gdn_decode(Backend& gpu) {
       const double bytes = 4.0 * (2 * B * per_seq + B * H + B * C + 2 * B * Hv * dv + 2 * B * C * (K - 1)) +
                            2.0 * 2 * Hv * H;
       const std::pair<GdnStepPath, const char*> paths[] = {{GdnStepPath::kDispatch, "dispatch"},
-                                                           {GdnStepPath::kCluster, "cluster"},
-                                                           {GdnStepPath::kWide1, "wide1"},
-                                                       {GdnStepPath::kWide1Ahead, "wide1-ahead"},
-                                                           {GdnStepPath::kWide2, "wide2"},
-                                                           {GdnStepPath::kWide4, "wide4"}};
+                                                       {GdnStepPath::kBlockPerHead, "block"},
+                                                       {GdnStepPath::kClusterOf2, "cluster2"},
+                                                       {GdnStepPath::kBlockPerHeadCs, "block-cs"}};
       for (const auto& [path, pname] : paths) {
         const double ms = time_graph(
             gpu,

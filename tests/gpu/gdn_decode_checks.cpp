@@ -81,11 +81,9 @@ void check_case(Harness& h, const DecodeCase& c, int64_t B) {
   h.cpu->gdn_decode_step(out.cpu(), hid.cpu(), mixed.cpu(), z.cpu(), wa.cpu_lin, wb.cpu_lin, conv_w.cpu(),
                          A_log.cpu(), dt.cpu(), norm_w.cpu(), eps, conv_pool.cpu(), rec_pool.cpu(), L, d);
   const std::pair<GdnStepPath, const char*> paths[] = {{GdnStepPath::kDispatch, "dispatch"},
-                                                       {GdnStepPath::kCluster, "cluster"},
-                                                       {GdnStepPath::kWide1, "wide1"},
-                                                       {GdnStepPath::kWide1Ahead, "wide1-ahead"},
-                                                       {GdnStepPath::kWide2, "wide2"},
-                                                       {GdnStepPath::kWide4, "wide4"}};
+                                                       {GdnStepPath::kBlockPerHead, "block"},
+                                                       {GdnStepPath::kClusterOf2, "cluster2"},
+                                                       {GdnStepPath::kBlockPerHeadCs, "block-cs"}};
   for (const auto& [path, pname] : paths) {
     // Fresh pools and a poisoned output for every kernel.
     h.gpu->upload(conv_pool.gpu(), conv0.data());

@@ -183,221 +183,29 @@ __global__ void __launch_bounds__(kDeltaThreads) gdn_delta_kernel(
 }
 
 // The decode chain after the conv, every span one token: gating (g, beta) -> L2-norm q, k -> delta
-// step -> gated RMSNorm of the head's dv outputs. A cluster of nc blocks per (span, value head),
-// block r of the cluster owning state columns [32r, 32r + 32): the delta rule of column j needs
-// only q, k, v[j] and S[:, j], so the head's [dk, dv] state (64 KiB at 128 x 128) is spread over nc
-// SMs instead of one. Each warp owns 8 columns whole: lane (rg, quad) holds 4 adjacent columns (one
-// 16-byte access) on rows rg, rg + 16, ... in registers between the two passes, so S is read and
-// written once and the column sums S^T k, S^T q are warp shuffles (no shared memory, no block
-// barrier). What the warps of a head share crosses the cluster once each way, every warp writing its
-// partial into a slot of every block's shared memory and every block adding the slots in order
-// (deterministic, the same in every block): the a/b dot products (each block does 1/nc of the H
-// terms) and the RMSNorm's sum of squares. The state tile is loaded first, so its DRAM round trip
-// overlaps the a/b products and the wait for the conv kernel (programmatic dependent launch).
-constexpr int kStepThreads = 128;
-constexpr int kStepWarps = kStepThreads / 32;
-constexpr int kStepCols = 32;                          // state columns per block, 8 per warp
-constexpr int kStepGroups = 16;                        // row groups: lane = 2 rg + quad
+// step -> gated RMSNorm of the head's dv outputs. What moves is the head's [dk, dv] f32 state (64 KB
+// at 128 x 128), read once and written once, so the kernel is built to keep state loads in flight:
+// a block of 8 / kNc warps owns 128 / kNc of a head's columns, 16 per warp (lane = 4 rg + quad: 4
+// adjacent columns in one 16-byte access, on rows rg, rg + 8, ..., 16 rows in registers), and issues
+// all its state loads first (64 / kNc KB per block; 126 registers: 2 blocks and 128 KB per SM at
+// kNc = 1). The column sums S^T k, S^T q are warp shuffles. With kNc = 1 the head's a/b partials and
+// the RMSNorm's sum of squares (in double) meet in shared memory behind one __syncthreads each; with
+// kNc = 2 (a cluster, for batches too small to give every SM a head) every warp writes its partial
+// into a slot of both blocks' shared memory. The partials are added in slot order 0..7 whatever kNc
+// is, so both give the same result bit for bit. q and k are normalised once per block by warps 0 and
+// 1 into shared memory. The state loads and the a/b products overlap the conv kernel (programmatic
+// dependent launch); only the reads of its output wait at griddepcontrol.wait.
+// (It replaced a kernel with a cluster of 4 blocks of 4 warps x 8 columns per head: at batch 64
+// that one ran 16,384 blocks of 16 KB each through a ~10 us chain of two cluster barriers and
+// serial L2 round trips, ~2.1 TB/s.)
 constexpr int kStepMaxDk = 128;
-constexpr int kStepMaxDv = 128;                        // at most 4 blocks per cluster
+constexpr int kStepMaxDv = 128;
+constexpr int kStepThreads = 256;                      // per head
+constexpr int kStepWarps = kStepThreads / 32;
+constexpr int kStepCols = 16;                          // state columns per warp
+constexpr int kStepGroups = 8;                         // row groups: lane = 4 rg + quad
 constexpr int kStepRows = kStepMaxDk / kStepGroups;    // rows per thread
-constexpr int kStepSlots = kStepMaxDv / kStepCols * kStepWarps;
-constexpr int kStepAbUnroll = 8;
-
-__global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
-    float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
-    const void* wa, const void* wb, bool w_bf16, int64_t H, const float* A_log, const float* dt_bias,
-    const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
-    int64_t conv_dim, float scale) {
-  __shared__ float ab_all[kStepSlots][2];  // [rank * warps + warp]: that warp's share of a and b
-  __shared__ double ssq_all[kStepSlots];   // [rank * warps + warp]: sum of squares of its outputs
-
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int nc = static_cast<int>(cluster.num_blocks());
-  const int cb = static_cast<int>(cluster.block_rank());
-  const int head = static_cast<int>(blockIdx.x) / nc;  // span * Hv + value head
-  const int s = head / Hv, h = head % Hv, kh = h / (Hv / Hk);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane / 2;
-  const int slot = cb * kStepWarps + warp;
-  const int c = cb * kStepCols + warp * 8 + (lane & 1) * 4;  // this thread's first column
-  const bool col_ok = c < dv;                                 // dv % 8 == 0: a warp's quads are all in or out
-  const int64_t row = L.row_begin(s);
-  const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
-  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-  // A block may write another's shared memory only once that one has started: arrive here, wait
-  // before the first remote write.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  float4 st[kStepRows];
-#pragma unroll
-  for (int m = 0; m < kStepRows; ++m) {
-    const int i = rg + m * kStepGroups;
-    st[m] = col_ok && i < dk ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c) : zero4;
-  }
-  const int64_t oi = (row * Hv + h) * dv + c;
-  const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
-
-  float a_val, b_val, pa = 0.0f, pb = 0.0f;
-  if (wa) {
-    const int64_t chunk = (H + nc - 1) / nc, beg = cb * chunk, end = beg + chunk < H ? beg + chunk : H;
-    const float* hr = hid + row * H;
-    for (int64_t base = beg + threadIdx.x; base < end; base += kStepAbUnroll * kStepThreads) {
-      float xv[kStepAbUnroll], av[kStepAbUnroll], bv[kStepAbUnroll];
-#pragma unroll
-      for (int u = 0; u < kStepAbUnroll; ++u) {
-        const int64_t i = base + static_cast<int64_t>(u) * kStepThreads;
-        const bool in = i < end;
-        xv[u] = in ? hr[i] : 0.0f;
-        av[u] = in ? load_weight(wa, w_bf16, h * H + i) : 0.0f;
-        bv[u] = in ? load_weight(wb, w_bf16, h * H + i) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kStepAbUnroll; ++u) {
-        pa += xv[u] * av[u];
-        pb += xv[u] * bv[u];
-      }
-    }
-    pa = warp_sum(pa);
-    pb = warp_sum(pb);
-  }
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
-  if (wa) {
-    if (lane < nc) {  // lane r writes this warp's slot in block r
-      float* dst = cluster.map_shared_rank(&ab_all[slot][0], lane);
-      dst[0] = pa;
-      dst[1] = pb;
-    }
-    cluster.sync();
-    a_val = 0.0f;
-    b_val = 0.0f;
-    for (int k = 0; k < nc * kStepWarps; ++k) {
-      a_val += ab_all[k][0];
-      b_val += ab_all[k][1];
-    }
-  } else {
-    a_val = a[row * Hv + h];
-    b_val = b[row * Hv + h];
-  }
-  // Gating as gdn_gating_kernel computes it.
-  const float x = a_val + dt_bias[h];
-  const float softplus = x > 20.0f ? x : log1pf(expf(x));
-  const float decay = expf(-expf(A_log[h]) * softplus);
-  const float bt = sigmoid_f(b_val);
-
-  pdl_wait();  // qkv is the conv kernel's output
-  // q, k: lane l holds elements l, l + 32, ... (HF l2norm: x * rsqrt(sum x^2 + 1e-6), in every warp).
-  const float* qs = qkv + row * conv_dim + static_cast<int64_t>(kh) * dk;
-  const float* ks = qs + key_dim;
-  float qr[kStepMaxDk / 32], kr[kStepMaxDk / 32];
-#pragma unroll
-  for (int t = 0; t < kStepMaxDk / 32; ++t) {
-    const int i = lane + 32 * t;
-    qr[t] = i < dk ? qs[i] : 0.0f;
-    kr[t] = i < dk ? ks[i] : 0.0f;
-  }
-  const float4 v = col_ok ? *reinterpret_cast<const float4*>(qkv + row * conv_dim + 2 * key_dim +
-                                                             static_cast<int64_t>(h) * dv + c)
-                          : zero4;
-  float ssq_q = 0.0f, ssq_k = 0.0f;
-#pragma unroll
-  for (int t = 0; t < kStepMaxDk / 32; ++t) {
-    ssq_q += qr[t] * qr[t];
-    ssq_k += kr[t] * kr[t];
-  }
-  ssq_q = warp_sum(ssq_q);
-  ssq_k = warp_sum(ssq_k);
-  const float iq = 1.0f / sqrtf(ssq_q + 1e-6f) * scale, ik = 1.0f / sqrtf(ssq_k + 1e-6f);
-
-  // S = e^g S; kv = S^T k (this thread's rows, then the warp's 16 row groups).
-  float qn[kStepRows], kn[kStepRows];
-  float4 kv = zero4;
-#pragma unroll
-  for (int m = 0; m < kStepRows; ++m) {
-    const int i = rg + m * kStepGroups;  // held by lane i % 32 as element t = i / 32 = m / 2
-    const float qi = __shfl_sync(0xffffffffu, qr[m / 2], rg + 16 * (m & 1));
-    const float ki = __shfl_sync(0xffffffffu, kr[m / 2], rg + 16 * (m & 1));
-    qn[m] = i < dk ? qi * iq : 0.0f;
-    kn[m] = i < dk ? ki * ik : 0.0f;
-    st[m].x *= decay;
-    st[m].y *= decay;
-    st[m].z *= decay;
-    st[m].w *= decay;
-    kv.x += st[m].x * kn[m];
-    kv.y += st[m].y * kn[m];
-    kv.z += st[m].z * kn[m];
-    kv.w += st[m].w * kn[m];
-  }
-#pragma unroll
-  for (int o = 2; o < 32; o <<= 1) {
-    kv.x += __shfl_xor_sync(0xffffffffu, kv.x, o);
-    kv.y += __shfl_xor_sync(0xffffffffu, kv.y, o);
-    kv.z += __shfl_xor_sync(0xffffffffu, kv.z, o);
-    kv.w += __shfl_xor_sync(0xffffffffu, kv.w, o);
-  }
-  const float4 delta = make_float4((v.x - kv.x) * bt, (v.y - kv.y) * bt, (v.z - kv.z) * bt, (v.w - kv.w) * bt);
-
-  // S += k delta^T; o = S^T q.
-  float4 o = zero4;
-#pragma unroll
-  for (int m = 0; m < kStepRows; ++m) {
-    const int i = rg + m * kStepGroups;
-    st[m].x += kn[m] * delta.x;
-    st[m].y += kn[m] * delta.y;
-    st[m].z += kn[m] * delta.z;
-    st[m].w += kn[m] * delta.w;
-    if (col_ok && i < dk) *reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c) = st[m];
-    o.x += st[m].x * qn[m];
-    o.y += st[m].y * qn[m];
-    o.z += st[m].z * qn[m];
-    o.w += st[m].w * qn[m];
-  }
-#pragma unroll
-  for (int k = 2; k < 32; k <<= 1) {
-    o.x += __shfl_xor_sync(0xffffffffu, o.x, k);
-    o.y += __shfl_xor_sync(0xffffffffu, o.y, k);
-    o.z += __shfl_xor_sync(0xffffffffu, o.z, k);
-    o.w += __shfl_xor_sync(0xffffffffu, o.w, k);
-  }
-
-  // Gated RMSNorm over the head's dv outputs (sum of squares in double, as norm.cu). Every lane
-  // holds its quad's sums, so after adding the two quads every lane has the warp's share.
-  double sq = col_ok ? static_cast<double>(o.x) * o.x + static_cast<double>(o.y) * o.y +
-                           static_cast<double>(o.z) * o.z + static_cast<double>(o.w) * o.w
-                     : 0.0;
-  sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-  if (lane < nc) *cluster.map_shared_rank(&ssq_all[slot], lane) = sq;
-  cluster.sync();  // every warp's slot written (no shared memory is touched across blocks after this)
-  if (rg == 0 && col_ok) {
-    double tot = 0.0;
-    for (int k = 0; k < nc * kStepWarps; ++k) tot += ssq_all[k];
-    const float rs = static_cast<float>(1.0 / sqrt(tot / static_cast<double>(dv) + eps));
-    float4 y;
-    y.x = o.x * rs * norm_w[c] * silu_f(zv.x);
-    y.y = o.y * rs * norm_w[c + 1] * silu_f(zv.y);
-    y.z = o.z * rs * norm_w[c + 2] * silu_f(zv.z);
-    y.w = o.w * rs * norm_w[c + 3] * silu_f(zv.w);
-    *reinterpret_cast<float4*>(out + oi) = y;
-  }
-}
-
-
-// The decode step for many sequences. gdn_step_kernel spreads a head over a cluster of 4 small
-// blocks (256 blocks of 128 threads at batch 1: one wave), but at batch 64 its 16,384 blocks run
-// ~25 waves of a ~10 us serial chain (a/b products, two cluster barriers, q/k loads, the step) with
-// only 16 KB of state read per block: ~1.1 TB/s read. Here a block of 8 / kNc warps owns 128 / kNc
-// of a head's columns, 16 per warp (lane = 4 rg + quad: 4 adjacent columns in one 16-byte access, on
-// rows rg, rg + 8, ..., 16 rows in registers), so one block issues 64 / kNc KB of state loads at
-// once; with kNc = 1 the head's a/b partials and RMSNorm sum meet in shared memory behind one
-// __syncthreads each instead of crossing a cluster. q and k are normalised once per block by warps 0
-// and 1 into shared memory. The partials are added in slot order 0..7 whatever kNc is (the same
-// result bit for bit for every kNc).
-constexpr int kWideThreads = 256;                      // per head
-constexpr int kWideWarps = kWideThreads / 32;
-constexpr int kWideCols = 16;                          // state columns per warp
-constexpr int kWideGroups = 8;                         // row groups: lane = 4 rg + quad
-constexpr int kWideRows = kStepMaxDk / kWideGroups;    // rows per thread
-constexpr int kWideAbUnroll = 3;                       // 4-element groups of H per thread and round
+constexpr int kStepAbUnroll = 3;                       // 4-element groups of H per thread and round
 
 // Four consecutive weight elements from element i (i % 4 == 0; 8-byte aligned bf16 or 16-byte f32).
 __device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t i) {
@@ -409,24 +217,24 @@ __device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t
   return *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
 }
 
-template <int kNc>
-__global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
+template <int kNc, bool kCs>
+__global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
     const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
-    int64_t conv_dim, float scale, int ahead) {
-  constexpr int kWarps = kWideWarps / kNc;
+    int64_t conv_dim, float scale) {
+  constexpr int kWarps = kStepWarps / kNc;
   static_assert(kWarps >= 2, "warps 0 and 1 normalise q and k");
   __shared__ float qk_n[2][kStepMaxDk];     // normalised q (scaled), k; zero past dk
-  __shared__ float ab_all[kWideWarps][2];   // [rank * kWarps + warp]: that warp's share of a and b
-  __shared__ double ssq_all[kWideWarps];    // [rank * kWarps + warp]: sum of squares of its outputs
+  __shared__ float ab_all[kStepWarps][2];   // [rank * kWarps + warp]: that warp's share of a and b
+  __shared__ double ssq_all[kStepWarps];    // [rank * kWarps + warp]: sum of squares of its outputs
 
   const int cb = kNc > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   const int head = static_cast<int>(blockIdx.x) / kNc;  // span * Hv + value head
   const int s = head / Hv, h = head % Hv, kh = h / (Hv / Hk);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane / 4;
   const int slot = cb * kWarps + warp;
-  const int c = slot * kWideCols + (lane & 3) * 4;  // this thread's first column
+  const int c = slot * kStepCols + (lane & 3) * 4;  // this thread's first column
   const bool col_ok = c < dv;                       // dv % 4 == 0: a thread's 4 columns are all in or out
   const int64_t row = L.row_begin(s);
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
@@ -434,19 +242,12 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   if constexpr (kNc > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  // The state of the head `ahead` blocks on (one that starts about when this one ends) into L2 by
-  // the copy engine, so HBM keeps streaming while this block computes.
-  if (ahead > 0 && threadIdx.x == 0 && cb == 0 && head + ahead < L.num_seqs * Hv) {
-    const int nh = head + ahead, ns = nh / Hv;
-    const float* next = state_pool + (static_cast<int64_t>(L.gdn_slot(ns)) * Hv + nh % Hv) * dk * dv;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next), "r"(static_cast<unsigned>(dk * dv * 4))
-                 : "memory");
-  }
-  float4 st[kWideRows];
+  float4 st[kStepRows];
 #pragma unroll
-  for (int m = 0; m < kWideRows; ++m) {
-    const int i = rg + m * kWideGroups;
-    st[m] = col_ok && i < dk ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c) : zero4;
+  for (int m = 0; m < kStepRows; ++m) {
+    const int i = rg + m * kStepGroups;
+    const float4* src = reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c);
+    st[m] = col_ok && i < dk ? (kCs ? __ldcs(src) : *src) : zero4;
   }
   const int64_t oi = (row * Hv + h) * dv + c;
   const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
@@ -459,18 +260,18 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
     const int64_t wrow = static_cast<int64_t>(h) * H;
     const int64_t n4 = ab_vec ? H / 4 : 0, chunk4 = (n4 + kNc - 1) / kNc;
     const int64_t beg4 = cb * chunk4, end4 = beg4 + chunk4 < n4 ? beg4 + chunk4 : n4;
-    for (int64_t base = beg4 + threadIdx.x; base < end4; base += kWideAbUnroll * (kWideThreads / kNc)) {
-      float4 xv[kWideAbUnroll], av[kWideAbUnroll], bv[kWideAbUnroll];
+    for (int64_t base = beg4 + threadIdx.x; base < end4; base += kStepAbUnroll * (kStepThreads / kNc)) {
+      float4 xv[kStepAbUnroll], av[kStepAbUnroll], bv[kStepAbUnroll];
 #pragma unroll
-      for (int u = 0; u < kWideAbUnroll; ++u) {
-        const int64_t j = base + static_cast<int64_t>(u) * (kWideThreads / kNc);
+      for (int u = 0; u < kStepAbUnroll; ++u) {
+        const int64_t j = base + static_cast<int64_t>(u) * (kStepThreads / kNc);
         const bool in = j < end4;
         xv[u] = in ? reinterpret_cast<const float4*>(hr)[j] : zero4;
         av[u] = in ? load_weight4(wa, w_bf16, wrow + 4 * j) : zero4;
         bv[u] = in ? load_weight4(wb, w_bf16, wrow + 4 * j) : zero4;
       }
 #pragma unroll
-      for (int u = 0; u < kWideAbUnroll; ++u) {
+      for (int u = 0; u < kStepAbUnroll; ++u) {
         pa += xv[u].x * av[u].x + xv[u].y * av[u].y + xv[u].z * av[u].z + xv[u].w * av[u].w;
         pb += xv[u].x * bv[u].x + xv[u].y * bv[u].y + xv[u].z * bv[u].z + xv[u].w * bv[u].w;
       }
@@ -479,7 +280,7 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
     const int64_t rest = H - 4 * n4, chunk = (rest + kNc - 1) / kNc;
     const int64_t beg = 4 * n4 + cb * chunk, end = beg + chunk < H ? beg + chunk : H;
 #pragma unroll 1
-    for (int64_t i = beg + threadIdx.x; i < end; i += kWideThreads / kNc) {
+    for (int64_t i = beg + threadIdx.x; i < end; i += kStepThreads / kNc) {
       pa += hr[i] * load_weight(wa, w_bf16, wrow + i);
       pb += hr[i] * load_weight(wb, w_bf16, wrow + i);
     }
@@ -525,7 +326,7 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
     a_val = 0.0f;
     b_val = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kWideWarps; ++k) {
+    for (int k = 0; k < kStepWarps; ++k) {
       a_val += ab_all[k][0];
       b_val += ab_all[k][1];
     }
@@ -542,8 +343,8 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
   // S = e^g S; kv = S^T k (this thread's rows, then the warp's 8 row groups: lanes 4 apart).
   float4 kv = zero4;
 #pragma unroll
-  for (int m = 0; m < kWideRows; ++m) {
-    const float ki = qk_n[1][rg + m * kWideGroups];
+  for (int m = 0; m < kStepRows; ++m) {
+    const float ki = qk_n[1][rg + m * kStepGroups];
     st[m].x *= decay;
     st[m].y *= decay;
     st[m].z *= decay;
@@ -565,14 +366,20 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
   // S += k delta^T; o = S^T q.
   float4 o = zero4;
 #pragma unroll
-  for (int m = 0; m < kWideRows; ++m) {
-    const int i = rg + m * kWideGroups;
+  for (int m = 0; m < kStepRows; ++m) {
+    const int i = rg + m * kStepGroups;
     const float ki = qk_n[1][i], qi = qk_n[0][i];
     st[m].x += ki * delta.x;
     st[m].y += ki * delta.y;
     st[m].z += ki * delta.z;
     st[m].w += ki * delta.w;
-    if (col_ok && i < dk) *reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c) = st[m];
+    if (col_ok && i < dk) {
+      float4* dst = reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c);
+      if (kCs)
+        __stcs(dst, st[m]);
+      else
+        *dst = st[m];
+    }
     o.x += st[m].x * qi;
     o.y += st[m].y * qi;
     o.z += st[m].z * qi;
@@ -603,7 +410,7 @@ __global__ void __launch_bounds__(kWideThreads / kNc) gdn_step_wide_kernel(
   if (rg == 0 && col_ok) {
     double tot = 0.0;
 #pragma unroll
-    for (int k = 0; k < kWideWarps; ++k) tot += ssq_all[k];
+    for (int k = 0; k < kStepWarps; ++k) tot += ssq_all[k];
     const float rs = static_cast<float>(1.0 / sqrt(tot / static_cast<double>(dv) + eps));
     float4 y;
     y.x = o.x * rs * norm_w[c] * silu_f(zv.x);
@@ -620,6 +427,11 @@ namespace {
 bool plain_weight(const Linear& w) {
   return (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF32) && w.activation == ActivationQuant::kNone;
 }
+
+// A head per block gives one block to each of `heads` SMs; when that leaves half of them or more
+// without one (batch 1: 64 heads on the 122B, 32 on the 35B, on 132 SMs), each head takes a cluster
+// of two blocks instead, so twice the SMs stream state (H200, 35B batch 1: 7.2 against 7.8 us).
+bool split_heads_over_two(int64_t heads, int sm_count) { return 2 * heads <= sm_count; }
 
 // The fused step through `path` (kDispatch: by batch size), or false (nothing ran) when the geometry
 // is outside the kernels' limits.
@@ -667,37 +479,11 @@ bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Ten
   CUDA_CHECK_LAUNCH();
   const int64_t heads = static_cast<int64_t>(batch.seqs.size()) * Hv;
   if (path == GdnStepPath::kDispatch)
-    path = heads * 4 <= 2 * be.sm_count() ? GdnStepPath::kCluster : GdnStepPath::kWide1;
-  // kCluster: a cluster of nc blocks per (span, value head), 4 at dv = 128, 256 blocks at batch 1 on
-  // the H200's 132 SMs (an earlier 256-thread version measured 16.5 us with 16 columns and 8 blocks
-  // per head against 9.7 us with 32 and 4: its 512 blocks no longer fitted one wave).
-  // kWide<N>: N blocks of 256 / N threads per head (a cluster when N > 1).
-  int nc = 1;
-  void (*kernel)(float*, const float*, const float*, const float*, const float*, const float*, const void*,
-                 const void*, bool, bool, int64_t, const float*, const float*, const float*, float, float*,
-                 DeviceLayout, int, int, int, int, int64_t, float, int) = nullptr;
-  unsigned threads = kStepThreads;
-  switch (path) {
-    case GdnStepPath::kCluster: nc = static_cast<int>((dv + kStepCols - 1) / kStepCols); break;
-    case GdnStepPath::kWide1:
-    case GdnStepPath::kWide1Ahead: nc = 1; kernel = gdn_step_wide_kernel<1>; break;
-    case GdnStepPath::kWide2: nc = 2; kernel = gdn_step_wide_kernel<2>; break;
-    case GdnStepPath::kWide4: nc = 4; kernel = gdn_step_wide_kernel<4>; break;
-    case GdnStepPath::kDispatch: break;
-  }
-  if (kernel) threads = kWideThreads / nc;
-  int ahead = 0;  // kWide1Ahead: one wave of resident blocks
-  if (path == GdnStepPath::kWide1Ahead) {
-    static const int per_sm = [] {
-      int n = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gdn_step_wide_kernel<1>, kWideThreads, 0));
-      return n;
-    }();
-    ahead = per_sm * be.sm_count();
-  }
+    path = split_heads_over_two(heads, be.sm_count()) ? GdnStepPath::kClusterOf2 : GdnStepPath::kBlockPerHead;
+  const int nc = path == GdnStepPath::kClusterOf2 ? 2 : 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(heads * nc));
-  cfg.blockDim = dim3(threads);
+  cfg.blockDim = dim3(static_cast<unsigned>(kStepThreads / nc));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attrs[2];
@@ -716,23 +502,17 @@ bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Ten
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
   const void* wb_dev = fuse_ab ? in_proj_b.weight.data : nullptr;
   const bool w_bf16 = in_proj_a.format == WeightFormat::kBf16;
+  // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
+  const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) && aligned16(wa_dev) && aligned16(wb_dev);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  if (kernel) {
-    // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
-    const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) &&
-                        reinterpret_cast<uintptr_t>(wa_dev) % 16 == 0 && reinterpret_cast<uintptr_t>(wb_dev) % 16 == 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(), a_dev,
-                                  b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
-                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
-                                  state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                  static_cast<int>(dk), static_cast<int>(dv), C, scale, ahead));
-  } else {
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
-                                  a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, H,
-                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
-                                  state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                  static_cast<int>(dk), static_cast<int>(dv), C, scale));
-  }
+  auto kernel = path == GdnStepPath::kClusterOf2        ? gdn_step_kernel<2, false>
+                : path == GdnStepPath::kBlockPerHeadCs ? gdn_step_kernel<1, true>
+                                                        : gdn_step_kernel<1, false>;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(), a_dev,
+                                b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
+                                A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
+                                static_cast<int>(dk), static_cast<int>(dv), C, scale));
   CUDA_CHECK_LAUNCH();
   return true;
 }

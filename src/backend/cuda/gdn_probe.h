@@ -9,12 +9,10 @@
 namespace sparkserve {
 
 enum class GdnStepPath : int {
-  kDispatch = 0,  // what CudaBackend::gdn_decode_step picks
-  kCluster,       // gdn_step_kernel: a cluster of 4 blocks of 128 threads per head, 32 columns each
-  kWide1,         // gdn_step_wide_kernel<1>: one block of 256 threads per head
-  kWide1Ahead,    // the same, each block prefetching into L2 the state of the block one wave on
-  kWide2,         // gdn_step_wide_kernel<2>: a cluster of 2 blocks of 128 threads per head
-  kWide4,         // gdn_step_wide_kernel<4>: a cluster of 4 blocks of 64 threads per head
+  kDispatch = 0,     // what CudaBackend::gdn_decode_step picks
+  kBlockPerHead,     // gdn_step_kernel<1>: one block of 256 threads per head
+  kClusterOf2,       // gdn_step_kernel<2>: a cluster of 2 blocks of 128 threads per head
+  kBlockPerHeadCs,   // gdn_step_kernel<1> with streaming (evict-first) state loads and stores
 };
 
 // False when `b` is not the CUDA backend or the geometry is outside the fused kernels' limits
