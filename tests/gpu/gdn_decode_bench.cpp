@@ -1,8 +1,7 @@
 // gpu_ops --bench-kernels --bench-filter gdn_decode: one GDN layer's fused decode step
 // (Backend::gdn_decode_step: the conv kernel, then the a/b + gating + delta rule + gated RMSNorm
-// kernel) at the Qwen3.5 shapes for 1..64 sequences, through the dispatch and through each kernel
-// (gdn_probe.h), timed as bench_kernels.cpp times everything (CUDA graph of the op, median of 5
-// replays). The recurrent state (4 MB per sequence at the 122B shapes) is what moves: each call in
+// kernel) at the Qwen3.5 shapes for 1..64 sequences, timed as bench_kernels.cpp times everything
+// (CUDA graph of the op, median of 5 replays). The recurrent state (4 MB per sequence at the 122B shapes) is what moves: each call in
 // the graph takes another set of state slots, so every call reads its state from HBM as a decode step
 // does (a sequence's state comes back after the other 47 layers), not from the 50 MB L2. Bytes =
 // the state read and written + h, mixed, z, the conv state (read and written), in_proj_a/b, out;
@@ -13,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/gdn_probe.h"
 #include "backend/ops.h"
 #include "bench_common.h"
 #include "gpu_harness.h"
@@ -77,29 +75,17 @@ void bench_gdn_decode(Backend& gpu) {
       };
       const double bytes = 4.0 * (2 * B * per_seq + B * H + B * C + 2 * B * Hv * dv + 2 * B * C * (K - 1)) +
                            2.0 * 2 * Hv * H;
-      const std::pair<GdnStepPath, const char*> paths[] = {{GdnStepPath::kDispatch, "dispatch"},
-                                                       {GdnStepPath::kBlockPerHead, "block"},
-                                                       {GdnStepPath::kClusterOf2, "cluster2"},
-                                                       {GdnStepPath::kBlockPerHeadCs, "block-cs"}};
-      for (const auto& [path, pname] : paths) {
-        const double ms = time_graph(
-            gpu,
-            [&](int i) {
-              const Tensor st = state_set(i);
-              if (path == GdnStepPath::kDispatch)
-                gpu.gdn_decode_step(out.tensor(), hid.tensor(), mixed.tensor(), z.tensor(), wa.lin, wb.lin,
-                                    conv_w.tensor(), A_log.tensor(), dt.tensor(), norm_w.tensor(), 1e-6f,
-                                    conv_pool.tensor(), st, L, d);
-              else
-                gdn_decode_step_probe(gpu, path, out.tensor(), hid.tensor(), mixed.tensor(), z.tensor(), wa.lin,
-                                      wb.lin, conv_w.tensor(), A_log.tensor(), dt.tensor(), norm_w.tensor(), 1e-6f,
-                                      conv_pool.tensor(), st, L, d);
-            },
-            static_cast<int>(sets));
-        std::printf("%-34s %4lld %9.1f %9.2f %9.0f\n", (std::string(sh.name) + " " + pname).c_str(),
-                    static_cast<long long>(B), bytes / 1e6, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
-        std::fflush(stdout);
-      }
+      const double ms = time_graph(
+          gpu,
+          [&](int i) {
+            gpu.gdn_decode_step(out.tensor(), hid.tensor(), mixed.tensor(), z.tensor(), wa.lin, wb.lin,
+                                conv_w.tensor(), A_log.tensor(), dt.tensor(), norm_w.tensor(), 1e-6f,
+                                conv_pool.tensor(), state_set(i), L, d);
+          },
+          static_cast<int>(sets));
+      std::printf("%-34s %4lld %9.1f %9.2f %9.0f\n", sh.name, static_cast<long long>(B), bytes / 1e6, ms * 1e3,
+                  bytes / (ms * 1e-3) / 1e9);
+      std::fflush(stdout);
     }
   }
 }

@@ -1,7 +1,6 @@
 // gpu_ops group "gdn_decode": the fused GDN decode step (Backend::gdn_decode_step: a/b projections,
 // conv, gating, delta rule, gated RMSNorm) on CUDA against the CPU backend's composition of the
-// separate ops, through the dispatch and through each of its kernels (gdn_probe.h), on fresh random
-// inputs: the 122B-A10B and 35B-A3B shapes (16 key heads of 128, 64 / 32 value heads of 128, conv 4,
+// separate ops, on fresh random inputs: the 122B-A10B and 35B-A3B shapes (16 key heads of 128, 64 / 32 value heads of 128, conv 4,
 // H 3072 / 2048, in_proj_a/b bf16 / f32) at 1, 2, 16, 64 and 65 sequences on shuffled state slots, and an odd
 // geometry (3 value heads per key head, dk 64, dv 48, conv 3, f32 in_proj_a/b, H % 4 != 0: the
 // element-by-element a/b loop and masked rows and columns). Checked: the output, the recurrent state
@@ -21,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/gdn_probe.h"
 #include "gpu_harness.h"
 
 namespace sparkserve {
@@ -80,33 +78,11 @@ void check_case(Harness& h, const DecodeCase& c, int64_t B) {
   const float eps = 1e-6f;
   h.cpu->gdn_decode_step(out.cpu(), hid.cpu(), mixed.cpu(), z.cpu(), wa.cpu_lin, wb.cpu_lin, conv_w.cpu(),
                          A_log.cpu(), dt.cpu(), norm_w.cpu(), eps, conv_pool.cpu(), rec_pool.cpu(), L, d);
-  const std::pair<GdnStepPath, const char*> paths[] = {{GdnStepPath::kDispatch, "dispatch"},
-                                                       {GdnStepPath::kBlockPerHead, "block"},
-                                                       {GdnStepPath::kClusterOf2, "cluster2"},
-                                                       {GdnStepPath::kBlockPerHeadCs, "block-cs"}};
-  for (const auto& [path, pname] : paths) {
-    // Fresh pools and a poisoned output for every kernel.
-    h.gpu->upload(conv_pool.gpu(), conv0.data());
-    h.gpu->upload(rec_pool.gpu(), rec0.data());
-    std::vector<float> nan(static_cast<size_t>(out.gpu().numel()), NAN);
-    h.gpu->upload(out.gpu(), nan.data());
-    bool ran = true;
-    if (path == GdnStepPath::kDispatch)
-      h.gpu->gdn_decode_step(out.gpu(), hid.gpu(), mixed.gpu(), z.gpu(), wa.gpu_lin, wb.gpu_lin, conv_w.gpu(),
-                             A_log.gpu(), dt.gpu(), norm_w.gpu(), eps, conv_pool.gpu(), rec_pool.gpu(), L, d);
-    else
-      ran = gdn_decode_step_probe(*h.gpu, path, out.gpu(), hid.gpu(), mixed.gpu(), z.gpu(), wa.gpu_lin, wb.gpu_lin,
-                                  conv_w.gpu(), A_log.gpu(), dt.gpu(), norm_w.gpu(), eps, conv_pool.gpu(),
-                                  rec_pool.gpu(), L, d);
-    const std::string name = tag + " " + pname;
-    if (!ran) {  // every case here is inside the fused kernels' limits
-      record("gdn_decode", name + " did not run", INFINITY, kFp32);
-      continue;
-    }
-    record("gdn_decode", name + " out", h.err(out), kFp32);
-    record("gdn_decode", name + " state", h.err(rec_pool), kFp32);
-    record("gdn_decode", name + " conv state", h.err(conv_pool), kFp32);
-  }
+  h.gpu->gdn_decode_step(out.gpu(), hid.gpu(), mixed.gpu(), z.gpu(), wa.gpu_lin, wb.gpu_lin, conv_w.gpu(),
+                         A_log.gpu(), dt.gpu(), norm_w.gpu(), eps, conv_pool.gpu(), rec_pool.gpu(), L, d);
+  record("gdn_decode", tag + " out", h.err(out), kFp32);
+  record("gdn_decode", tag + " state", h.err(rec_pool), kFp32);
+  record("gdn_decode", tag + " conv state", h.err(conv_pool), kFp32);
 }
 
 void test_gdn_decode(Harness& h) {

@@ -1,23 +1,18 @@
 // Gated DeltaNet: causal conv with state, gating, and the delta rule token by token (decode, and the
 // fused decode step). The chunked prefill form is gdn_chunked.cu.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gdn_probe.h"
 
 namespace sparkserve {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kMaxConvKernel = 8;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "gdn.cu needs sm_90 or newer (thread-block clusters, programmatic dependent launch)"
+#error "gdn.cu needs sm_90 or newer (programmatic dependent launch)"
 #endif
 
 // Programmatic dependent launch (PTX griddepcontrol, sm_90+). launch_dependents lets the next
@@ -185,19 +180,19 @@ __global__ void __launch_bounds__(kDeltaThreads) gdn_delta_kernel(
 // The decode chain after the conv, every span one token: gating (g, beta) -> L2-norm q, k -> delta
 // step -> gated RMSNorm of the head's dv outputs. What moves is the head's [dk, dv] f32 state (64 KB
 // at 128 x 128), read once and written once, so the kernel is built to keep state loads in flight:
-// a block of 8 / kNc warps owns 128 / kNc of a head's columns, 16 per warp (lane = 4 rg + quad: 4
-// adjacent columns in one 16-byte access, on rows rg, rg + 8, ..., 16 rows in registers), and issues
-// all its state loads first (64 / kNc KB per block; 126 registers: 2 blocks and 128 KB per SM at
-// kNc = 1). The column sums S^T k, S^T q are warp shuffles. With kNc = 1 the head's a/b partials and
-// the RMSNorm's sum of squares (in double) meet in shared memory behind one __syncthreads each; with
-// kNc = 2 (a cluster, for batches too small to give every SM a head) every warp writes its partial
-// into a slot of both blocks' shared memory. The partials are added in slot order 0..7 whatever kNc
-// is, so both give the same result bit for bit. q and k are normalised once per block by warps 0 and
-// 1 into shared memory. The state loads and the a/b products overlap the conv kernel (programmatic
-// dependent launch); only the reads of its output wait at griddepcontrol.wait.
-// (It replaced a kernel with a cluster of 4 blocks of 4 warps x 8 columns per head: at batch 64
-// that one ran 16,384 blocks of 16 KB each through a ~10 us chain of two cluster barriers and
-// serial L2 round trips, ~2.1 TB/s.)
+// one block of 8 warps per (span, value head), each warp owning 16 columns (lane = 4 rg + quad: 4
+// adjacent columns in one 16-byte access, on rows rg, rg + 8, ..., 16 rows in registers); a block
+// issues its 64 KB of state loads first, and 126 registers give 2 blocks (128 KB of loads) per SM.
+// The state is loaded and stored evict-first (ld/st .cs: it is not read again before the other
+// layers have streamed through L2), which measured 3-7% faster than default caching. The column sums
+// S^T k, S^T q are warp shuffles; the a/b partials and the RMSNorm's sum of squares (in double) meet
+// in shared memory behind one __syncthreads each, added in warp order. q and k are normalised once
+// per block by warps 0 and 1 into shared memory. The state loads and the a/b products overlap the
+// conv kernel (programmatic dependent launch); only the reads of its output wait at
+// griddepcontrol.wait. (A cluster of 4 blocks of 4 warps x 8 columns per head, the kernel this
+// replaced, ran at batch 64 16,384 blocks of 16 KB each through a ~10 us chain of two cluster
+// barriers and serial L2 round trips: ~2.1 TB/s. Splitting a head over a cluster of 2 or 4 blocks,
+// which puts more SMs to work at batch 1, measured no faster there and slower at every batch >= 2.)
 constexpr int kStepMaxDk = 128;
 constexpr int kStepMaxDv = 128;
 constexpr int kStepThreads = 256;                      // per head
@@ -217,55 +212,48 @@ __device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t
   return *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
 }
 
-template <int kNc, bool kCs>
-__global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
+__global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
     const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
     int64_t conv_dim, float scale) {
-  constexpr int kWarps = kStepWarps / kNc;
-  static_assert(kWarps >= 2, "warps 0 and 1 normalise q and k");
   __shared__ float qk_n[2][kStepMaxDk];     // normalised q (scaled), k; zero past dk
-  __shared__ float ab_all[kStepWarps][2];   // [rank * kWarps + warp]: that warp's share of a and b
-  __shared__ double ssq_all[kStepWarps];    // [rank * kWarps + warp]: sum of squares of its outputs
+  __shared__ float ab_all[kStepWarps][2];   // that warp's share of a and b
+  __shared__ double ssq_all[kStepWarps];    // sum of squares of that warp's outputs
 
-  const int cb = kNc > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  const int head = static_cast<int>(blockIdx.x) / kNc;  // span * Hv + value head
+  const int head = static_cast<int>(blockIdx.x);  // span * Hv + value head
   const int s = head / Hv, h = head % Hv, kh = h / (Hv / Hk);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane / 4;
-  const int slot = cb * kWarps + warp;
-  const int c = slot * kStepCols + (lane & 3) * 4;  // this thread's first column
+  const int c = warp * kStepCols + (lane & 3) * 4;  // this thread's first column
   const bool col_ok = c < dv;                       // dv % 4 == 0: a thread's 4 columns are all in or out
   const int64_t row = L.row_begin(s);
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
   float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-  if constexpr (kNc > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   float4 st[kStepRows];
 #pragma unroll
   for (int m = 0; m < kStepRows; ++m) {
     const int i = rg + m * kStepGroups;
     const float4* src = reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c);
-    st[m] = col_ok && i < dk ? (kCs ? __ldcs(src) : *src) : zero4;
+    st[m] = col_ok && i < dk ? __ldcs(src) : zero4;
   }
   const int64_t oi = (row * Hv + h) * dv + c;
   const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
 
-  // a/b partial dot products over this block's share of H: 16-byte loads of h when ab_vec
-  // (H % 4 == 0 and aligned rows), else element by element.
+  // a/b partial dot products: 16-byte loads of h when ab_vec (H % 4 == 0 and aligned rows), else
+  // element by element.
   float pa = 0.0f, pb = 0.0f;
   if (wa) {
     const float* hr = hid + row * H;
     const int64_t wrow = static_cast<int64_t>(h) * H;
-    const int64_t n4 = ab_vec ? H / 4 : 0, chunk4 = (n4 + kNc - 1) / kNc;
-    const int64_t beg4 = cb * chunk4, end4 = beg4 + chunk4 < n4 ? beg4 + chunk4 : n4;
-    for (int64_t base = beg4 + threadIdx.x; base < end4; base += kStepAbUnroll * (kStepThreads / kNc)) {
+    const int64_t n4 = ab_vec ? H / 4 : 0;
+    for (int64_t base = threadIdx.x; base < n4; base += kStepAbUnroll * kStepThreads) {
       float4 xv[kStepAbUnroll], av[kStepAbUnroll], bv[kStepAbUnroll];
 #pragma unroll
       for (int u = 0; u < kStepAbUnroll; ++u) {
-        const int64_t j = base + static_cast<int64_t>(u) * (kStepThreads / kNc);
-        const bool in = j < end4;
+        const int64_t j = base + static_cast<int64_t>(u) * kStepThreads;
+        const bool in = j < n4;
         xv[u] = in ? reinterpret_cast<const float4*>(hr)[j] : zero4;
         av[u] = in ? load_weight4(wa, w_bf16, wrow + 4 * j) : zero4;
         bv[u] = in ? load_weight4(wb, w_bf16, wrow + 4 * j) : zero4;
@@ -276,11 +264,9 @@ __global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
         pb += xv[u].x * bv[u].x + xv[u].y * bv[u].y + xv[u].z * bv[u].z + xv[u].w * bv[u].w;
       }
     }
-    // The elements past 4 * n4 (all of H when !ab_vec), shared the same way.
-    const int64_t rest = H - 4 * n4, chunk = (rest + kNc - 1) / kNc;
-    const int64_t beg = 4 * n4 + cb * chunk, end = beg + chunk < H ? beg + chunk : H;
+    // The elements past 4 * n4 (all of H when !ab_vec).
 #pragma unroll 1
-    for (int64_t i = beg + threadIdx.x; i < end; i += kStepThreads / kNc) {
+    for (int64_t i = 4 * n4 + threadIdx.x; i < H; i += kStepThreads) {
       pa += hr[i] * load_weight(wa, w_bf16, wrow + i);
       pb += hr[i] * load_weight(wb, w_bf16, wrow + i);
     }
@@ -306,21 +292,11 @@ __global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
   const float4 v = col_ok ? *reinterpret_cast<const float4*>(qkv + row * conv_dim + 2 * key_dim +
                                                              static_cast<int64_t>(h) * dv + c)
                           : zero4;
-  if constexpr (kNc > 1) {
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
-    if (wa && lane < kNc) {  // lane r writes this warp's slot in block r
-      float* dst = cg::this_cluster().map_shared_rank(&ab_all[slot][0], lane);
-      dst[0] = pa;
-      dst[1] = pb;
-    }
-    cg::this_cluster().sync();  // also the block barrier for qk_n
-  } else {
-    if (wa && lane == 0) {
-      ab_all[slot][0] = pa;
-      ab_all[slot][1] = pb;
-    }
-    __syncthreads();
+  if (wa && lane == 0) {
+    ab_all[warp][0] = pa;
+    ab_all[warp][1] = pb;
   }
+  __syncthreads();  // also for qk_n
   float a_val, b_val;
   if (wa) {
     a_val = 0.0f;
@@ -374,11 +350,7 @@ __global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
     st[m].z += ki * delta.z;
     st[m].w += ki * delta.w;
     if (col_ok && i < dk) {
-      float4* dst = reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c);
-      if (kCs)
-        __stcs(dst, st[m]);
-      else
-        *dst = st[m];
+      __stcs(reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c), st[m]);
     }
     o.x += st[m].x * qi;
     o.y += st[m].y * qi;
@@ -400,13 +372,8 @@ __global__ void __launch_bounds__(kStepThreads / kNc) gdn_step_kernel(
                      : 0.0;
   sq += __shfl_xor_sync(0xffffffffu, sq, 1);
   sq += __shfl_xor_sync(0xffffffffu, sq, 2);
-  if constexpr (kNc > 1) {
-    if (lane < kNc) *cg::this_cluster().map_shared_rank(&ssq_all[slot], lane) = sq;
-    cg::this_cluster().sync();  // every warp's slot written (no shared memory is touched across blocks after this)
-  } else {
-    if (lane == 0) ssq_all[slot] = sq;
-    __syncthreads();
-  }
+  if (lane == 0) ssq_all[warp] = sq;
+  __syncthreads();
   if (rg == 0 && col_ok) {
     double tot = 0.0;
 #pragma unroll
@@ -427,23 +394,22 @@ namespace {
 bool plain_weight(const Linear& w) {
   return (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF32) && w.activation == ActivationQuant::kNone;
 }
+}  // namespace
 
-// A head per block gives one block to each of `heads` SMs; when that leaves half of them or more
-// without one (batch 1: 64 heads on the 122B, 32 on the 35B, on 132 SMs), each head takes a cluster
-// of two blocks instead, so twice the SMs stream state (H200, 35B batch 1: 7.2 against 7.8 us).
-bool split_heads_over_two(int64_t heads, int sm_count) { return 2 * heads <= sm_count; }
-
-// The fused step through `path` (kDispatch: by batch size), or false (nothing ran) when the geometry
-// is outside the kernels' limits.
-bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Tensor& h, const Tensor& mixed,
-                 const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
-                 const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
-                 const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
+void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
+                                  const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                                  const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                                  const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
+                                  const GdnDims& d) {
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, C = d.conv_dim(), K = d.conv_kernel;
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (dv > kStepMaxDv || dv < 16 || dv % 8 != 0 || dk > kStepMaxDk || K < 1 || K > kMaxConvKernel || dk % 4 != 0 ||
-      !aligned16(out.data) || !aligned16(z.data) || !aligned16(state_pool.data))
-    return false;
+      !aligned16(out.data) || !aligned16(z.data) || !aligned16(state_pool.data)) {
+    // Geometry outside the fused kernel's limits: the op chain.
+    Backend::gdn_decode_step(out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
+                             conv_state_pool, state_pool, batch, d);
+    return;
+  }
   const int64_t T = batch.total_rows, H = h.numel() / std::max<int64_t>(T, 1);
   CHECK(h.numel() == T * H && mixed.numel() == T * C && z.numel() == T * Hv * dv && out.numel() == z.numel());
   CHECK(in_proj_a.out_features == Hv && in_proj_b.out_features == Hv && in_proj_a.in_features == H &&
@@ -455,48 +421,39 @@ bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Ten
     CHECK_MSG(s.num_tokens == 1, "gdn_decode_step takes single-token spans");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
-  if (batch.seqs.empty()) return true;
-  const cudaStream_t stream = be.stream();
+  if (batch.seqs.empty()) return;
   // a and b inside the kernel when both weights are plain f32/bf16 of one kind; else as linear ops.
   const bool fuse_ab = plain_weight(in_proj_a) && plain_weight(in_proj_b) && in_proj_a.format == in_proj_b.format;
-  std::optional<CudaBackend::Scratch> ab;
+  std::optional<Scratch> ab;
   const float* ab_dev = nullptr;  // b rows then a rows
   if (!fuse_ab) {
-    ab.emplace(&be, static_cast<size_t>(2 * T * Hv) * sizeof(float));
+    ab.emplace(this, static_cast<size_t>(2 * T * Hv) * sizeof(float));
     const Tensor b_t(ab->as<float>(), DType::kF32, {T, Hv}, Device::kCuda);
     const Tensor a_t(ab->as<float>() + T * Hv, DType::kF32, {T, Hv}, Device::kCuda);
-    be.linear(b_t, h, in_proj_b);
-    be.linear(a_t, h, in_proj_a);
+    linear(b_t, h, in_proj_b);
+    linear(a_t, h, in_proj_a);
     ab_dev = ab->as<const float>();
   }
-  DeviceLayout L = be.device_layout(batch);
+  DeviceLayout L = device_layout(batch);
   // The conv output stays in stream-ordered scratch between the two kernels.
-  CudaBackend::Scratch qkv(&be, static_cast<size_t>(T * C) * sizeof(float));
+  Scratch qkv(this, static_cast<size_t>(T * C) * sizeof(float));
   const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C;
-  gdn_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+  gdn_conv_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(
       qkv.as<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(), conv_state_pool.ptr<float>(), L, C,
       static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
-  const int64_t heads = static_cast<int64_t>(batch.seqs.size()) * Hv;
-  if (path == GdnStepPath::kDispatch)
-    path = split_heads_over_two(heads, be.sm_count()) ? GdnStepPath::kClusterOf2 : GdnStepPath::kBlockPerHead;
-  const int nc = path == GdnStepPath::kClusterOf2 ? 2 : 1;
+  // One block per (span, value head). The step kernel may start while the conv kernel runs (it
+  // waits for qkv at griddepcontrol.wait): its state loads and a/b products overlap the conv.
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(heads * nc));
-  cfg.blockDim = dim3(static_cast<unsigned>(kStepThreads / nc));
+  cfg.gridDim = dim3(static_cast<unsigned>(batch.seqs.size() * Hv));
+  cfg.blockDim = dim3(kStepThreads);
   cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  attrs[1].id = cudaLaunchAttributeClusterDimension;
-  attrs[1].val.clusterDim.x = static_cast<unsigned>(nc);
-  attrs[1].val.clusterDim.y = 1;
-  attrs[1].val.clusterDim.z = 1;
-  cfg.attrs = attrs;
-  // The step kernel may start while the conv kernel runs (it waits for qkv at griddepcontrol.wait):
-  // its state loads and a/b products overlap the conv.
-  cfg.numAttrs = nc > 1 ? 2 : 1;
+  cfg.stream = stream_;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
   const float* a_dev = fuse_ab ? nullptr : ab_dev + T * Hv;
   const float* b_dev = ab_dev;
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
@@ -505,39 +462,12 @@ bool decode_step(CudaBackend& be, GdnStepPath path, const Tensor& out, const Ten
   // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
   const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) && aligned16(wa_dev) && aligned16(wb_dev);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  auto kernel = path == GdnStepPath::kClusterOf2        ? gdn_step_kernel<2, false>
-                : path == GdnStepPath::kBlockPerHeadCs ? gdn_step_kernel<1, true>
-                                                        : gdn_step_kernel<1, false>;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(), a_dev,
-                                b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
+                                a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
                                 A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
                                 state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
                                 static_cast<int>(dk), static_cast<int>(dv), C, scale));
   CUDA_CHECK_LAUNCH();
-  return true;
-}
-}  // namespace
-
-void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
-                                  const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
-                                  const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
-                                  const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
-                                  const GdnDims& d) {
-  if (!decode_step(*this, GdnStepPath::kDispatch, out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias,
-                   norm_w, eps, conv_state_pool, state_pool, batch, d))
-    // Geometry outside the fused kernels' limits: the op chain.
-    Backend::gdn_decode_step(out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
-                             conv_state_pool, state_pool, batch, d);
-}
-
-bool gdn_decode_step_probe(Backend& b, GdnStepPath path, const Tensor& out, const Tensor& h, const Tensor& mixed,
-                           const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
-                           const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
-                           const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
-                           const GdnDims& d) {
-  auto* c = dynamic_cast<CudaBackend*>(&b);
-  return c && decode_step(*c, path, out, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
-                          conv_state_pool, state_pool, batch, d);
 }
 
 void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
