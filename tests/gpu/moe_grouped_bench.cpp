@@ -47,6 +47,7 @@ struct MoeShape {
   const char* name;
   int64_t H, I;
   std::vector<int64_t> Ts;
+  unsigned tiles = 0xF;  // bit t: time tile regime t (where tile_timed)
 };
 
 constexpr int kTiles = 4;  // GroupTile order (nvfp4_group_gemm.h)
@@ -100,7 +101,7 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
     // the plain run), and at 64 / 8192 tokens every stage's.
     const bool all_stages = T == 64 || T == 8192;
     for (int tile = 0; tile < kTiles; ++tile) {
-      if (!tile_timed(tile, T)) continue;
+      if (!tile_timed(tile, T) || !((sh.tiles >> tile) & 1)) continue;
       bool taken = true;
       auto run = [&](int repeat) {
         return time_graph(
@@ -135,6 +136,13 @@ void bench_grouped_moe(Backend& gpu) {
                                 {64, 128, 256, 320, 512, 1024, 2048, 8192}});
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024,
                                 {1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048, 8192}});
+}
+
+// The medium regime (both wgmma tiles from 1,024 tokens, where the dispatch chooses between them)
+// and the 8K large case only: a quick A/B of the wgmma kernel.
+void bench_grouped_medium(Backend& gpu) {
+  bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, {320, 512, 1024, 2048}, 0xC});
+  bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, {512, 1024, 8192}, 0xC});
 }
 
 void bench_grouped_dense(Backend& gpu) {
@@ -194,6 +202,7 @@ void profile_grouped(Backend& gpu) {
 }
 
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
+const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);
 const RegisterKernelBench kDense("grouped dense", bench_grouped_dense);
 

@@ -45,6 +45,19 @@ struct Stage {
 
 #ifdef SPARKSERVE_HAS_WGMMA
 
+// cp.async with an L2 prefetch-size hint: a stage copies 32 bytes of each weight row and 4 of its
+// scale row, so on a miss the L2 fetches the whole 256-byte (weights) / 128-byte (scales) block and
+// the next stages' slices of the same rows hit it (measured: medium gate_up 11% faster, the 8K large
+// tile 3.5%; explicit prefetches of each row's next 128 bytes instead were ~30% slower).
+__device__ __forceinline__ void cp_async16_l2_256(void* smem, const void* gmem) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4_l2_128(void* smem, const void* gmem) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 4;" ::"r"(d), "l"(gmem));
+}
+
 // Nibbles t and t+4 of w as fp16 e2m1·2^-14 (nibble_pair with a run-time t).
 __device__ __forceinline__ uint32_t nibble_pair_rt(uint32_t w, int t) {
   const uint32_t s = w << (12 - 4 * t);
@@ -175,9 +188,9 @@ __device__ __forceinline__ void run_item(const GroupGemmArgs& a, uint8_t* smem, 
   const int64_t b_rows32 = 32 * a.P * K;
   auto load_stage = [&](int stage, int64_t kt) {
     uint8_t* st = smem + stage * St::kBytes;
-    cp_async16(st + St::kA + (tid / 2) * 32 + (tid % 2) * 16, a_src0 + kt * 32);
-    cp_async16(st + St::kA + (tid / 2 + 128) * 32 + (tid % 2) * 16, a_src1 + kt * 32);
-    cp_async4(st + St::kS + tid * 4, s_src + kt * 4);
+    cp_async16_l2_256(st + St::kA + (tid / 2) * 32 + (tid % 2) * 16, a_src0 + kt * 32);
+    cp_async16_l2_256(st + St::kA + (tid / 2 + 128) * 32 + (tid % 2) * 16, a_src1 + kt * 32);
+    cp_async4_l2_128(st + St::kS + tid * 4, s_src + kt * 4);
 #pragma unroll
     for (int m = 0; m < kN / 32 + (kN < 32); ++m) {  // the rows the MMA reads (kN of them)
       const int j = b_j + 32 * m;
