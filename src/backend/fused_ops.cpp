@@ -26,6 +26,21 @@ void Backend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& 
   gated_rmsnorm(out.view({T * Hv, dv}), core.tensor().view({T * Hv, dv}), z.view({T * Hv, dv}), norm_w, eps);
 }
 
+void Backend::gdn_verify_step(const Tensor& out, const Tensor& g, const Tensor& beta, const Tensor& h,
+                              const Tensor& mixed, const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b,
+                              const Tensor& conv_w, const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w,
+                              float eps, const Tensor& conv_state_pool, const Tensor& state_pool,
+                              const BatchLayout& batch, const GdnDims& dims) {
+  const int64_t T = mixed.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
+  Buffer a(this, DType::kF32, {T, Hv}), b(this, DType::kF32, {T, Hv});
+  linear(b, h, in_proj_b);
+  linear(a, h, in_proj_a);
+  gdn_gating(g, beta, a, b, A_log, dt_bias);
+  Buffer qkv(this, DType::kF32, {T, dims.conv_dim()}), core(this, DType::kF32, {T, Hv, dv});
+  gdn_verify(core, qkv, mixed, conv_w, g, beta, conv_state_pool, state_pool, batch, dims);
+  gated_rmsnorm(out.view({T * Hv, dv}), core.tensor().view({T * Hv, dv}), z.view({T * Hv, dv}), norm_w, eps);
+}
+
 void Backend::attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
                              const Tensor& v, const Tensor& q_norm_w, const Tensor& k_norm_w, float eps,
                              const Tensor& positions, int64_t rotary_dim, double theta, const KvPool& pool,

@@ -192,6 +192,9 @@ class Backend {
   virtual void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) = 0;
   // Copies rows: out[i] = x[rows[i]]. x: [T, D] f32, rows: host indices -> out: [R, D] f32.
   virtual void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) = 0;
+  // The same with the indices in backend memory (a recording takes them from its inputs): out[i] =
+  // x[rows[i]]; a row index outside [0, T) gives a row of NaN. x: [T, D] f32, rows: [R] i32 -> out: [R, D] f32.
+  virtual void gather_rows_at(const Tensor& out, const Tensor& x, const Tensor& rows) = 0;
   // The greedy choice of each row over its first `vocab` columns (vocab <= V), as the CPU sampler
   // makes it: the lowest index among equal maxima (-inf counts, NaN never wins); `nonfinite` is the
   // first index holding NaN or +Inf (-1: none), which the sampler refuses instead of sampling.
@@ -243,6 +246,15 @@ class Backend {
   virtual void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g,
                              const Tensor& beta, const Tensor& state_pool, const BatchLayout& batch,
                              const GdnDims& dims) = 0;
+  // A speculative verify: gdn_conv then gdn_recurrent over each span's tokens as if run on copies of
+  // the span's state rows, i.e. the outputs of decoding those tokens one by one, while both pools keep
+  // the state before the span (commit_speculative folds in the accepted prefix later).
+  // mixed: [T, C] f32, conv_w: [C, K] f32, g, beta: [T, Hv] f32, conv_state_pool: [slots, C, K-1] f32,
+  // state_pool: [slots, Hv, dk, dv] f32 (both read only) -> qkv: [T, C] f32 (conv outputs),
+  // out: [T, Hv, dv] f32. Only rows of the batch's spans.
+  virtual void gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w,
+                          const Tensor& g, const Tensor& beta, const Tensor& conv_state_pool,
+                          const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) = 0;
   // The same function in the chunked form (chunk 64, HF torch_chunk_gated_delta_rule) for prefill.
   virtual void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                            const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) = 0;
@@ -270,6 +282,16 @@ class Backend {
                                const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
                                const Tensor& conv_state_pool, const Tensor& state_pool,
                                const BatchLayout& batch, const GdnDims& dims);
+  // The same chain for speculative verify spans (any number of tokens each), the state read and never
+  // written (gdn_verify in place of gdn_conv + gdn_recurrent), the gates kept:
+  //   linear(b, h, in_proj_b) -> linear(a, h, in_proj_a) -> gdn_gating(g, beta, a, b)
+  //   -> gdn_verify(core, qkv, mixed, conv_w, g, beta, pools) -> gated_rmsnorm(out, core, z, norm_w).
+  // Shapes as gdn_decode_step's, plus g, beta: [T, Hv] f32 (out). Only rows of the batch's spans.
+  virtual void gdn_verify_step(const Tensor& out, const Tensor& g, const Tensor& beta, const Tensor& h,
+                               const Tensor& mixed, const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b,
+                               const Tensor& conv_w, const Tensor& A_log, const Tensor& dt_bias,
+                               const Tensor& norm_w, float eps, const Tensor& conv_state_pool,
+                               const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims);
   // Attention input preparation, any layout:
   //   split_query_gate(q, gate, qg) -> rmsnorm(q per head, q_norm_w) -> rmsnorm(k per head, k_norm_w)
   //   -> rope(q) -> rope(k) -> kv_cache_write(pool, k, v).
@@ -358,12 +380,14 @@ class Backend {
   // A BatchLayout at a fixed device address: pack_layout writes `batch` (every span with at most
   // max_blocks KV blocks) as layout_words(spans, rows, max_blocks) int32 words whose positions depend
   // only on those three numbers, so one recording serves every step of that shape. While
-  // set_fixed_layout(words, spans, rows, max_len) holds (until clear_fixed_layout), a state op given
-  // a batch of `spans` spans and `rows` rows reads its layout from `words` (a device i32 buffer the
-  // caller refills before each replay); max_len bounds start_pos + num_tokens of every span.
+  // set_fixed_layout(words, batch, max_blocks, max_len) holds (until clear_fixed_layout; a recording
+  // may set several, one per layout its ops read), a state op given a batch equal to `batch` reads its
+  // layout from `words` (a device i32 buffer the caller refills with pack_layout before each replay).
+  // Every batch replayed there has batch's span count, row count and longest span; max_len bounds
+  // start_pos + num_tokens of every span.
   virtual int64_t layout_words(int64_t spans, int64_t rows, int64_t max_blocks) const { return 0; }
   virtual void pack_layout(const BatchLayout& batch, int64_t max_blocks, int32_t* words) const {}
-  virtual void set_fixed_layout(const Tensor& words, int64_t spans, int64_t rows, int64_t max_len) {}
+  virtual void set_fixed_layout(const Tensor& words, const BatchLayout& batch, int64_t max_blocks, int64_t max_len) {}
   virtual void clear_fixed_layout() {}
 };
 

@@ -541,17 +541,17 @@ int run_bench(const BenchOptions& o) {
     say("\nspeculative decoding (MTP), acceptance: %s\n", forced ? ("FORCED " + std::to_string(*spec_accept) +
                                                                       " per draft (simulation: random weights accept nothing)").c_str()
                                                                  : "the model's own (greedy)");
-    say("%-6s %8s %3s %10s %10s %10s %8s %11s | %9s %9s\n", "batch", "context", "k", "verify ms", "draft ms", "step ms",
-        "tok/step", "tokens/s", "verify/dec", "speedup");
+    say("%-6s %8s %3s %10s %9s %10s %10s %8s %11s | %9s %9s\n", "batch", "context", "k", "verify ms", "commit ms",
+        "draft ms", "step ms", "tok/step", "tokens/s", "verify/dec", "speedup");
     for (int C : *contexts) {
       for (int B : *batches) {
         for (int k : spec_ks) {
-          const int64_t tokens = static_cast<int64_t>(C) + static_cast<int64_t>(o.decode_steps + 2) * (k + 1) + k + 1;
+          const int64_t tokens = static_cast<int64_t>(C) + static_cast<int64_t>(o.decode_steps + 3) * (k + 1) + k + 1;
           const double need = static_cast<double>(B) * blocks_for(tokens) * lim.block_size * bytes.kv_bytes_per_token *
                                   (1.0 + 1.0 / std::max(1, count_layers(c, LayerType::kFullAttention))) +
                               B * bytes.gdn_bytes_per_seq + activation_bytes(c, std::max<int64_t>(B * (k + 1), std::min(C, o.prefill_chunk)));
           const double pred = (o.context_fill == "zeros" ? 0.0 : B * predict_prefill_s(C)) +
-                              (o.decode_steps + 2) * step_s_hint * 2;
+                              (o.decode_steps + 3) * step_s_hint * 2;
           std::string skip;
           if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
           else if (over_budget(pred)) skip = "--time-budget-s spent";
@@ -574,9 +574,11 @@ int run_bench(const BenchOptions& o) {
           auto plain = plain_step_s.find({B, C});
           const double plain_ms = plain == plain_step_s.end() ? 0 : plain->second * 1e3;
           nlohmann::json row = {{"batch", B}, {"context", C}, {"k", k}, {"acceptance", forced ? "forced" : "model"},
-                                {"verify_ms", r->verify_ms}, {"propose_ms", r->propose_ms}, {"step_ms", r->step_ms()},
+                                {"verify_ms", r->verify_ms}, {"commit_ms", r->commit_ms}, {"propose_ms", r->propose_ms},
+                                {"step_ms", r->step_ms()},
                                 {"tokens_per_step", r->tokens_per_step}, {"tokens_per_s", tps}};
           if (forced) row["forced_accept"] = *spec_accept;
+          row["mtp_pass_ms"] = r->pass_ms;
           if (plain_ms > 0) {
             row["plain_decode_ms"] = plain_ms;
             row["verify_over_decode"] = r->verify_ms / plain_ms;
@@ -584,11 +586,15 @@ int run_bench(const BenchOptions& o) {
           }
           j["speculative"].push_back(row);
           if (plain_ms > 0)
-            say("%-6d %8d %3d %10.3f %10.3f %10.3f %8.2f %11.1f | %8.2fx %8.2fx\n", B, C, k, r->verify_ms, r->propose_ms,
-                r->step_ms(), r->tokens_per_step, tps, r->verify_ms / plain_ms, tps / (B / (plain_ms / 1e3)));
+            say("%-6d %8d %3d %10.3f %9.3f %10.3f %10.3f %8.2f %11.1f | %8.2fx %8.2fx\n", B, C, k, r->verify_ms,
+                r->commit_ms, r->propose_ms, r->step_ms(), r->tokens_per_step, tps, r->verify_ms / plain_ms,
+                tps / (B / (plain_ms / 1e3)));
           else
-            say("%-6d %8d %3d %10.3f %10.3f %10.3f %8.2f %11.1f | (no plain decode case)\n", B, C, k, r->verify_ms,
-                r->propose_ms, r->step_ms(), r->tokens_per_step, tps);
+            say("%-6d %8d %3d %10.3f %9.3f %10.3f %10.3f %8.2f %11.1f | (no plain decode case)\n", B, C, k, r->verify_ms,
+                r->commit_ms, r->propose_ms, r->step_ms(), r->tokens_per_step, tps);
+          std::string passes;
+          for (double ms : r->pass_ms) passes += " " + std::to_string(ms).substr(0, 6);
+          say("       MTP passes ms:%s\n", passes.c_str());
         }
       }
     }

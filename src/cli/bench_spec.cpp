@@ -17,7 +17,10 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
   if (!m.has_mtp()) return make_error("--spec-k: the model has no multi-token-prediction layer");
   const ModelConfig& c = m.config();
   const int B = sc.batch, k = sc.k;
-  const int64_t positions = sc.context + static_cast<int64_t>(sc.steps + 2) * (k + 1) + k + 1;
+  // Warm-up steps: kernel loads and host tables (step 0), the recordings of the verify step (step 1)
+  // and of the commit after it (step 2).
+  constexpr int kWarmUp = 3;
+  const int64_t positions = sc.context + static_cast<int64_t>(sc.steps + kWarmUp) * (k + 1) + k + 1;
   lim.max_sequences = B;
   lim.mtp = true;
   lim.num_kv_blocks = static_cast<int32_t>(B * (positions / lim.block_size + 2));
@@ -52,8 +55,8 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
   SpecCapture capture;
   SpecResult r;
   int64_t emitted = 0;
-  for (int step = 0; step < sc.steps + 2; ++step) {
-    const bool timed = step >= 2;  // two warm-up steps: kernel loads, host tables
+  for (int step = 0; step < sc.steps + kWarmUp; ++step) {
+    const bool timed = step >= kWarmUp;
     for (int i = 0; i < B; ++i) {
       SequenceInput& in = batch[static_cast<size_t>(i)];
       in.state = &seqs[static_cast<size_t>(i)];
@@ -85,9 +88,12 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
       }
       accepted[bi] = a + 1;
       emitted += timed ? a + 1 : 0;
-      // MTP rows of the accepted tokens: row p pairs with the token at p + 1.
+      // MTP rows of the accepted tokens (row p pairs with the token at p + 1), padded to the verify
+      // span's k + 1 rows as the engine does (one MTP shape per batch: recorded once).
       rows_next[bi].assign(batch[bi].tokens.begin() + 1, batch[bi].tokens.begin() + 1 + a);
       rows_next[bi].push_back(after);
+      rows_next[bi].resize(static_cast<size_t>(k + 1), after);
+      ds[bi].draft_row = a;
       next[bi] = after;
       SequenceState& s = seqs[bi];
       const int64_t start = s.num_tokens;
@@ -100,16 +106,24 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
       ds[bi].num_drafts = k;
     }
     SS_RETURN_IF_ERROR(m.commit_speculative(capture, accepted, st.state().pools()));
-    SS_ASSIGN_OR_RETURN(Qwen35Model::DraftResult d, m.draft(ds, capture.hidden.tensor(), st.state().pools()));
+    be.synchronize();
+    const double commit_ms = ms_since(t1);
+    const auto t2 = Clock::now();
+    SS_ASSIGN_OR_RETURN(Qwen35Model::DraftResult d, m.draft(ds, capture.hidden, st.state().pools()));
     be.synchronize();
     drafts = std::move(d.drafts);
     if (timed) {
       r.verify_ms += verify_ms;
-      r.propose_ms += ms_since(t1);
+      r.commit_ms += commit_ms;
+      r.propose_ms += ms_since(t2);
+      r.pass_ms.resize(std::max(r.pass_ms.size(), d.pass_ms.size()));
+      for (size_t i = 0; i < d.pass_ms.size(); ++i) r.pass_ms[i] += d.pass_ms[i];
     }
   }
   r.verify_ms /= sc.steps;
+  r.commit_ms /= sc.steps;
   r.propose_ms /= sc.steps;
+  for (double& ms : r.pass_ms) ms /= sc.steps;
   r.tokens_per_step = static_cast<double>(emitted) / (static_cast<double>(sc.steps) * B);
   return r;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <vector>
 
 #include "core/status.h"
 #include "model/qwen35.h"
@@ -28,9 +29,11 @@ struct SpecCase {
 
 struct SpecResult {
   double verify_ms = 0;   // per step: the verify forward (logits on the host)
-  double propose_ms = 0;  // per step: GDN commit + MTP rows + chained drafts
+  double commit_ms = 0;   // per step: the GDN commit of the accepted prefix
+  double propose_ms = 0;  // per step: MTP rows + chained drafts (draft ids on the host)
+  std::vector<double> pass_ms;  // per step: each MTP pass of the proposal (the first: the rows + draft 1)
   double tokens_per_step = 0;  // per sequence: accepted drafts + 1
-  double step_ms() const { return verify_ms + propose_ms; }
+  double step_ms() const { return verify_ms + commit_ms + propose_ms; }
 };
 
 using PrefillFn = std::function<Expected<Logits>(DirectState&, SequenceState&, int64_t)>;

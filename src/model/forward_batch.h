@@ -50,26 +50,29 @@ struct ForwardSeq {
   // (Backend::draw) instead of the argmax.
   RowDraw draw;
   // A speculative verify span (the sequence's next token and the drafts after it, num_logits =
-  // tokens.size()): its GDN state is read but not advanced (the decode form runs over a copy of the
-  // state row), and the forward's SpecCapture keeps what Qwen35Model::commit_speculative needs to
-  // advance it by the accepted prefix afterwards. Keys and values are written as for any span; those
-  // past the accepted prefix are rewritten by later steps.
+  // tokens.size()): its GDN state is read but not advanced (Backend::gdn_verify: the decode form from
+  // the live row, which it never writes), and the forward's SpecCapture keeps what
+  // Qwen35Model::commit_speculative needs to advance it by the accepted prefix afterwards. Keys and
+  // values are written as for any span; those past the accepted prefix are rewritten by later steps.
   bool speculative = false;
   // State saves inside this span, ascending by `tokens` (none for a speculative span).
   std::span<const GdnStateSave> saves{};
 };
 
 // What a forward keeps for speculative decoding (Qwen35Model::forward's optional output): the inputs of
-// the multi-token-prediction pass and of the GDN commit that follow acceptance.
+// the multi-token-prediction pass and of the GDN commit that follow acceptance. The tensors are views,
+// valid until the model's next forward: into `storage` (a forward run op by op) or into the model's
+// own buffers (a recorded step).
 struct SpecCapture {
-  Buffer hidden;  // [T, H] f32: the final-normalised hidden row of every token of the batch
+  Tensor hidden;  // [T, H] f32: the final-normalised hidden row of every token of the batch
   // The speculative spans in batch order: row_begin indexes the stash rows below, gdn_slot is the
   // sequence's live state row; seq[i] is the span's index in the forward's batch.
   std::vector<SeqSpan> spans;
   std::vector<int64_t> seq;
-  // Per GDN layer, the speculative spans' tokens (rows as `spans`): conv inputs [Ts, conv_dim] and
-  // gates g, beta [Ts, Hv].
-  std::vector<Buffer> mixed, g, beta;
+  // Per GDN layer, the stash rows (every speculative span's tokens, maybe other rows too): conv inputs
+  // [rows, conv_dim] and gates g, beta [rows, Hv].
+  std::vector<Tensor> mixed, g, beta;
+  std::vector<Buffer> storage;
 };
 
 // Logits rows in batch order: for each sequence, its num_logits rows in position order.

@@ -8,19 +8,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace sparkserve {
 
-// One recorded decode step of `batch` sequences. Its inputs live in one device buffer refreshed by a
-// single host->device copy per step: token ids [B] | positions [B] | the packed layout, which has
-// room for max_blocks KV blocks per sequence (a longer sequence means recording again).
-struct Qwen35Model::DecodeGraph {
-  int64_t batch = 0;
+// One recorded step of a batch of decode and verify spans (StepKey: B spans, Bv of them verify spans,
+// T rows, the longest span). Its inputs live in one device buffer refreshed by a single host->device
+// copy per step: token ids [T] | positions [T] | the packed layouts (all spans; and, when the batch
+// mixes both kinds, the decode spans and the verify spans), each with room for max_blocks KV blocks
+// per sequence (a longer sequence means recording again).
+struct Qwen35Model::StepGraph {
   int64_t max_blocks = 0;
-  Buffer inputs;  // i32 [2B + layout words]
+  Buffer inputs;  // i32 [2T + layout words]
   std::vector<int32_t> staging;
-  std::unique_ptr<Recording> recording;  // null: the batch size was seen once, ran op by op
+  std::unique_ptr<Recording> recording;  // null: the shape was seen once, ran op by op
 };
 
 Qwen35Model::Qwen35Model(Backend& backend, ModelConfig config, ModelWeights weights)
@@ -77,9 +79,10 @@ void Qwen35Model::set_graphs_enabled(bool on) {
 }
 
 void Qwen35Model::drop_graphs() {
-  if (graphs_.empty() && !graph_logits_.tensor().data) return;
   graphs_.clear();  // each recording waits for its queued replays
-  graph_logits_ = Buffer();
+  commit_graphs_.clear();
+  draft_graphs_.clear();
+  storage_ = StepStorage();
   graph_state_key_.clear();
 }
 
@@ -137,11 +140,7 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
     if (!images.rows.empty()) layout.images.push_back(std::move(images));
     layout.all.seqs.push_back(span);
     if (in.speculative) {
-      // Decode-form GDN over a copy of the state row (the copy's index in verify_tmp).
-      SeqSpan tmp = span;
-      tmp.gdn_slot = static_cast<int32_t>(layout.verify.seqs.size());
       layout.verify.seqs.push_back(span);
-      layout.verify_tmp.seqs.push_back(tmp);
       for (int64_t i = 0; i < span.num_tokens; ++i) layout.verify_rows.push_back(span.row_begin + i);
     } else {
       // Its parts between saves (Layout::save_rounds); several tokens take the chunked GDN form,
@@ -166,8 +165,7 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size());
-  for (BatchLayout* b : {&layout.all, &layout.prefill, &layout.decode, &layout.stateful, &layout.verify,
-                         &layout.verify_tmp})
+  for (BatchLayout* b : {&layout.all, &layout.prefill, &layout.decode, &layout.stateful, &layout.verify})
     b->total_rows = T;
   for (GdnSaveRound& r : layout.save_rounds)
     for (BatchLayout* b : {&r.stateful, &r.prefill, &r.decode}) b->total_rows = T;
@@ -256,12 +254,13 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
   std::vector<int64_t> logit_rows;
   std::vector<ArgmaxWant> row_argmax;
   make_layout(batch, /*with_images=*/true, layout, ids, pos, pos3, logit_rows, row_argmax);
-  bool decode_only = true;
+  // Decode and verify spans (every token a logits row; no prefill chunk, no images) can be recorded.
+  bool recordable = graphs_enabled_ && backend_.can_record() && layout.prefill.seqs.empty() && !layout.mrope &&
+                    layout.images.empty();
   for (const ForwardSeq& in : batch)
-    decode_only = decode_only && in.tokens.size() == 1 && in.num_logits == 1 && !in.speculative && in.saves.empty();
-
-  if (decode_only && !capture && !layout.mrope && layout.images.empty() && graphs_enabled_ && backend_.can_record()) {
-    std::optional<Logits> out = forward_recorded(layout, ids, pos, state, row_argmax);
+    recordable = recordable && in.num_logits == static_cast<int64_t>(in.tokens.size()) && in.saves.empty();
+  if (recordable) {
+    std::optional<Logits> out = forward_recorded(batch, layout, ids, pos, state, row_argmax, capture);
     if (out) return std::move(*out);
   }
 
@@ -271,6 +270,7 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
   Buffer h = buffer({T, c.hidden_size});
   if (capture) {
     *capture = SpecCapture();
+    // The stash holds the verify spans' rows only (a prefill chunk in the batch may be long).
     const int64_t Ts = static_cast<int64_t>(layout.verify_rows.size());
     int64_t row = 0;
     for (size_t s = 0; s < batch.size(); ++s) {
@@ -284,9 +284,11 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
     if (Ts > 0) {
       const GdnDims dims = gdn_dims(c);
       for (int l = 0; l < count_layers(c, LayerType::kLinearAttention); ++l) {
-        capture->mixed.push_back(buffer({Ts, dims.conv_dim()}));
-        capture->g.push_back(buffer({Ts, dims.num_v_heads}));
-        capture->beta.push_back(buffer({Ts, dims.num_v_heads}));
+        for (auto [list, width] : {std::pair{&capture->mixed, dims.conv_dim()}, std::pair{&capture->g, dims.num_v_heads},
+                                   std::pair{&capture->beta, dims.num_v_heads}}) {
+          capture->storage.push_back(buffer({Ts, width}));
+          list->push_back(capture->storage.back().tensor());
+        }
       }
     }
   }
@@ -299,7 +301,10 @@ Expected<Logits> Qwen35Model::forward(std::span<const ForwardSeq> batch, const S
     backend_.gather_rows(last, h, logit_rows);
     out = lm_head(last, row_argmax);
   }
-  if (capture) capture->hidden = std::move(h);
+  if (capture) {
+    capture->hidden = h.tensor();
+    capture->storage.push_back(std::move(h));
+  }
   return out;
 }
 
@@ -349,16 +354,10 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
   }
 }
 
-std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                                    const std::vector<int32_t>& pos, const StatePools& state,
-                                                    const std::vector<ArgmaxWant>& row_argmax) {
+std::vector<uintptr_t> Qwen35Model::state_key(const StatePools& state) const {
   const ModelConfig& c = config_;
-  const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), V = c.vocab_size;
-
-  // A recording writes the state pools it was recorded with: other pools mean recording again.
   std::vector<uintptr_t> key;
   key.push_back(static_cast<uintptr_t>(state.block_size));
-  const int64_t slots = std::max(B, state.num_slots);
   for (size_t l = 0; l < c.layer_types.size(); ++l) {
     const size_t i = static_cast<size_t>(layer_slot_[l]);
     if (c.layer_types[l] == LayerType::kLinearAttention) {
@@ -369,25 +368,100 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
       key.push_back(reinterpret_cast<uintptr_t>(state.kv[i].v.data));
     }
   }
-  if (key != graph_state_key_ || !graph_logits_.tensor().data || graph_logits_.tensor().dim(0) < B) {
+  key.push_back(reinterpret_cast<uintptr_t>(state.mtp_kv.k.data));  // the MTP passes'
+  key.push_back(reinterpret_cast<uintptr_t>(state.mtp_kv.v.data));
+  return key;
+}
+
+void Qwen35Model::reserve_step_storage(int64_t rows, bool stash, int64_t min_rows) {
+  const ModelConfig& c = config_;
+  const bool grow = storage_.rows < rows, grow_stash = stash && storage_.stash_rows < rows;
+  if (!grow && !grow_stash) return;
+  // Every recording reads these buffers at fixed addresses.
+  graphs_.clear();
+  commit_graphs_.clear();
+  draft_graphs_.clear();
+  if (grow) {
+    // At least one row per state slot (any decode batch), doubling so that growing batches record
+    // again only a few times.
+    storage_.rows = std::max({rows, min_rows, 2 * storage_.rows});
+    storage_.logits = buffer({storage_.rows, c.vocab_size});
+    storage_.hidden = buffer({storage_.rows, c.hidden_size});
+    storage_.carried = buffer({storage_.rows, c.hidden_size});
+  }
+  if (grow_stash) {
+    storage_.stash_rows = std::max(rows, 2 * storage_.stash_rows);
+    storage_.mixed.clear();
+    storage_.g.clear();
+    storage_.beta.clear();
+    const GdnDims dims = gdn_dims(c);
+    for (int l = 0; l < count_layers(c, LayerType::kLinearAttention); ++l) {
+      storage_.mixed.push_back(buffer({storage_.stash_rows, dims.conv_dim()}));
+      storage_.g.push_back(buffer({storage_.stash_rows, dims.num_v_heads}));
+      storage_.beta.push_back(buffer({storage_.stash_rows, dims.num_v_heads}));
+    }
+  }
+}
+
+void Qwen35Model::stash_views(SpecCapture& c, int64_t rows) const {
+  for (size_t i = 0; i < storage_.mixed.size(); ++i) {
+    c.mixed.push_back(storage_.mixed[i].tensor().rows(0, rows));
+    c.g.push_back(storage_.g[i].tensor().rows(0, rows));
+    c.beta.push_back(storage_.beta[i].tensor().rows(0, rows));
+  }
+}
+
+std::unique_ptr<Recording> Qwen35Model::record_step(const std::function<void()>& body, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Recording> r = backend_.record(body);
+  backend_.clear_fixed_layout();
+  if (!r) {
+    // The backend could not record (it said why): op by op from now on (the caller drops the
+    // recordings once nothing of theirs is in use).
+    graphs_enabled_ = false;
+    return nullptr;
+  }
+  ++graph_stats_.recorded;
+  graph_stats_.kernels = r->kernel_nodes();
+  if (const char* v = std::getenv("SPARKSERVE_GRAPH_STATS"); v && std::strcmp(v, "1") == 0)
+    std::fprintf(stderr, "sparkserve: recorded %s: %lld kernels, fused chains %s\n", what.c_str(),
+                 static_cast<long long>(graph_stats_.kernels), fused_ ? "on" : "off");
+  graph_stats_.record_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::optional<Logits> Qwen35Model::forward_recorded(std::span<const ForwardSeq> batch, const Layout& layout,
+                                                    const std::vector<int32_t>& ids, const std::vector<int32_t>& pos,
+                                                    const StatePools& state, const std::vector<ArgmaxWant>& row_argmax,
+                                                    SpecCapture* capture) {
+  const int64_t B = static_cast<int64_t>(layout.all.seqs.size()), T = static_cast<int64_t>(ids.size());
+  const int64_t Bv = static_cast<int64_t>(layout.verify.seqs.size()), Bd = B - Bv;
+  int64_t longest = 0;
+  for (const SeqSpan& s : layout.all.seqs) longest = std::max(longest, s.num_tokens);
+
+  // A recording writes the state pools it was recorded with: other pools mean recording again.
+  std::vector<uintptr_t> key = state_key(state);
+  if (key != graph_state_key_) {
     drop_graphs();
     graph_state_key_ = std::move(key);
-    // Logits rows for the largest possible batch (one per GDN slot), shared by every recording so
-    // that many batch sizes do not each hold [B, V] floats.
-    graph_logits_ = buffer({slots, V});
   }
+  reserve_step_storage(T, Bv > 0, state.num_slots);
 
-  std::unique_ptr<DecodeGraph>& g = graphs_[B];
+  std::unique_ptr<StepGraph>& g = graphs_[StepKey{B, Bv, T, longest}];
   if (!g) {
-    // First sight of this batch size: run it op by op, which also loads every kernel this shape
-    // uses and fills the backend's host-computed tables before anything is recorded.
-    g = std::make_unique<DecodeGraph>();
-    g->batch = B;
+    // First sight of this shape: run it op by op, which also loads every kernel this shape uses and
+    // fills the backend's host-computed tables before anything is recorded.
+    g = std::make_unique<StepGraph>();
     return std::nullopt;
   }
   int64_t need_blocks = 1;
   for (const SeqSpan& s : layout.all.seqs) need_blocks = std::max(need_blocks, s.num_blocks);
   const bool record = !g->recording || need_blocks > g->max_blocks;
+  // The layouts the state ops read: all spans; the decode and the verify spans apart only when the
+  // batch has both (else each equals the whole batch's).
+  const bool mixed = Bd > 0 && Bv > 0;
+  std::vector<const BatchLayout*> packed = {&layout.all};
+  if (mixed) packed.insert(packed.end(), {&layout.decode, &layout.verify});
   if (record) {
     // Room for twice the current need (at least 16 blocks), so a growing sequence records again
     // only at each doubling.
@@ -395,50 +469,66 @@ std::optional<Logits> Qwen35Model::forward_recorded(const Layout& layout, const 
     while (cap < need_blocks) cap *= 2;
     g->recording.reset();
     g->max_blocks = cap;
-    g->inputs = buffer({2 * B + backend_.layout_words(B, B, cap)}, DType::kI32);
-    g->staging.assign(static_cast<size_t>(g->inputs.tensor().numel()), 0);
+    int64_t words = 2 * T;
+    for (const BatchLayout* l : packed) words += backend_.layout_words(static_cast<int64_t>(l->seqs.size()), T, cap);
+    g->inputs = buffer({words}, DType::kI32);
+    g->staging.assign(static_cast<size_t>(words), 0);
   }
   int32_t* words = g->staging.data();
   std::copy(ids.begin(), ids.end(), words);
-  std::copy(pos.begin(), pos.end(), words + B);
-  backend_.pack_layout(layout.all, g->max_blocks, words + 2 * B);
+  std::copy(pos.begin(), pos.end(), words + T);
+  std::vector<int64_t> offset;  // of each packed layout in the inputs
+  int64_t at = 2 * T;
+  for (const BatchLayout* l : packed) {
+    offset.push_back(at);
+    backend_.pack_layout(*l, g->max_blocks, words + at);
+    at += backend_.layout_words(static_cast<int64_t>(l->seqs.size()), T, g->max_blocks);
+  }
   backend_.upload(g->inputs, words);
 
-  const Tensor logits = graph_logits_.tensor().rows(0, B);
+  const Tensor logits = storage_.logits.tensor().rows(0, T), hidden = storage_.hidden.tensor().rows(0, T);
   if (record) {
     const Tensor& in = g->inputs.tensor();
-    const Tensor tok(in.ptr<int32_t>(), DType::kI32, {B}, in.device);
+    const Tensor tok(in.ptr<int32_t>(), DType::kI32, {T}, in.device);
     Layout fixed;
     fixed.all = layout.all;
     fixed.decode = layout.decode;
     fixed.stateful = layout.stateful;
-    fixed.prefill.total_rows = B;
-    fixed.positions = Tensor(in.ptr<int32_t>() + B, DType::kI32, {B}, in.device);
-    const Tensor packed(in.ptr<int32_t>() + 2 * B, DType::kI32, {in.numel() - 2 * B}, in.device);
-    const auto t0 = std::chrono::steady_clock::now();
-    backend_.set_fixed_layout(packed, B, B, g->max_blocks * state.block_size);
-    g->recording = backend_.record([&] {
-      Buffer h = buffer({B, c.hidden_size});
-      trunk(h, tok, fixed, state);
-      backend_.linear(logits, h, w_.lm_head);  // decode: every row is a logits row
-    });
-    backend_.clear_fixed_layout();
+    fixed.verify = layout.verify;
+    fixed.prefill.total_rows = T;
+    fixed.positions = Tensor(in.ptr<int32_t>() + T, DType::kI32, {T}, in.device);
+    for (size_t i = 0; i < packed.size(); ++i) {
+      const Tensor w(in.ptr<int32_t>() + offset[i], DType::kI32, {in.numel() - offset[i]}, in.device);
+      backend_.set_fixed_layout(w, *packed[i], g->max_blocks, g->max_blocks * state.block_size);
+    }
+    // The verify spans' GDN inputs go straight into the stash (every row of it is a batch row).
+    SpecCapture stash;
+    stash_views(stash, T);
+    capture_ = Bv > 0 ? &stash : nullptr;
+    g->recording = record_step(
+        [&] {
+          trunk(hidden, tok, fixed, state);
+          backend_.linear(logits, hidden, w_.lm_head);  // every row is a logits row
+        },
+        "step B=" + std::to_string(B) + " verify=" + std::to_string(Bv) + " T=" + std::to_string(T));
+    capture_ = nullptr;
     if (!g->recording) {
-      // The backend could not record (it said why): op by op from now on.
-      graphs_enabled_ = false;
       drop_graphs();
       return std::nullopt;
     }
-    ++graph_stats_.recorded;
-    graph_stats_.kernels = g->recording->kernel_nodes();
-    if (const char* v = std::getenv("SPARKSERVE_GRAPH_STATS"); v && std::strcmp(v, "1") == 0)
-      std::fprintf(stderr, "sparkserve: recorded decode step B=%lld: %lld kernels, fused chains %s\n",
-                   static_cast<long long>(B), static_cast<long long>(graph_stats_.kernels), fused_ ? "on" : "off");
-    graph_stats_.record_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   g->recording->replay();
   ++graph_stats_.replayed;
+  if (capture) {
+    *capture = SpecCapture();
+    capture->hidden = hidden;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      if (!batch[s].speculative) continue;
+      capture->spans.push_back(layout.all.seqs[s]);  // stash rows = batch rows
+      capture->seq.push_back(static_cast<int64_t>(s));
+    }
+    if (Bv > 0) stash_views(*capture, T);
+  }
   return download_logits(logits, row_argmax);
 }
 
@@ -447,17 +537,38 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const GdnWeights& w = lw.gdn;
   const GdnDims dims = gdn_dims(config_);
   const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
-  Buffer mixed = buffer({T, dims.conv_dim()}), z = buffer({T, Hv * dv});
+  const bool verify = !layout.verify.seqs.empty();
+  const auto gi = static_cast<size_t>(gdn_index);
+  // Verify spans keep their GDN inputs for commit_speculative: written straight into the stash when
+  // every batch row has a stash row (a recorded step, or a batch of verify spans only), else gathered.
+  const bool direct = verify && capture_->mixed[gi].dim(0) == T;
+  Buffer mixed_own, g_own, beta_own;
+  auto stash_or_own = [&](Buffer& own, std::vector<Tensor> SpecCapture::*stash, int64_t width) -> Tensor {
+    if (direct) return (capture_->*stash)[gi];
+    own = buffer({T, width});
+    return own.tensor();
+  };
+  const Tensor mixed = stash_or_own(mixed_own, &SpecCapture::mixed, dims.conv_dim());
+  Buffer z = buffer({T, Hv * dv});
   backend_.run_branches({[&] { backend_.linear(mixed, h, w.in_proj_qkv); },
                          [&] { backend_.linear(z, h, w.in_proj_z); }});
 
-  const Tensor& rec = state.recurrent[static_cast<size_t>(gdn_index)];
-  const Tensor& conv = state.conv[static_cast<size_t>(gdn_index)];
+  const Tensor& rec = state.recurrent[gi];
+  const Tensor& conv = state.conv[gi];
   Buffer normed = buffer({T, Hv * dv});
-  if (fused_ && layout.prefill.seqs.empty() && layout.verify.seqs.empty() && layout.save_rounds.empty()) {
+  if (fused_ && layout.prefill.seqs.empty() && !verify && layout.save_rounds.empty()) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
                              config_.rms_norm_eps, conv, rec, layout.decode, dims);
+    backend_.linear(out, normed, w.out_proj);
+    return;
+  }
+  if (fused_ && direct && layout.prefill.seqs.empty() && layout.decode.seqs.empty() &&
+      layout.save_rounds.empty()) {
+    // Verify spans only (every row is a stash row): the same chain from the live state, which it
+    // leaves as it is; the gates go to the stash.
+    backend_.gdn_verify_step(normed, capture_->g[gi], capture_->beta[gi], h, mixed, z, w.in_proj_a, w.in_proj_b,
+                             w.conv, w.A_log, w.dt_bias, w.norm, config_.rms_norm_eps, conv, rec, layout.verify, dims);
     backend_.linear(out, normed, w.out_proj);
     return;
   }
@@ -466,20 +577,22 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.linear(a, h, w.in_proj_a);
   Buffer qkv = buffer({T, dims.conv_dim()});
   if (!layout.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, w.conv, conv, layout.stateful);
-  Buffer g = buffer({T, Hv}), beta = buffer({T, Hv});
+  const Tensor g = stash_or_own(g_own, &SpecCapture::g, Hv);
+  const Tensor beta = stash_or_own(beta_own, &SpecCapture::beta, Hv);
   backend_.gdn_gating(g, beta, a, b, w.A_log, w.dt_bias);
 
   Buffer core = buffer({T, Hv, dv});
   if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
   if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
   for (const GdnSaveRound& r : layout.save_rounds) gdn_save_round(qkv, core, mixed, g, beta, w.conv, conv, rec, r);
-  if (!layout.verify.seqs.empty()) {
-    gdn_verify(qkv, core, mixed, g, beta, w, conv, rec, layout);
-    // What commit_speculative replays once the accepted prefix is known.
-    const auto i = static_cast<size_t>(gdn_index);
-    backend_.gather_rows(capture_->mixed[i], mixed, layout.verify_rows);
-    backend_.gather_rows(capture_->g[i], g, layout.verify_rows);
-    backend_.gather_rows(capture_->beta[i], beta, layout.verify_rows);
+  if (verify) {
+    // The decode form from the live state rows, which it leaves as they are.
+    backend_.gdn_verify(core, qkv, mixed, w.conv, g, beta, conv, rec, layout.verify, dims);
+    if (!direct) {
+      backend_.gather_rows(capture_->mixed[gi], mixed, layout.verify_rows);
+      backend_.gather_rows(capture_->g[gi], g, layout.verify_rows);
+      backend_.gather_rows(capture_->beta[gi], beta, layout.verify_rows);
+    }
   }
 
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
@@ -498,25 +611,6 @@ void Qwen35Model::gdn_save_round(const Tensor& qkv, const Tensor& core, const Te
   if (!round.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, conv_weight, conv_pool, round.stateful);
   if (!round.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec_pool, round.prefill, dims);
   if (!round.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec_pool, round.decode, dims);
-}
-
-void Qwen35Model::gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
-                             const Tensor& beta, const GdnWeights& w, const Tensor& conv_pool, const Tensor& rec_pool,
-                             const Layout& layout) {
-  // Copies of the spans' state rows (one gather per pool for the whole batch), run through the decode
-  // form's ops token by token: each token's output is what decoding it alone gives, and the live rows
-  // keep the state before the span.
-  const GdnDims dims = gdn_dims(config_);
-  const auto n = static_cast<int64_t>(layout.verify.seqs.size());
-  std::vector<int64_t> live;
-  for (const SeqSpan& s : layout.verify.seqs) live.push_back(s.gdn_slot);
-  const int64_t conv_row = conv_pool.numel() / conv_pool.dim(0), rec_row = rec_pool.numel() / rec_pool.dim(0);
-  Buffer conv_tmp = buffer({n, conv_pool.dim(1), conv_pool.dim(2)});
-  Buffer rec_tmp = buffer({n, rec_pool.dim(1), rec_pool.dim(2), rec_pool.dim(3)});
-  backend_.gather_rows(conv_tmp.tensor().view({n, conv_row}), conv_pool.view({conv_pool.dim(0), conv_row}), live);
-  backend_.gather_rows(rec_tmp.tensor().view({n, rec_row}), rec_pool.view({rec_pool.dim(0), rec_row}), live);
-  backend_.gdn_conv(qkv, mixed, w.conv, conv_tmp, layout.verify_tmp);
-  backend_.gdn_recurrent(core, qkv, g, beta, rec_tmp, layout.verify_tmp, dims);
 }
 
 void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, const Layout& layout,

@@ -2,11 +2,14 @@
 // backend op interface (backend/ops.h); see model-qwen35.md §2 for the math.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/ops.h"
@@ -42,10 +45,11 @@ class Qwen35Model {
   // caller owns every block and row: each sequence's block table must already cover its new
   // positions. Errors (token id out of range, a block table too short, a sequence without a GDN
   // slot, two sequences on one slot) are found before anything is written.
-  // On a backend that can record (CUDA), a batch of B single-token (decode) spans replays a forward
-  // recorded for B once B has been seen before: one host->device copy of the step's inputs, one graph
-  // launch, one copy of the logits back. Same kernels on the same data: the logits are bitwise those
-  // of running the ops one by one.
+  // On a backend that can record (CUDA), a batch of decode spans (one token, one logits row) and
+  // speculative verify spans (logits for every token) replays a forward recorded for its shape (span
+  // count, verify spans, rows, longest span) once that shape has been seen before: one host->device
+  // copy of the step's inputs, one graph launch, one copy of the logits back. Same kernels on the same
+  // data: the logits (and the capture) are bitwise those of running the ops one by one.
   // capture (speculative decoding): receives the batch's final-normalised hidden rows and, for
   // speculative spans (required for them), the GDN inputs commit_speculative replays.
   Expected<Logits> forward(std::span<const ForwardSeq> batch, const StatePools& state,
@@ -57,18 +61,25 @@ class Qwen35Model {
   // Advances the GDN state of the captured speculative spans by their accepted prefix: accepted[i]
   // tokens of batch sequence i (as forward saw the batch; 0 leaves the state as it is, e.g. for a
   // sequence that ended). Runs the decode form over the stashed inputs: the state is what decoding
-  // those tokens one by one gives. accepted: one entry per batch sequence.
+  // those tokens one by one gives. accepted: one entry per batch sequence. After a recorded verify
+  // step the commit is recorded too (per span count and stash rows).
   Status commit_speculative(const SpecCapture& capture, std::span<const int64_t> accepted, const StatePools& state);
 
   // One sequence's multi-token-prediction pass: rows pair the target's hidden row of position p with
   // the token at p + 1 (MTP row p, at position p, keys/values into state.mtp_kv); then
-  // num_drafts tokens are proposed after the last row, chained (draft j feeds the MTP's own output and
-  // draft j - 1 at the next position).
+  // num_drafts tokens are proposed after row draft_row, chained (draft j feeds the MTP's own output
+  // and draft j - 1 at the next position). Rows after draft_row (a verify span's rejected tail,
+  // padded so that every step of a batch has the same shape) are computed but propose nothing: their
+  // keys/values are rewritten by the chained drafts and the next pass before anything reads them.
+  // On a backend that can record, each pass of a batch whose hidden rows come from a recorded step
+  // replays a recording of its shape (the first sight of a shape runs op by op).
   struct DraftSeq {
-    std::span<const int32_t> block_table;  // covers start_pos + rows + max(num_drafts - 1, 0) positions
+    // Covers start_pos + max(rows, draft_row + num_drafts) positions.
+    std::span<const int32_t> block_table;
     int64_t start_pos = 0;                 // position of the first row
     std::span<const int32_t> next_tokens;  // one per row: the token after the row's position
     int64_t hidden_row = 0;                // row of `hidden` holding the first row's target hidden state
+    int64_t draft_row = -1;                // the row the drafts continue (-1: the last)
     int64_t num_drafts = 0;                // 0: only the rows' keys/values (the MTP's history)
     MultimodalPrompt* mm = nullptr;        // positions inside a prompt with images (M-RoPE)
     int64_t rope_delta = 0;
@@ -77,6 +88,7 @@ class Qwen35Model {
   struct DraftResult {
     std::vector<std::vector<int32_t>> drafts;  // per sequence: num_drafts tokens (argmax of the draft logits)
     Logits logits;  // the rows of sequences with all_logits: each row's, then each chain step's, in order
+    std::vector<double> pass_ms;  // host wall time of each MTP pass (each ends with its drafts on the host)
   };
   // hidden: [T, H] f32, the hidden rows of the target forward these rows continue (SpecCapture::hidden).
   Expected<DraftResult> draft(std::span<const DraftSeq> seqs, const Tensor& hidden, const StatePools& state);
@@ -100,22 +112,36 @@ class Qwen35Model {
 
  private:
   struct Layout;  // the batch as rows and spans, see qwen35.cpp
-  struct DecodeGraph;  // one recorded decode step, see qwen35.cpp
+  struct StepGraph;  // one recorded step (decode and verify spans), see qwen35.cpp
+  struct CommitGraph;  // one recorded commit_speculative, see qwen35_layout.h
+  struct DraftGraph;  // one recorded MTP pass, see qwen35_layout.h
   // What a logits row needs back (ForwardSeq::argmax_vocab, argmax_excluded, draw): vocab 0 = its values.
   struct ArgmaxWant {
     int64_t vocab = 0;
     std::span<const int32_t> excluded;
     RowDraw draw;  // temperature > 0: a draw instead of the argmax
   };
+  // A recorded step's shape: spans, verify spans, rows, longest span.
+  using StepKey = std::array<int64_t, 4>;
 
   // The layers: tok [T] i32 -> h [T, H] f32, the final-normalised hidden rows.
   void trunk(const Tensor& h, const Tensor& tok, const Layout& layout, const StatePools& state);
-  // A pure-decode batch through its recording (recording it first where needed); nullopt when the
-  // step has to run op by op (first sight of this batch size, or the backend could not record).
-  // ids, pos: the batch's token ids and positions, one per span.
-  std::optional<Logits> forward_recorded(const Layout& layout, const std::vector<int32_t>& ids,
-                                         const std::vector<int32_t>& pos, const StatePools& state,
-                                         const std::vector<ArgmaxWant>& row_argmax);
+  // A batch of decode and verify spans through its recording (recording it first where needed);
+  // nullopt when the step has to run op by op (first sight of its shape, or the backend could not
+  // record). ids, pos: the batch's token ids and positions, one per row.
+  std::optional<Logits> forward_recorded(std::span<const ForwardSeq> batch, const Layout& layout,
+                                         const std::vector<int32_t>& ids, const std::vector<int32_t>& pos,
+                                         const StatePools& state, const std::vector<ArgmaxWant>& row_argmax,
+                                         SpecCapture* capture);
+  // Records body (with the fixed layouts already set), or says why not (then graphs are off).
+  std::unique_ptr<Recording> record_step(const std::function<void()>& body, const std::string& what);
+  // The block size and the state pools a recording writes: recordings are valid for these only.
+  std::vector<uintptr_t> state_key(const StatePools& state) const;
+  // Makes the recorded steps' shared buffers hold `rows` rows (and the verify stash when stash),
+  // dropping every recording that points at the old ones.
+  void reserve_step_storage(int64_t rows, bool stash, int64_t min_rows);
+  // Views of rows [0, rows) of the stash (a SpecCapture's mixed, g, beta).
+  void stash_views(SpecCapture& c, int64_t rows) const;
   void drop_graphs();
 
   // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
@@ -130,10 +156,6 @@ class Qwen35Model {
   void gdn_save_round(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
                       const Tensor& beta, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& rec_pool,
                       const GdnSaveRound& round);
-  // The GDN state ops of the speculative spans: conv and delta rule over copies of their state rows.
-  // mixed: [T, conv_dim], g, beta: [T, Hv] -> qkv: [T, conv_dim], core: [T, Hv, dv] (their rows).
-  void gdn_verify(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g, const Tensor& beta,
-                  const GdnWeights& w, const Tensor& conv_pool, const Tensor& rec_pool, const Layout& layout);
   // Rows, spans and positions of a batch; with_images collects the rows image embeddings replace.
   // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (what each logits row needs back): filled.
   void make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout, std::vector<int32_t>& ids,
@@ -143,8 +165,9 @@ class Qwen35Model {
   void upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3);
   // The MTP layer over R rows: tok [R] i32 (device), hidden [R, H] -> out [R, H], the MTP's
   // final-normalised output (what lm_head reads and the next chained draft takes as hidden).
-  void mtp_layer(const Tensor& out, const Tensor& tok, const Tensor& hidden, const Layout& layout,
-                 const StatePools& state);
+  // interleave: [2R] i32 (device) = 0, R, 1, R + 1, ... (fc's input rows from [embeddings ; hidden]).
+  void mtp_layer(const Tensor& out, const Tensor& tok, const Tensor& hidden, const Tensor& interleave,
+                 const Layout& layout, const StatePools& state);
   // The attention input chain op by op (split, q/k norms, RoPE, KV write): what attention_prep
   // fuses; run when fused ops are off. qg: [T, nh, 2hd], k, v: [T, kvh, hd] -> q, gate: [T, nh, hd].
   void unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
@@ -176,9 +199,21 @@ class Qwen35Model {
   bool fused_ = true;
   GraphStats graph_stats_;
   SpecCapture* capture_ = nullptr;  // the running forward's capture (speculative spans' GDN inputs)
-  std::map<int64_t, std::unique_ptr<DecodeGraph>> graphs_;  // by batch size
+  std::map<StepKey, std::unique_ptr<StepGraph>> graphs_;
+  std::map<std::array<int64_t, 2>, std::unique_ptr<CommitGraph>> commit_graphs_;  // by spans, stash rows
+  // By hidden source (0: a recorded step's rows, 1: the previous pass's), spans, rows, logits rows,
+  // longest span.
+  std::map<std::array<int64_t, 5>, std::unique_ptr<DraftGraph>> draft_graphs_;
   std::vector<uintptr_t> graph_state_key_;  // block size and the state pools the recordings write
-  Buffer graph_logits_;                        // [slots, V]: every recording's logits rows
+  // What every recording reads and writes besides the state (shared, so that many shapes do not each
+  // hold their own): rows of logits [rows, V] and final hidden rows [rows, H] (of the steps, and of
+  // the MTP passes: `carried` holds a pass's drafting rows for the next); the verify stash per GDN
+  // layer, mixed [stash_rows, conv_dim], g and beta [stash_rows, Hv].
+  struct StepStorage {
+    int64_t rows = 0, stash_rows = 0;
+    Buffer logits, hidden, carried;
+    std::vector<Buffer> mixed, g, beta;
+  } storage_;
 };
 
 }  // namespace sparkserve

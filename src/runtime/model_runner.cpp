@@ -55,11 +55,24 @@ Expected<std::vector<std::vector<int32_t>>> Qwen35Runner::speculate(const StepPl
   if (!can_speculate()) return ModelRunner::speculate(plan, follow);
   SS_RETURN_IF_ERROR(model_.commit_speculative(capture_, follow.accepted, state_.pools()));
   std::vector<Qwen35Model::DraftSeq> seqs;
-  for (const DraftRequest& d : follow.drafts) {
+  std::vector<std::vector<int32_t>> padded(follow.drafts.size());
+  for (size_t i = 0; i < follow.drafts.size(); ++i) {
+    const DraftRequest& d = follow.drafts[i];
     Qwen35Model::DraftSeq q;
     q.block_table = d.block_table;
     q.start_pos = d.start_pos;
     q.next_tokens = d.next_tokens;
+    // A verify chunk's rejected tail is padded (rows that propose nothing) so that every step of a
+    // batch has the same MTP shape, which a recording can replay, whatever was accepted.
+    const ScheduledChunk& c = plan.chunks.at(d.chunk);
+    const auto rows = static_cast<int64_t>(c.tokens.size());
+    if (c.speculative && !d.next_tokens.empty() && static_cast<int64_t>(d.next_tokens.size()) < rows &&
+        static_cast<int64_t>(d.block_table.size()) * state_.limits().block_size >= d.start_pos + rows) {
+      padded[i].assign(d.next_tokens.begin(), d.next_tokens.end());
+      padded[i].resize(static_cast<size_t>(rows), d.next_tokens.back());
+      q.next_tokens = padded[i];
+      q.draft_row = static_cast<int64_t>(d.next_tokens.size()) - 1;
+    }
     q.hidden_row = chunk_row_.at(d.chunk);
     q.num_drafts = d.num_drafts;
     q.mm = d.mm;

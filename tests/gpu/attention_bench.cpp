@@ -83,7 +83,7 @@ double time_attention(Backend& g, int64_t nh, int64_t kvh, int64_t hd, DType dt,
   const double ms = time_graph(
       g,
       [&](int i) {
-        g.set_fixed_layout(words[static_cast<size_t>(i % copies)], S, T, max_blocks * bs);
+        g.set_fixed_layout(words[static_cast<size_t>(i % copies)], L, max_blocks, max_blocks * bs);
         g.gated_attention(out, q, gate, pool, L, d);
         g.clear_fixed_layout();
       },

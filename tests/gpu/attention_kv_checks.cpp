@@ -305,7 +305,7 @@ void check_graph_layout(Harness& h) {
       h.gpu->pack_layout(sp.layout, max_blocks, words.data());
       Buffer dev(h.gpu, DType::kI32, {static_cast<int64_t>(words.size())});
       h.gpu->upload(dev, words.data());
-      h.gpu->set_fixed_layout(dev, S, T, max_blocks * bs);
+      h.gpu->set_fixed_layout(dev, sp.layout, max_blocks, max_blocks * bs);
       h.gpu->attention(fixed.gpu(), q.gpu(), gpu_pool, sp.layout, d);
       h.gpu->clear_fixed_layout();
       const auto a = h.gpu_f(eager), b = h.gpu_f(fixed);

@@ -115,6 +115,11 @@ void test_dense(Harness& h) {
     h.cpu->gather_rows(gth.cpu(), s.cpu(), rows);
     h.gpu->gather_rows(gth.gpu(), s.gpu(), rows);
     record("gather_rows", sz({T, I}), h.err(gth), kExact);
+    std::vector<int32_t> rows32(rows.begin(), rows.end());
+    Pair idx = h.i32({static_cast<int64_t>(rows32.size())}, rows32), gat = h.out({static_cast<int64_t>(rows.size()), I});
+    h.cpu->gather_rows_at(gat.cpu(), s.cpu(), idx.cpu());
+    h.gpu->gather_rows_at(gat.gpu(), s.gpu(), idx.gpu());
+    record("gather_rows_at", sz({T, I}), h.err(gat), kExact);
   }
   // Rows with a tie for the maximum (the lower index must win), all -inf but one column, NaN and
   // +Inf (reported at their first index; NaN never chosen), and a vocabulary limit below V.
@@ -257,6 +262,69 @@ void test_gdn(Harness& h) {
         record("gdn_chunked", tag + " state", h.err(st), bound);
       }
     }
+    // Speculative verify: spans of 1..4 tokens (a verify step's next token + drafts) from random
+    // states, which both backends must leave untouched (bound 0: nothing may be written).
+    Spans sp = make_spans({{3, 4}, {0, 1}, {90, 3}, {17, 2}}, 16, 64, slots);
+    const int64_t T = sp.layout.total_rows;
+    Pair mixed = h.f32({T, C}, randn(T * C)), w = h.f32({C, c.K}, randn(C * c.K, 0.5f)),
+         cs = h.f32({slots, C, c.K - 1}, randn(slots * C * (c.K - 1))), qkv = h.out({T, C});
+    Pair g = h.f32({T, c.hv}, randn(T * c.hv, 0.5f)), beta = h.f32({T, c.hv}, randn(T * c.hv, 0.5f));
+    for (Pair* p : {&g, &beta}) {  // g <= 0 (a decay), beta in (0, 1), as gdn_gating makes them
+      std::vector<float> v = h.cpu_f(*p);
+      for (float& x : v) x = p == &g ? -std::fabs(x) : 1.0f / (1.0f + std::exp(-x));
+      *p = h.f32({T, c.hv}, v);
+    }
+    Pair st = h.f32({slots, c.hv, c.dk, c.dv}, randn(slots * c.hv * c.dk * c.dv, 0.3f)), o = h.out({T, c.hv, c.dv});
+    h.cpu->gdn_verify(o.cpu(), qkv.cpu(), mixed.cpu(), w.cpu(), g.cpu(), beta.cpu(), cs.cpu(), st.cpu(), sp.layout, d);
+    h.gpu->gdn_verify(o.gpu(), qkv.gpu(), mixed.gpu(), w.gpu(), g.gpu(), beta.gpu(), cs.gpu(), st.gpu(), sp.layout, d);
+    record("gdn_verify", name + " qkv", h.err(qkv), kFp32);
+    record("gdn_verify", name + " out", h.err(o), kFp32);
+    record("gdn_verify", name + " states unchanged", std::max(h.err(cs), h.err(st)), kExact);
+    // The fused verify chain (a/b projections, gating, gdn_verify, gated norm; gates out) against the
+    // CPU's composition of those ops. Bound kForms (1e-4): fp32 on both sides in other summation
+    // orders (the H-term a/b products split across a cluster's blocks, warp-shuffle L2 and RMS sums),
+    // CUDA's expf/log1pf against libm; the H = 512 a/b products move decay and beta by ~1e-6 relative,
+    // carried through up to 4 tokens of state and the norm's rescale (fused decode step: the same).
+    if (c.dv >= 16 && c.dv % 8 == 0 && c.dk <= 128) {
+      const int64_t H = 512;
+      for (bool bf16 : {true, false}) {
+        Weight wa = make_weight(h, {c.hv, H}, bf16, 3.0f / std::sqrt(static_cast<float>(H)));
+        Weight wb = make_weight(h, {c.hv, H}, bf16, 3.0f / std::sqrt(static_cast<float>(H)));
+        std::vector<float> alog(static_cast<size_t>(c.hv));
+        for (auto& x : alog) x = std::log(1.0f + 15.0f * std::uniform_real_distribution<float>(0, 1)(g_rng));
+        Pair Al = h.f32({c.hv}, alog), dt = h.f32({c.hv}, randn(c.hv, 0.5f)), nw = h.f32({c.dv}, randn(c.dv, 0.3f));
+        Pair hid = h.f32({T, H}, randn(T * H)), z = h.f32({T, c.hv * c.dv}, randn(T * c.hv * c.dv));
+        Pair out = h.out({T, c.hv * c.dv}), g2 = h.out({T, c.hv}), b2 = h.out({T, c.hv});
+        h.cpu->gdn_verify_step(out.cpu(), g2.cpu(), b2.cpu(), hid.cpu(), mixed.cpu(), z.cpu(), wa.cpu_lin, wb.cpu_lin,
+                               w.cpu(), Al.cpu(), dt.cpu(), nw.cpu(), 1e-6f, cs.cpu(), st.cpu(), sp.layout, d);
+        h.gpu->gdn_verify_step(out.gpu(), g2.gpu(), b2.gpu(), hid.gpu(), mixed.gpu(), z.gpu(), wa.gpu_lin, wb.gpu_lin,
+                               w.gpu(), Al.gpu(), dt.gpu(), nw.gpu(), 1e-6f, cs.gpu(), st.gpu(), sp.layout, d);
+        const std::string tag = name + (bf16 ? " bf16 a/b" : " f32 a/b");
+        record("gdn_verify_step", tag + " out", h.err(out), kForms);
+        record("gdn_verify_step", tag + " g, beta", std::max(h.err(g2), h.err(b2)), kForms);
+        record("gdn_verify_step", tag + " states unchanged", std::max(h.err(cs), h.err(st)), kExact);
+        // The decode form of the same kernel (four single-token spans, both states advance), from
+        // copies of the states (the checks above need them unchanged).
+        Spans one = make_spans({{3, 1}, {0, 1}, {90, 1}, {17, 1}}, 16, 64, slots);
+        const int64_t T1 = one.layout.total_rows;
+        Pair cs1 = h.f32({slots, C, c.K - 1}, h.cpu_f(cs)), st1 = h.f32({slots, c.hv, c.dk, c.dv}, h.cpu_f(st));
+        Pair hid1 = h.f32({T1, H}, randn(T1 * H)), mixed1 = h.f32({T1, C}, randn(T1 * C)),
+             z1 = h.f32({T1, c.hv * c.dv}, randn(T1 * c.hv * c.dv)), out1 = h.out({T1, c.hv * c.dv});
+        h.cpu->gdn_decode_step(out1.cpu(), hid1.cpu(), mixed1.cpu(), z1.cpu(), wa.cpu_lin, wb.cpu_lin, w.cpu(),
+                               Al.cpu(), dt.cpu(), nw.cpu(), 1e-6f, cs1.cpu(), st1.cpu(), one.layout, d);
+        h.gpu->gdn_decode_step(out1.gpu(), hid1.gpu(), mixed1.gpu(), z1.gpu(), wa.gpu_lin, wb.gpu_lin, w.gpu(),
+                               Al.gpu(), dt.gpu(), nw.gpu(), 1e-6f, cs1.gpu(), st1.gpu(), one.layout, d);
+        record("gdn_decode_step", tag + " out", h.err(out1), kForms);
+        record("gdn_decode_step", tag + " states", std::max(h.err(cs1), h.err(st1)), kForms);
+      }
+    }
+    // gdn_recurrent over the same spans of 1..4 tokens (the GDN commit of a verify's accepted prefix)
+    // from the same conv outputs: the state advances.
+    Pair qkv_in = h.f32({T, C}, h.cpu_f(qkv)), o2 = h.out({T, c.hv, c.dv});
+    h.cpu->gdn_recurrent(o2.cpu(), qkv_in.cpu(), g.cpu(), beta.cpu(), st.cpu(), sp.layout, d);
+    h.gpu->gdn_recurrent(o2.gpu(), qkv_in.gpu(), g.gpu(), beta.gpu(), st.gpu(), sp.layout, d);
+    record("gdn_recurrent", name + " spans of 1..4 out", h.err(o2), kFp32);
+    record("gdn_recurrent", name + " spans of 1..4 state", h.err(st), kFp32);
   }
 }
 

@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
   void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) override;
+  void gather_rows_at(const Tensor& out, const Tensor& x, const Tensor& rows) override;
   std::vector<RowArgmax> argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) override;
   std::vector<RowArgmax> draw(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded,
                               const std::vector<RowDraw>& rows) override;
@@ -51,6 +52,9 @@ class CpuBackend final : public Backend {
                   const Tensor& A_log, const Tensor& dt_bias) override;
   void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                      const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w, const Tensor& g,
+                  const Tensor& beta, const Tensor& conv_state_pool, const Tensor& state_pool,
+                  const BatchLayout& batch, const GdnDims& dims) override;
   void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                    const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,

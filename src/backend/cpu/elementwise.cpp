@@ -68,6 +68,20 @@ void CpuBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vect
   }
 }
 
+void CpuBackend::gather_rows_at(const Tensor& out, const Tensor& x, const Tensor& rows) {
+  const int64_t T = x.dim(0), D = x.numel() / T, R = rows.numel();
+  CHECK(rows.dtype == DType::kI32 && out.numel() == R * D);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t r = rows.ptr<const int32_t>()[i];
+    float* o = out.ptr<float>() + i * D;
+    if (r < 0 || r >= T) {
+      std::fill(o, o + D, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    std::memcpy(o, x.ptr<const float>() + r * D, static_cast<size_t>(D) * 4);
+  }
+}
+
 std::vector<RowArgmax> CpuBackend::argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) {
   const int64_t R = logits.dim(0), V = logits.dim(1);
   CHECK(vocab >= 1 && vocab <= V && excluded.size() <= kArgmaxMaxExcluded);

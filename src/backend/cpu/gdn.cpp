@@ -121,6 +121,30 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
   }, cpu::min_chunk_for(4 * dk * dv));  // per decode token
 }
 
+void CpuBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w,
+                            const Tensor& g, const Tensor& beta, const Tensor& conv_state_pool,
+                            const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
+  // Copies of the spans' state rows (copy i = span i), run through the decode form: the pools keep
+  // the state before the spans.
+  const auto n = static_cast<int64_t>(batch.seqs.size());
+  const int64_t conv_row = conv_state_pool.numel() / conv_state_pool.dim(0);
+  const int64_t rec_row = state_pool.numel() / state_pool.dim(0);
+  std::vector<float> conv_copy(static_cast<size_t>(n * conv_row)), rec_copy(static_cast<size_t>(n * rec_row));
+  BatchLayout copies = batch;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = batch.seqs[static_cast<size_t>(i)].gdn_slot;
+    CHECK(slot >= 0 && slot < conv_state_pool.dim(0) && slot < state_pool.dim(0));
+    std::copy_n(conv_state_pool.ptr<const float>() + slot * conv_row, conv_row, conv_copy.data() + i * conv_row);
+    std::copy_n(state_pool.ptr<const float>() + slot * rec_row, rec_row, rec_copy.data() + i * rec_row);
+    copies.seqs[static_cast<size_t>(i)].gdn_slot = static_cast<int32_t>(i);
+  }
+  const Tensor conv_t(conv_copy.data(), DType::kF32, {n, conv_state_pool.dim(1), conv_state_pool.dim(2)}, Device::kCpu);
+  const Tensor rec_t(rec_copy.data(), DType::kF32,
+                     {n, state_pool.dim(1), state_pool.dim(2), state_pool.dim(3)}, Device::kCpu);
+  gdn_conv(qkv, mixed, conv_w, conv_t, copies);
+  gdn_recurrent(out, qkv, g, beta, rec_t, copies, d);
+}
+
 void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                              const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
   constexpr int64_t C = 64;

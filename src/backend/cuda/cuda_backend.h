@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void add_sigmoid_scaled(const Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
   void gather_rows(const Tensor& out, const Tensor& x, const std::vector<int64_t>& rows) override;
+  void gather_rows_at(const Tensor& out, const Tensor& x, const Tensor& rows) override;
   // Vision tower (vision_ops.cu).
   void layernorm(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
   void add_bias(const Tensor& x, const Tensor& b) override;
@@ -103,17 +104,26 @@ class CudaBackend final : public Backend {
                   const Tensor& A_log, const Tensor& dt_bias) override;
   void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                      const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w, const Tensor& g,
+                  const Tensor& beta, const Tensor& conv_state_pool, const Tensor& state_pool,
+                  const BatchLayout& batch, const GdnDims& dims) override;
   void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                    const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
   void gated_rmsnorm(const Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
                      float eps) override;
 
-  // Fused chains: gdn.cu (conv kernel + one a/b-projection/gating/delta/gated-norm kernel), attention.cu
-  // (prep in one kernel; attention with its output gate), norm.cu (shared-expert gated add + residual + norm).
+  // Fused chains: gdn.cu (conv kernel + one a/b-projection/gating/delta/gated-norm kernel, decode and
+  // verify), attention.cu (prep in one kernel; attention with its output gate), norm.cu (shared-expert
+  // gated add + residual + norm).
   void gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
                        const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w, const Tensor& A_log,
                        const Tensor& dt_bias, const Tensor& norm_w, float eps, const Tensor& conv_state_pool,
                        const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) override;
+  void gdn_verify_step(const Tensor& out, const Tensor& g, const Tensor& beta, const Tensor& h, const Tensor& mixed,
+                       const Tensor& z, const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,
+                       const Tensor& A_log, const Tensor& dt_bias, const Tensor& norm_w, float eps,
+                       const Tensor& conv_state_pool, const Tensor& state_pool, const BatchLayout& batch,
+                       const GdnDims& dims) override;
   void attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k, const Tensor& v,
                       const Tensor& q_norm_w, const Tensor& k_norm_w, float eps, const Tensor& positions,
                       int64_t rotary_dim, double theta, const KvPool& pool, const BatchLayout& batch) override;
@@ -138,12 +148,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Recording> record(const std::function<void()>& body) override;
   int64_t layout_words(int64_t spans, int64_t rows, int64_t max_blocks) const override;
   void pack_layout(const BatchLayout& batch, int64_t max_blocks, int32_t* words) const override;
-  void set_fixed_layout(const Tensor& words, int64_t spans, int64_t rows, int64_t max_len) override;
-  void clear_fixed_layout() override { fixed_layout_.active = false; }
+  void set_fixed_layout(const Tensor& words, const BatchLayout& batch, int64_t max_blocks, int64_t max_len) override;
+  void clear_fixed_layout() override { fixed_layouts_.clear(); }
 
   // The layout on the device. Uploads happen only when the layout differs from every cached one, so
   // a forward pass uploads each of its (at most three) layouts once, whatever the layer count.
-  // While a fixed layout is set (set_fixed_layout), a batch of its shape gets it with no upload.
+  // While fixed layouts are set (set_fixed_layout), a batch equal to one of them gets it with no upload.
   DeviceLayout device_layout(const BatchLayout& batch);
   // Stream-ordered scratch, freed in stream order (cudaFreeAsync) when the owner goes away.
   struct Scratch {
@@ -189,9 +199,11 @@ class CudaBackend final : public Backend {
   };
   std::vector<CachedLayout> layouts_;
   struct FixedLayout {
-    bool active = false;
+    std::vector<int32_t> words;  // the batch it was set for, packed with max_blocks (what a match compares)
+    int64_t max_blocks = 0;
     DeviceLayout layout;
-  } fixed_layout_;
+  };
+  std::vector<FixedLayout> fixed_layouts_;
   bool capturing_ = false;  // inside record(): device_layout must not upload
   uint64_t use_clock_ = 0;
   std::map<std::pair<int64_t, double>, float*> inv_freq_;

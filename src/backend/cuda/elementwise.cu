@@ -43,6 +43,13 @@ __global__ void gather_rows_kernel(float* out, const float* x, const int64_t* ro
   out[i] = x[rows[i / D] * D + i % D];
 }
 
+__global__ void gather_rows_at_kernel(float* out, const float* x, const int32_t* rows, int64_t T, int64_t R, int64_t D) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= R * D) return;
+  const int64_t r = rows[i / D];
+  out[i] = r >= 0 && r < T ? x[r * D + i % D] : __int_as_float(0x7fc00000);
+}
+
 // One block per row over its first `vocab` columns: the greatest value, lowest index among equal
 // maxima, NaN skipped (as the CPU's argmax); and the first NaN / +Inf index. A 64-bit key per
 // thread orders (value, index) in one integer compare: the value's bits made monotonic in the high
@@ -145,6 +152,15 @@ void CudaBackend::gather_rows(const Tensor& out, const Tensor& x, const std::vec
   Scratch idx = upload_scratch(rows.data(), rows.size() * sizeof(int64_t));
   gather_rows_kernel<<<blocks_for(R * D, kThreads), kThreads, 0, stream_>>>(
       out.ptr<float>(), x.ptr<const float>(), idx.as<const int64_t>(), R, D);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::gather_rows_at(const Tensor& out, const Tensor& x, const Tensor& rows) {
+  const int64_t T = x.dim(0), D = x.numel() / T, R = rows.numel();
+  CHECK(rows.dtype == DType::kI32 && out.numel() == R * D);
+  if (R * D == 0) return;
+  gather_rows_at_kernel<<<blocks_for(R * D, kThreads), kThreads, 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(),
+                                                                              rows.ptr<const int32_t>(), T, R, D);
   CUDA_CHECK_LAUNCH();
 }
 

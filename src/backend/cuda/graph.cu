@@ -3,6 +3,7 @@
 // Buffers the ops allocate while recording become graph memory nodes (allocated and freed inside
 // the graph); the layout the state ops read sits at a fixed device address, refreshed by the caller
 // before each replay (pack_layout / set_fixed_layout).
+#include <algorithm>
 #include <cstdio>
 
 #include <vector>
@@ -101,16 +102,25 @@ void CudaBackend::pack_layout(const BatchLayout& batch, int64_t max_blocks, int3
   }
 }
 
-void CudaBackend::set_fixed_layout(const Tensor& words, int64_t spans, int64_t rows, int64_t max_len) {
-  CHECK(words.dtype == DType::kI32 && words.numel() >= 6 * spans + rows && spans <= rows);
-  fixed_layout_.active = true;
-  fixed_layout_.layout.base = words.ptr<const int32_t>();
-  fixed_layout_.layout.num_seqs = static_cast<int32_t>(spans);
-  fixed_layout_.layout.total_rows = static_cast<int32_t>(rows);
-  // Host-side grid hints must cover every step replayed: the longest span any batch of this shape
-  // can have (every span holds >= 1 row), and the caller's bound on the sequence length.
-  fixed_layout_.layout.max_tokens = static_cast<int32_t>(rows - spans + 1);
-  fixed_layout_.layout.max_len = static_cast<int32_t>(max_len);
+void CudaBackend::set_fixed_layout(const Tensor& words, const BatchLayout& batch, int64_t max_blocks,
+                                   int64_t max_len) {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size()), R = batch.total_rows;
+  CHECK(words.dtype == DType::kI32 && words.numel() >= layout_words(S, R, max_blocks));
+  FixedLayout f;
+  f.words.resize(static_cast<size_t>(layout_words(S, R, max_blocks)));
+  pack_layout(batch, max_blocks, f.words.data());
+  f.max_blocks = max_blocks;
+  f.layout.base = words.ptr<const int32_t>();
+  f.layout.num_seqs = static_cast<int32_t>(S);
+  f.layout.total_rows = static_cast<int32_t>(R);
+  // Host-side grid hints must cover every step replayed: the longest span (the same in every batch
+  // replayed, so kernel choices that depend on it are those of the step run op by op), and the
+  // caller's bound on the sequence length.
+  int64_t longest = 0;
+  for (const SeqSpan& sp : batch.seqs) longest = std::max(longest, sp.num_tokens);
+  f.layout.max_tokens = static_cast<int32_t>(longest);
+  f.layout.max_len = static_cast<int32_t>(max_len);
+  fixed_layouts_.push_back(std::move(f));
 }
 
 }  // namespace sparkserve

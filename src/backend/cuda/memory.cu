@@ -138,9 +138,16 @@ CudaBackend::Scratch CudaBackend::upload_scratch(const void* host, size_t bytes)
 DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
   const int32_t S = static_cast<int32_t>(batch.seqs.size());
   const int32_t R = static_cast<int32_t>(batch.total_rows);
-  if (fixed_layout_.active && S == fixed_layout_.layout.num_seqs && R == fixed_layout_.layout.total_rows)
-    return fixed_layout_.layout;
-  CHECK_MSG(!capturing_, "a state op's layout is not the fixed layout while recording a CUDA graph");
+  for (const FixedLayout& f : fixed_layouts_) {
+    if (S != f.layout.num_seqs || R != f.layout.total_rows) continue;
+    bool fits = true;
+    for (const SeqSpan& sp : batch.seqs) fits = fits && sp.num_blocks <= f.max_blocks;
+    if (!fits) continue;
+    std::vector<int32_t> words(f.words.size());
+    pack_layout(batch, f.max_blocks, words.data());
+    if (words == f.words) return f.layout;
+  }
+  CHECK_MSG(!capturing_, "a state op's layout is not a fixed layout while recording a CUDA graph");
   std::vector<int32_t> host(static_cast<size_t>(6 * S + R), 0);
   int32_t max_tokens = 0, max_len = 0, offset = 0;
   std::fill(host.begin() + 6 * S, host.end(), -1);

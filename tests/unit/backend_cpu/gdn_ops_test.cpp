@@ -213,5 +213,42 @@ TEST(CpuOps, GdnChunkedEqualsRecurrentInFp32) {
   expect_close(s2.f(), std::vector<double>(s1.f(), s1.f() + s1.n()), 1e-5, 2e-5, "chunked vs recurrent state");
 }
 
+// gdn_verify (a speculative verify span) = decoding its tokens one at a time with gdn_conv and
+// gdn_recurrent from the same state, bit for bit, while the pools stay as they were.
+TEST(CpuOps, GdnVerifyIsDecodingTokenByTokenAndLeavesTheState) {
+  const GdnDims d = kShapes[0];
+  const int64_t C = d.conv_dim(), K = d.conv_kernel, Hv = d.num_v_heads, dv = d.v_head_dim;
+  BatchLayout batch = layout_of({3, 1, 4}, {2, 0, 1});
+  const int64_t T = batch.total_rows;
+  HostTensor mixed = random_f32({T, C}), w = random_f32({C, K}, 0.5f), g(DType::kF32, {T, Hv}),
+             beta(DType::kF32, {T, Hv});
+  std::uniform_real_distribution<float> ug(-0.5f, -0.001f), ub(0.05f, 0.95f);
+  for (int64_t i = 0; i < T * Hv; ++i) {
+    g.f()[i] = ug(rng());
+    beta.f()[i] = ub(rng());
+  }
+  HostTensor conv = random_f32({3, C, K - 1}), rec = random_f32({3, Hv, d.k_head_dim, dv}, 0.5f);
+  const std::vector<float> conv0(conv.f(), conv.f() + conv.n()), rec0(rec.f(), rec.f() + rec.n());
+  HostTensor qkv(DType::kF32, {T, C}), out(DType::kF32, {T, Hv, dv});
+  backend().gdn_verify(out, qkv, mixed, w, g, beta, conv, rec, batch, d);
+  EXPECT_TRUE(std::equal(conv0.begin(), conv0.end(), conv.f()));
+  EXPECT_TRUE(std::equal(rec0.begin(), rec0.end(), rec.f()));
+  // The decode steps, one token per call, on the live pools.
+  HostTensor qkv1(DType::kF32, {T, C}), out1(DType::kF32, {T, Hv, dv});
+  for (const SeqSpan& sp : batch.seqs)
+    for (int64_t t = 0; t < sp.num_tokens; ++t) {
+      BatchLayout one;
+      SeqSpan s = sp;
+      s.row_begin = sp.row_begin + t;
+      s.num_tokens = 1;
+      one.seqs.push_back(s);
+      one.total_rows = T;
+      backend().gdn_conv(qkv1, mixed, w, conv, one);
+      backend().gdn_recurrent(out1, qkv1, g, beta, rec, one, d);
+    }
+  EXPECT_TRUE(std::equal(qkv.f(), qkv.f() + qkv.n(), qkv1.f()));
+  EXPECT_TRUE(std::equal(out.f(), out.f() + out.n(), out1.f()));
+}
+
 }  // namespace
 }  // namespace sparkserve::test
