@@ -276,8 +276,8 @@ std::vector<RowArgmax> CudaBackend::draw(const Tensor& logits, int64_t vocab, co
   std::vector<RowArgmax> out(static_cast<size_t>(R));
   if (R == 0) return out;
   Scratch dev(this, out.size() * sizeof(RowArgmax));
-  Scratch ex = excluded.empty() ? Scratch(this, sizeof(int32_t))
-                                : upload_scratch(excluded.data(), excluded.size() * sizeof(int32_t));
+  // No excluded ids (the common greedy step): no upload, the kernel reads none.
+  Scratch ex = excluded.empty() ? Scratch() : upload_scratch(excluded.data(), excluded.size() * sizeof(int32_t));
   Scratch params = upload_scratch(rows.data(), rows.size() * sizeof(RowDraw));
   draw_kernel<<<static_cast<unsigned>(R), kDrawThreads, 0, stream_>>>(
       dev.as<RowArgmax>(), logits.ptr<const float>(), V, vocab, ex.as<const int32_t>(),
