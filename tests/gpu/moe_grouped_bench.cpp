@@ -20,7 +20,7 @@ namespace sparkserve {
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE with each stage's
 // launch repeated when its bit of `repeat` is set (0 plan, 1 prepare, 2 gate_up, 3 down, 4 combine)
 // and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
-// wgmma; -1 automatic); the dense path at any T.
+// wgmma, 4 small-N stream; -1 automatic); the dense path at any T.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
@@ -50,9 +50,9 @@ struct MoeShape {
   unsigned tiles = 0xF;  // bit t: time tile regime t (where tile_timed)
 };
 
-constexpr int kTiles = 4;  // GroupTile order (nvfp4_group_gemm.h)
+constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
 const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
-                                        " grouped medium-N wgmma"};
+                                        " grouped medium-N wgmma", " grouped small-N stream"};
 
 // Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
 bool tile_timed(int tile, int64_t T) {
@@ -60,7 +60,8 @@ bool tile_timed(int tile, int64_t T) {
     case 0: return T <= 512;  // slower than the tensor-core tiles above (measured: 2.3x at T = 2048)
     case 1: return T >= 512;  // slower than small-N below (measured: 1.8x at T = 64)
     case 2: return T >= 256;
-    default: return T >= 16 && T <= 2048;
+    case 3: return T >= 256 && T <= 2048;  // 1.5-1.9x the small-N kernel below 8 rows per expert (measured)
+    default: return T <= 512;
   }
 }
 
@@ -92,7 +93,7 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
     const double ms = time_graph(
         gpu, [&](int i) { gpu.moe_experts(out, x, ids[idx(i)], wts[idx(i)], gu.lin, dn.lin); }, iters);
     print_row("op moe_experts", T, ms, flop, bytes);
-    if (T > 1 && T <= 64) {  // the pre-grouped path: per (token, expert) pair
+    if (T > 1 && T <= 128) {  // the pre-grouped path: per (token, expert) pair
       const double w4 = time_graph(
           gpu, [&](int i) { moe_w4a4_probe(gpu, out, x, ids[idx(i)], wts[idx(i)], gu.lin, dn.lin); }, iters);
       print_row(" one-token path (moe_w4a4) at this T", T, w4, flop, bytes);
@@ -117,7 +118,7 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
         continue;
       }
       print_row(kTileNames[tile], T, base, flop, bytes);
-      if (T < 16) continue;
+      if (T < 8) continue;
       const char* names[5] = {"  + plan", "  + prepare", "  + gate_up gemm", "  + down gemm", "  + combine"};
       for (int s = 0; s < 5; ++s) {
         if (!all_stages && s != 2 && s != 3) continue;
@@ -130,12 +131,19 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
   }
 }
 
-// The 122B-A10B and 35B-A3B expert shapes (256 experts, top-8; gate_up in 2 partitions).
+// The 122B-A10B and 35B-A3B expert shapes (256 experts, top-8; gate_up in 2 partitions): decode step
+// sizes ("grouped decode": 1..128 tokens, 0.03..4 rows per expert) and prefill sizes ("grouped moe").
+void bench_grouped_decode(Backend& gpu) {
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
+                                {1, 4, 8, 16, 32, 64, 128}});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024,
+                                {1, 2, 4, 8, 16, 32, 64, 128}});
+}
 void bench_grouped_moe(Backend& gpu) {
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
-                                {64, 128, 256, 320, 512, 1024, 2048, 8192}});
+                                {256, 320, 512, 1024, 2048, 8192}});
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024,
-                                {1, 2, 4, 16, 64, 128, 256, 512, 1024, 2048, 8192}});
+                                {256, 512, 1024, 2048, 8192}});
 }
 
 // The medium regime (both wgmma tiles from 1,024 tokens, where the dispatch chooses between them)
@@ -201,6 +209,7 @@ void profile_grouped(Backend& gpu) {
   std::printf("profiled grouped dense qkv T=%lld\n", static_cast<long long>(T));
 }
 
+const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);

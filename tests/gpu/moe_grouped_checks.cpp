@@ -15,27 +15,31 @@ namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE / dense path with the
 // tile regime forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
-// wgmma); false when not taken here.
+// wgmma, 4 small-N stream); false when not taken here.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
 
 namespace {
 
-constexpr int kTiles = 4;
-const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma"};
+constexpr int kTiles = 5;
+const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma",
+                                        "small-N stream"};
+constexpr int kLargeMmaSync = 1, kStream = 4;
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted
 // sampling without replacement by exponential keys), so some experts get many tokens, several
-// tiles of them, and some none; routing weights uniform in [0.05, 1], normalised to sum 1.
-void random_routing(int64_t T, int64_t E, int64_t k, std::vector<int32_t>& ids, std::vector<float>& wts) {
+// tiles of them, and some none; routing weights uniform in [0.05, 1], normalised to sum 1. hot >= 0:
+// that expert is in every token's list as well (one expert with T rows).
+void random_routing(int64_t T, int64_t E, int64_t k, std::vector<int32_t>& ids, std::vector<float>& wts,
+                    int32_t hot = -1) {
   std::uniform_real_distribution<double> u(1e-12, 1.0);
   std::uniform_real_distribution<float> wu(0.05f, 1.0f);
   std::vector<double> key(static_cast<size_t>(E));
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t e = 0; e < E; ++e)
-      key[static_cast<size_t>(e)] = -std::log(u(g_rng)) * std::pow(1.0 + static_cast<double>(e), 0.7);
+      key[static_cast<size_t>(e)] = e == hot ? -1.0 : -std::log(u(g_rng)) * std::pow(1.0 + static_cast<double>(e), 0.7);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int32_t a, int32_t b) { return key[static_cast<size_t>(a)] < key[static_cast<size_t>(b)]; });
@@ -64,6 +68,7 @@ struct MoeCase {
   const char* name;
   int64_t T, E, k, H, I, P;  // P: gate_up partitions (1: gate and up share one input scale)
   bool shared_scale = false;  // P = 2 with equal gate / up input scales
+  int32_t hot = -1;           // an expert every token routes to
 };
 
 void check_moe_experts(Harness& h, const MoeCase& c) {
@@ -72,13 +77,13 @@ void check_moe_experts(Harness& h, const MoeCase& c) {
   if (c.shared_scale) share_input_scales(h, gu, c.E, c.P);
   std::vector<int32_t> ids;
   std::vector<float> wts;
-  random_routing(c.T, c.E, c.k, ids, wts);
+  random_routing(c.T, c.E, c.k, ids, wts, c.hot);
   Pair x = h.f32({c.T, c.H}, randn(c.T * c.H)), id = h.i32({c.T, c.k}, ids), wt = h.f32({c.T, c.k}, wts),
        o = h.out({c.T, c.H});
   h.cpu->moe_experts(o.cpu(), x.cpu(), id.cpu(), wt.cpu(), gu.cpu_lin, dn.cpu_lin);
   h.gpu->moe_experts(o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin);
-  const std::string name = std::string(c.name) + (c.shared_scale ? " one input scale" : "") + " TxExkxHxIxP " +
-                           sz({c.T, c.E, c.k, c.H, c.I, c.P});
+  const std::string name = std::string(c.name) + (c.shared_scale ? " one input scale" : "") +
+                           (c.hot >= 0 ? " hot expert" : "") + " TxExkxHxIxP " + sz({c.T, c.E, c.k, c.H, c.I, c.P});
   const auto [worst, flipped] = token_errors(h, o, c.T, c.H, kTensorCore);
   record("moe_grouped", name + " all tokens", worst, kFlippedTokenErr);
   record("moe_grouped", name + " tokens > 1e-4", flipped, flipped_tokens_bound(c.T));
@@ -252,7 +257,96 @@ void test_moe_grouped_large(Harness& h) {
   check_dense(h, mo, "nvfp4-mo", 2048, 256, 2048, 1);  // large-N tiles (enough work items)
 }
 
+// Random NVFP4 experts straight from random bytes (any E2M1 codes, E4M3 block scales 0.5 .. 1.9),
+// fast enough for the models' full expert sets; the same bytes on both backends.
+QWeight random_nvfp4(Harness& h, int64_t E, int64_t N, int64_t K, int64_t P) {
+  std::vector<uint8_t> codes(static_cast<size_t>(E * N * K / 2)), scales(static_cast<size_t>(E * N * K / 16));
+  for (size_t i = 0; i < codes.size(); i += 8) {
+    const uint64_t r = g_rng();
+    for (size_t b = 0; b < 8 && i + b < codes.size(); ++b) codes[i + b] = static_cast<uint8_t>(r >> (8 * b));
+  }
+  for (auto& v : scales) v = static_cast<uint8_t>(0x30 + g_rng() % 16);
+  std::vector<float> gs(static_cast<size_t>(E * P)), is(static_cast<size_t>(E * P));
+  for (auto& v : gs) v = 448.0f * 6.0f / (1.0f + static_cast<float>(g_rng() % 4));
+  for (auto& v : is) v = 448.0f * 6.0f / (4.0f + static_cast<float>(g_rng() % 8));
+  QWeight w;
+  w.w = h.make(DType::kU8, {E, N, K / 2}, codes.data());
+  w.ws = h.make(DType::kF8E4M3, {E, N, K / 16}, scales.data());
+  w.gs = h.make(DType::kF32, {E, P}, gs.data());
+  w.is = h.make(DType::kF32, {E, P}, is.data());
+  for (int side = 0; side < 2; ++side) {
+    Linear& l = side == 0 ? w.cpu_lin : w.gpu_lin;
+    l.format = WeightFormat::kNvfp4;
+    l.activation = ActivationQuant::kNvfp4;
+    l.out_features = N;
+    l.in_features = K;
+    l.partitions = P;
+    l.weight = side == 0 ? w.w.cpu() : w.w.gpu();
+    l.weight_scale = side == 0 ? w.ws.cpu() : w.ws.gpu();
+    l.global_scale = side == 0 ? w.gs.cpu() : w.gs.gpu();
+    l.input_scale = side == 0 ? w.is.cpu() : w.is.gpu();
+  }
+  return w;
+}
+
+// Decode batches at the models' expert shapes (top-8 of 128-256 experts: 0.5-4 rows per expert, skewed
+// routing), where the CPU reference would take minutes (~0.1 G multiply-adds per second on the lent
+// machine): the streamed small-N kernel and moe_experts' own choice against the large-N mma.sync
+// kernel (another tiling, K order and pair size) on the same inputs, with the bounds used against the
+// CPU (both sides quantize the down input; a code flipped on either side counts).
+void check_decode_model_shapes(Harness& h) {
+  struct Shape {
+    const char* name;
+    int64_t E, H, I;
+    std::vector<int64_t> Ts;
+  };
+  for (const Shape& sh : {Shape{"35B", 256, 2048, 512, {16, 33, 64, 128}}, Shape{"122B", 128, 3072, 1024, {17, 65}}}) {
+    const int64_t k = 8;
+    QWeight gu = random_nvfp4(h, sh.E, 2 * sh.I, sh.H, 2), dn = random_nvfp4(h, sh.E, sh.H, sh.I, 1);
+    for (int64_t T : sh.Ts) {
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      random_routing(T, sh.E, k, ids, wts);
+      Pair x = h.f32({T, sh.H}, randn(T * sh.H)), id = h.i32({T, k}, ids), wt = h.f32({T, k}, wts),
+           ref = h.out({T, sh.H});
+      if (!moe_grouped_probe(*h.gpu, ref.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin, 0, kLargeMmaSync))
+        return;  // no large-N kernel on this device (sm_120)
+      const std::vector<float> r = h.gpu_f(ref);
+      const std::string name = std::string(sh.name) + " shapes vs large-N mma.sync TxExkxHxI " + sz({T, sh.E, k, sh.H, sh.I});
+      for (int which = 0; which < 2; ++which) {
+        Pair o = h.out({T, sh.H});
+        h.cpu->upload(o.cpu(), r.data());
+        if (which == 0) {
+          if (!moe_grouped_probe(*h.gpu, o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin, 0, kStream)) continue;
+        } else {
+          h.gpu->moe_experts(o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin);
+        }
+        const auto [worst, flipped] = token_errors(h, o, T, sh.H, kTensorCore);
+        const std::string what = name + (which == 0 ? " small-N stream" : " moe_experts");
+        record("moe_grouped", what + " all tokens", worst, kFlippedTokenErr);
+        record("moe_grouped", what + " tokens > 1e-4", flipped, flipped_tokens_bound(T));
+      }
+    }
+  }
+}
+
+// Decode batch sizes around the streamed kernel's edges (16/17 tokens: the per-pair GEMVs' limit; 32/33
+// and 64/65: pairs of 32 rows; 128: 4 rows per expert of 256), skewed routing and one expert in every
+// token's list, against the CPU (every regime forced too): group "moe_grouped_decode".
+void test_moe_grouped_decode(Harness& h) {
+  const WeightFormat ct = WeightFormat::kNvfp4, mo = WeightFormat::kNvfp4ModelOpt;
+  for (const MoeCase& c : std::vector<MoeCase>{{ct, "nvfp4", 16, 64, 8, 512, 256, 2},
+                                               {mo, "nvfp4-mo", 17, 64, 8, 512, 256, 2},
+                                               {ct, "nvfp4", 33, 256, 8, 256, 256, 2},
+                                               {ct, "nvfp4", 64, 64, 8, 256, 256, 2, false, 5},
+                                               {ct, "nvfp4", 65, 64, 8, 512, 256, 2, true},
+                                               {ct, "nvfp4", 128, 256, 8, 256, 256, 2}})
+    check_moe_experts(h, c);
+  check_decode_model_shapes(h);
+}
+
 const RegisterOpChecks kRegister("moe_grouped_small", test_moe_grouped);
+const RegisterOpChecks kRegisterDecode("moe_grouped_decode", test_moe_grouped_decode);
 const RegisterOpChecks kRegisterLarge("moe_grouped_large", test_moe_grouped_large);
 
 }  // namespace

@@ -1,17 +1,16 @@
 // Device pieces shared by the grouped NVFP4 W4A4 kernels (nvfp4_group_gemm.cu: large N through shared
-// memory; nvfp4_group_gemv.cu: small N straight into registers): the E2M1 decode into exact fp16
-// mma operands, the mma, the global factors and the two epilogues.
+// memory; nvfp4_group_stream.cu / nvfp4_group_gemv.cu: small N): the E2M1 decode into exact fp16 mma
+// operands, the mma, the global factors and the two epilogues.
 //
-// The weight decode: a 32-bit word holds 8 E2M1 nibbles n0..n7 (n_i = k + i). Shifting it so that
-// nibbles j and j+4 sit at bits 12-15 and 28-31 and moving each nibble's 3 magnitude bits down by 3
-// gives two fp16 values whose bits are s·2^15 | eem·2^9, i.e. e2m1·2^-14 exactly (the 0.5 code lands
-// on the fp16 subnormal 2^-15, zero on zero). One HMUL2 by the row's E4M3 block scale (exact in fp16)
-// then gives e2m1·sf·2^-14 exactly: every such product is a multiple of 2^-24 with at most 6
-// significant bits, inside fp16's range. So a word decodes into the pairs (n0,n4), (n1,n5), (n2,n6),
-// (n3,n7): one m16n8k16 mma takes pairs (n0,n4) and (n1,n5) of a word (its k slots 2t,2t+1 and
-// 2t+8,2t+9), the next (n2,n6) and (n3,n7), against activation values stored in the order
-// 0,4,1,5,2,6,3,7 within each 8-group (the prepared layout), so A and B agree on the physical k of
-// every slot. Which words a thread holds is each kernel's choice, as long as its activation loads
+// The weight decode: a 32-bit word holds 8 E2M1 nibbles n0..n7 (n_i = k + i). The fp16 whose bits are
+// s·2^15 | eem·2^9 is e2m1·2^-14 exactly (the 0.5 code lands on the fp16 subnormal 2^-15, zero on
+// zero); nibbles j and j+4 become the two halves of one word (nibble_pair). One HMUL2 by the row's
+// E4M3 block scale (exact in fp16) then gives e2m1·sf·2^-14 exactly: every such product is a multiple
+// of 2^-24 with at most 6 significant bits, inside fp16's range. So a word decodes into the pairs
+// (n0,n4), (n1,n5), (n2,n6), (n3,n7): one m16n8k16 mma takes pairs (n0,n4) and (n1,n5) of a word (its
+// k slots 2t,2t+1 and 2t+8,2t+9), the next (n2,n6) and (n3,n7), against activation values stored in
+// the order 0,4,1,5,2,6,3,7 within each 8-group (the prepared layout), so A and B agree on the physical
+// k of every slot. Which words a thread holds is each kernel's choice, as long as its activation loads
 // follow.
 #pragma once
 
@@ -56,11 +55,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// Nibbles j and j+4 of w as fp16 e2m1·2^-14 (low half: nibble j).
+// The fp16 high bytes (s·2^7 | eem·2: the low byte of e2m1·2^-14 is zero) of a word's eight nibbles,
+// built four at a time in byte lanes: lo holds nibbles 0, 2, 4, 6 (each byte's low nibble), hi nibbles
+// 1, 3, 5, 7. 7 instructions per word instead of 4 per nibble pair.
+struct NibbleBytes {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ NibbleBytes nibble_bytes(uint32_t w) {
+  return {((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu), (w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu)};
+}
+
+// Nibbles j and j+4 of w as fp16 e2m1·2^-14 (low half: nibble j): bytes j/2 and j/2 + 2 of nibble_bytes'
+// lo (j even) or hi (j odd) moved into the high byte of each half by one byte permute. Callers decoding
+// all four pairs of a word share one nibble_bytes (the compiler merges the common subexpression).
 template <int J>
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t w) {
-  const uint32_t s = w << (12 - 4 * J);
-  return (s & 0x80008000u) | ((s >> 3) & 0x0E000E00u);
+  const NibbleBytes b = nibble_bytes(w);
+  return __byte_perm(J % 2 ? b.hi : b.lo, 0u, J / 2 ? 0x3414u : 0x2404u);
 }
 
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, __half2 b) {
