@@ -80,6 +80,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
+// Programmatic dependent launch (PTX griddepcontrol, sm_90+; no-ops for launches that did not ask for
+// it): launch_dependents lets the stream's next kernel be scheduled onto SMs this grid frees (the down
+// GEMM's weight stream starts under the gate_up GEMM's tail); wait blocks until the previous kernel has
+// completed and its writes are visible. Only the consumers wait: the producer reads the work pairs
+// (written before the previous kernel started) and the weights.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // The consumer warps only (named barrier 1; the producer does not take part).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
 
@@ -228,6 +236,7 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
               sh.rows * sh.w_stride + (16 * mt + g) * sh.s_stride + 2 * t + 8 * part, 8 * sh.s_stride};
   ItemCursor cur{first / sh.items_per_pair, first % sh.items_per_pair};
   WorkPair wp = first < last ? work_pair(a, cur.pair, kPairRows) : WorkPair{};
+  pdl_wait();  // the activations (and the down GEMM's output rows) come from the previous kernels
   for (int item = first; item < last; ++item) {
     const int mg = cur.mg, rows = wp.rows, nt = (rows + 7) / 8;
     const int64_t e = wp.e, start = wp.start;
@@ -317,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1) group_stream_kernel(const GroupGe
   uint64_t* empty = full + kMaxStages;
   uint8_t* ring = smem + kRingOffset;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl_launch_dependents();
   if (threadIdx.x == 0) {
     for (int s = 0; s < sh.num_stages; ++s) {
       mbar_init(&full[s], 1);
@@ -374,7 +384,17 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
   const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, b.sm_count());
   if (grid <= 0) return;
-  kern<<<static_cast<unsigned>(grid), kThreads, static_cast<size_t>(smem), b.stream()>>>(a, sh);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = b.stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the kernel waits (pdl_wait)
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, sh));
   CUDA_CHECK_LAUNCH();
 }
 
