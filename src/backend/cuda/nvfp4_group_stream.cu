@@ -1,22 +1,22 @@
 // Grouped NVFP4 W4A4 GEMM, streamed small-N regime (nvfp4_group_gemm.h, GroupTile::kStreamN): up to 32
 // activation rows per work pair (batched decode: a few tokens per routed expert). Memory-bound: every
 // touched expert's weights must come from HBM once per call, so a producer warp streams them into a
-// ring of shared-memory stages with the copy engine (cp.async.bulk: per weight row one payload piece and
-// one block-scale piece, completing on an mbarrier) while 8 consumer warps decode them into exact fp16
-// mma operands (nvfp4_group_common.cuh) and run mma.sync m16n8k16 with the tokens as N. The bytes in
-// flight (up to 4 stages of 41-46 KB per SM) cost no registers, and a stage is 64-128 runs of 512 or
-// 256 contiguous bytes.
+// ring of shared-memory stages with the copy engine (cp.async.bulk, completing on an mbarrier) while 8
+// consumer warps decode them into exact fp16 mma operands (nvfp4_group_common.cuh) and run mma.sync
+// m16n8k16 with the tokens as N. The bytes in flight (2-3 stages of 36-72 KB per SM) cost no registers.
 //
-// Work: an item is one work pair (expert, up to 32 activation rows) x one weight row group, over the
-// whole K in stages of 1024 k (gate_up: 32 gate rows and the matching 32 up rows, two 16-blocks of the
-// down input for the epilogue; 4 m16 tiles x 2 K parts of the 8 warps) or 512 k (plain: 128 rows, 8 m16
-// tiles, each warp the whole K). Items are dealt to the persistent CTAs (one per SM) in contiguous
-// ranges, row group fastest, so a pair's activation rows stay in L1. A warp owns one m16 tile of the
-// item and one K part (the stage's 128-k chunks p, p + parts, ...) and accumulates over the item's
-// stages; gate_up's two K parts meet in shared memory and are added in part order (deterministic) by the
-// warps that run the epilogues.
-// Shared memory of a stage: [rows][w_stride] payload pieces, then [rows][s_stride] block-scale pieces;
-// the strides are padded so that the 8 rows a quarter-warp reads fall in different banks.
+// Work: an item is one work pair (expert, up to 32 activation rows) x one weight row group over the
+// whole K, and one ring stage holds one item: gate_up 16 gate rows and the matching 16 up rows (one
+// 16-block of the down input for the epilogue; 2 m16 tiles x 4 K parts of the 8 warps), plain 128
+// consecutive rows (8 m16 tiles, each warp the whole K). Rows of an expert are contiguous in memory, so
+// a stage is 2 (plain) or 4 (gate_up: gate rows, up rows, their block scales) bulk copies: measured on
+// the H200, a cp.async.bulk costs the copy engine ~80 cycles whatever its size, so copies of one row
+// piece each (a first version: 64-128 copies of 32-512 bytes per stage) capped the kernel at ~0.5-0.9
+// TB/s. Items are dealt to the persistent CTAs (one per SM) in contiguous ranges, row group fastest,
+// so a pair's activation rows stay in L1. A warp owns one m16 tile of the item and one K part (the
+// 128-k chunks p, p + parts, ...); gate_up's K parts meet in shared memory and are added in part order
+// (deterministic) by the warps that run the epilogues.
+// Shared memory of a stage: [rows][K/2] payload, then [rows][K/16] block scales (as in global memory).
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -29,22 +29,23 @@ namespace {
 constexpr int kConsumerWarps = 8, kThreads = (kConsumerWarps + 1) * 32;  // + the producer warp
 constexpr int kChunk = 128;          // k per chunk: 64 payload bytes and 8 block scales per row
 constexpr int kMaxStages = 4;
-constexpr int kStageChunks = 4;      // chunks per warp per stage at most (the slice: kStageChunks · K parts · 128)
+constexpr int kMaxWarpChunks = 8;    // chunks per warp per item at most (gate_up K <= 4096, plain K <= 1024)
 constexpr int kPairRows = 32;        // activation rows per work pair: 4 n8 column tiles
 constexpr int kColTiles = kPairRows / 8;
-// m16 tiles per item: gate_up 4 (32 gate rows and their up rows: two 16-blocks of the down input, 2 K
+// m16 tiles per item: gate_up 2 (16 gate rows and their up rows: one 16-block of the down input, 4 K
 // parts), plain 8 (128 rows, each warp the whole K).
-constexpr int kGateUpTiles = 4, kPlainTiles = 8;
-constexpr int kPartialBytes = kConsumerWarps * kColTiles * 4 * 32 * 4;
+constexpr int kGateUpTiles = 2, kPlainTiles = 8;
+constexpr int kPartialBytes = kConsumerWarps * kColTiles * 4 * 32 * 4;  // gate_up's K-part sums
 constexpr int kBarrierBytes = 2 * kMaxStages * 8;
 constexpr int kRingOffset = kPartialBytes + 128;  // the barriers in between, the ring 128-byte aligned
 static_assert(kRingOffset - kPartialBytes >= kBarrierBytes);
+// Stages over this are not taken (the small-N kernel of nvfp4_group_gemv.cu serves: dense layers of
+// large K); a 3-stage ring of them fits the 227 KB of sm_90 / sm_100.
+constexpr int64_t kMaxStageBytes = 72 * 1024;
 
 struct StreamShape {
-  int rows;             // weight rows per item
-  int slice;            // k per stage (the last one may be shorter)
-  int stages_per_item;
-  int w_stride, s_stride;  // shared-memory row strides of a stage's payload / block scales (bytes)
+  int rows;             // weight rows per item (= per stage)
+  int rb, sb;           // payload / block-scale bytes per row: K/2, K/16
   int stage_bytes;
   int num_stages;       // ring depth
   int items_per_pair;   // weight row groups of a matrix
@@ -95,14 +96,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-// Weight row (within the expert) of row r of item row group mg (gate_up: rows/2 gate rows, then the
-// matching up rows).
-__device__ __forceinline__ int64_t item_row(bool gate_up, int64_t M, int mg, int rows, int r) {
-  const int half = rows / 2;
-  return gate_up ? (r < half ? 0 : M / 2) + static_cast<int64_t>(mg) * half + r % half
-                 : static_cast<int64_t>(mg) * rows + r;
-}
-
 // The next item of a CTA's range: row group mg of work pair `pair` (items run row-group-fastest, so a
 // pair's list entries are read once per pair).
 struct ItemCursor {
@@ -115,33 +108,36 @@ struct ItemCursor {
   }
 };
 
-// The producer warp: for each stage of each item, waits until the consumers released the ring slot,
-// then each lane issues the copies of rows lane, lane + 32, ... (payload piece and block-scale piece).
+// The producer warp (one lane issues): for each item, waits until the consumers released the ring slot,
+// then copies the item's rows: gate_up its 16 gate rows, the 16 up rows and the two rows' block scales;
+// plain its rows and their block scales (each a contiguous run in global memory).
 __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShape& sh, uint8_t* ring, uint64_t* full,
-                                        uint64_t* empty, int first, int last, int lane) {
+                                        uint64_t* empty, int first, int last) {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  const int64_t K = a.K, rb = K / 2, sb = K / 16;
   ItemCursor cur{first / sh.items_per_pair, first % sh.items_per_pair};
   int64_t e = first < last ? work_pair(a, cur.pair, kPairRows).e : 0;
   uint32_t seq = 0, slot = 0, phase = 0;
-  for (int item = first; item < last; ++item) {
-    for (int s = 0; s < sh.stages_per_item; ++s, ++seq) {
-      if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
-      const int64_t k0 = static_cast<int64_t>(s) * sh.slice;
-      const uint32_t kk = static_cast<uint32_t>(min(static_cast<int64_t>(sh.slice), K - k0));
-      if (lane == 0) mbar_arrive_expect_tx(&full[slot], static_cast<uint32_t>(sh.rows) * (kk / 2 + kk / 16));
-      __syncwarp();
-      uint8_t* st = ring + slot * sh.stage_bytes;
-      for (int r = lane; r < sh.rows; r += 32) {
-        const int64_t row = e * a.M + item_row(a.gate_up, a.M, cur.mg, sh.rows, r);
-        bulk_copy(st + r * sh.w_stride, a.w + row * rb + k0 / 2, kk / 2, &full[slot], policy);
-        bulk_copy(st + sh.rows * sh.w_stride + r * sh.s_stride, a.ws + row * sb + k0 / 16, kk / 16, &full[slot], policy);
-      }
-      if (++slot == static_cast<uint32_t>(sh.num_stages)) {
-        slot = 0;
-        phase ^= 1u;
-      }
+  for (int item = first; item < last; ++item, ++seq) {
+    if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
+    uint8_t* st = ring + slot * sh.stage_bytes;
+    uint64_t* bar = &full[slot];
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
+    if (a.gate_up) {
+      const int half = sh.rows / 2;
+      const int64_t gate = e * a.M + static_cast<int64_t>(cur.mg) * half, up = gate + a.M / 2;
+      bulk_copy(st, a.w + gate * sh.rb, half * sh.rb, bar, policy);
+      bulk_copy(st + half * sh.rb, a.w + up * sh.rb, half * sh.rb, bar, policy);
+      bulk_copy(st + sh.rows * sh.rb, a.ws + gate * sh.sb, half * sh.sb, bar, policy);
+      bulk_copy(st + sh.rows * sh.rb + half * sh.sb, a.ws + up * sh.sb, half * sh.sb, bar, policy);
+    } else {
+      const int64_t row = e * a.M + static_cast<int64_t>(cur.mg) * sh.rows;
+      bulk_copy(st, a.w + row * sh.rb, sh.rows * sh.rb, bar, policy);
+      bulk_copy(st + sh.rows * sh.rb, a.ws + row * sh.sb, sh.rows * sh.sb, bar, policy);
+    }
+    if (++slot == static_cast<uint32_t>(sh.num_stages)) {
+      slot = 0;
+      phase ^= 1u;
     }
     if (cur.advance(sh.items_per_pair) && item + 1 < last) e = work_pair(a, cur.pair, kPairRows).e;
   }
@@ -162,8 +158,8 @@ __device__ __forceinline__ ChunkOps load_chunk(const uint8_t* w, int w8, const u
 // the chunk for column 8j + g (prepared layout). Words 0, 2 accumulate into acc[0], words 1, 3 into
 // acc[1] (two dependency chains).
 template <int kN>
-__device__ __forceinline__ void chunk_mma(float (&acc)[2][kColTiles][4], const ChunkOps& op, const __half* const (&x)[kN],
-                                          int koff) {
+__device__ __forceinline__ void chunk_mma(float (&acc)[2][kColTiles][4], const ChunkOps& op,
+                                          const __half* const (&x)[kColTiles], int koff) {
   uint4 b[kN][4];
 #pragma unroll
   for (int j = 0; j < kN; ++j)
@@ -184,7 +180,7 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[2][kColTiles][4], const C
 }
 
 // A consumer warp's view of the ring: which slot and phase come next, and where its lane's bytes sit in
-// a stage (row 16 mt + g, chunk `part`; the rows g + 8 w8 / s8 bytes further).
+// a stage (row 16 mt + g, first chunk `part`; the row g + 8 w8 / s8 bytes further).
 struct RingView {
   const uint8_t* ring;
   uint64_t *full, *empty;
@@ -192,31 +188,24 @@ struct RingView {
   int w_off, w8, s_off, s8;
 };
 
-// The stages of one item for a warp whose item has kN column tiles: wait for each stage, run its chunks
-// part, part + kParts, ... (at most kStageChunks: the slice is sized so), release it.
+// One item for a warp whose item has kN column tiles: wait for its stage, run the chunks part,
+// part + kParts, ... of the K / 128, release the stage.
 template <int kParts, int kN>
 __device__ __forceinline__ void run_item(float (&acc)[2][kColTiles][4], RingView& rv, const StreamShape& sh,
-                                         const __half* const (&x)[kColTiles], int64_t K, int part, int lane) {
-  for (int s = 0; s < sh.stages_per_item; ++s) {
-    mbar_wait(&rv.full[rv.slot], rv.phase);
-    const uint8_t* st = rv.ring + rv.slot * sh.stage_bytes;
-    const int64_t k0 = static_cast<int64_t>(s) * sh.slice;
-    const int chunks = static_cast<int>(min(static_cast<int64_t>(sh.slice), K - k0) / kChunk);
-    const __half* xs[kN];
+                                         const __half* const (&x)[kColTiles], int chunks, int part, int lane) {
+  mbar_wait(&rv.full[rv.slot], rv.phase);
+  const uint8_t* st = rv.ring + rv.slot * sh.stage_bytes;
 #pragma unroll
-    for (int j = 0; j < kN; ++j) xs[j] = x[j] + k0;
-#pragma unroll
-    for (int i = 0; i < kStageChunks; ++i) {
-      if (part + i * kParts >= chunks) break;
-      const ChunkOps op = load_chunk(st + rv.w_off + i * (kParts * 64), rv.w8, st + rv.s_off + i * (kParts * 8), rv.s8);
-      chunk_mma<kN>(acc, op, xs, i * (kParts * kChunk));
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&rv.empty[rv.slot]);
-    if (++rv.slot == static_cast<uint32_t>(sh.num_stages)) {
-      rv.slot = 0;
-      rv.phase ^= 1u;
-    }
+  for (int i = 0; i < kMaxWarpChunks; ++i) {
+    if (part + i * kParts >= chunks) break;
+    const ChunkOps op = load_chunk(st + rv.w_off + i * (kParts * 64), rv.w8, st + rv.s_off + i * (kParts * 8), rv.s8);
+    chunk_mma<kN>(acc, op, x, i * (kParts * kChunk));
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive(&rv.empty[rv.slot]);
+  if (++rv.slot == static_cast<uint32_t>(sh.num_stages)) {
+    rv.slot = 0;
+    rv.phase ^= 1u;
   }
 }
 
@@ -231,9 +220,10 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
   const int g = lane / 4, t = lane % 4, mt = warp % kNT, part = warp / kNT;
   const int64_t K = a.K, M = a.M;
   const int Mp = static_cast<int>(M / a.P);
+  const int chunks = static_cast<int>(K / kChunk);
   RingView rv{ring, full, empty, 0, 0,
-              (16 * mt + g) * sh.w_stride + 16 * t + 64 * part, 8 * sh.w_stride,
-              sh.rows * sh.w_stride + (16 * mt + g) * sh.s_stride + 2 * t + 8 * part, 8 * sh.s_stride};
+              (16 * mt + g) * sh.rb + 16 * t + 64 * part, 8 * sh.rb,
+              sh.rows * sh.rb + (16 * mt + g) * sh.sb + 2 * t + 8 * part, 8 * sh.sb};
   ItemCursor cur{first / sh.items_per_pair, first % sh.items_per_pair};
   WorkPair wp = first < last ? work_pair(a, cur.pair, kPairRows) : WorkPair{};
   pdl_wait();  // the activations (and the down GEMM's output rows) come from the previous kernels
@@ -254,10 +244,10 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
     if (cur.advance(sh.items_per_pair) && item + 1 < last) next = work_pair(a, cur.pair, kPairRows);
     float acc[2][kColTiles][4] = {};
     switch (nt) {
-      case 1: run_item<kParts, 1>(acc, rv, sh, x, K, part, lane); break;
-      case 2: run_item<kParts, 2>(acc, rv, sh, x, K, part, lane); break;
-      case 3: run_item<kParts, 3>(acc, rv, sh, x, K, part, lane); break;
-      default: run_item<kParts, 4>(acc, rv, sh, x, K, part, lane); break;
+      case 1: run_item<kParts, 1>(acc, rv, sh, x, chunks, part, lane); break;
+      case 2: run_item<kParts, 2>(acc, rv, sh, x, chunks, part, lane); break;
+      case 3: run_item<kParts, 3>(acc, rv, sh, x, chunks, part, lane); break;
+      default: run_item<kParts, 4>(acc, rv, sh, x, chunks, part, lane); break;
     }
 #pragma unroll
     for (int j = 0; j < kColTiles; ++j)
@@ -321,10 +311,11 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
 template <bool kGateUp, int kNT>
 __global__ void __launch_bounds__(kThreads, 1) group_stream_kernel(const GroupGemmArgs a, const StreamShape sh) {
   extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kBarriers = kGateUp ? kPartialBytes : 0;  // gate_up's partial sums first
   float* partial = reinterpret_cast<float*>(smem);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPartialBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarriers);
   uint64_t* empty = full + kMaxStages;
-  uint8_t* ring = smem + kRingOffset;
+  uint8_t* ring = smem + kBarriers + 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_launch_dependents();
   if (threadIdx.x == 0) {
@@ -338,9 +329,9 @@ __global__ void __launch_bounds__(kThreads, 1) group_stream_kernel(const GroupGe
   const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;  // < 2^31: launch() checks
   const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
   const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
-  if (warp == kConsumerWarps)
-    produce(a, sh, ring, full, empty, first, last, lane);
-  else
+  if (warp == kConsumerWarps) {
+    if (lane == 0) produce(a, sh, ring, full, empty, first, last);
+  } else
     consume<kGateUp, kNT>(a, sh, ring, full, empty, partial, first, last, warp, lane);
 }
 
@@ -354,30 +345,24 @@ int64_t smem_optin() {
   return v;
 }
 
-// The stage slice: kStageChunks chunks per K part (gate_up 1024 k, plain 512), halved while the ring
-// would be shallower than 3 stages (sm_120's 99 KB).
-StreamShape stream_shape(const GroupGemmArgs& a) {
+StreamShape stream_shape(int64_t M, int64_t K, bool gate_up) {
   StreamShape sh{};
-  const int tiles = a.gate_up ? kGateUpTiles : kPlainTiles;
-  sh.rows = 16 * tiles;
-  sh.items_per_pair = static_cast<int>(a.M / sh.rows);
-  for (int slice = kStageChunks * (kConsumerWarps / tiles) * kChunk;; slice /= 2) {
-    sh.slice = static_cast<int>(std::min<int64_t>(a.K, slice));
-    sh.stages_per_item = static_cast<int>((a.K + sh.slice - 1) / sh.slice);
-    sh.w_stride = sh.slice / 2 + 64;  // slice / 2 is a multiple of 128: rows g and g + 1 64 bytes apart in the banks
-    sh.s_stride = sh.slice / 16 + 16;
-    sh.stage_bytes = (sh.rows * (sh.w_stride + sh.s_stride) + 127) / 128 * 128;
-    sh.num_stages = static_cast<int>(std::min<int64_t>(kMaxStages, (smem_optin() - kRingOffset) / sh.stage_bytes));
-    if (sh.num_stages >= 3 || sh.slice <= 256) return sh;
-  }
+  sh.rows = 16 * (gate_up ? kGateUpTiles : kPlainTiles);
+  sh.rb = static_cast<int>(K / 2);
+  sh.sb = static_cast<int>(K / 16);
+  sh.items_per_pair = static_cast<int>(M / sh.rows);
+  sh.stage_bytes = (sh.rows * (sh.rb + sh.sb) + 127) / 128 * 128;
+  const int64_t ring = smem_optin() - (gate_up ? kRingOffset : 128);
+  sh.num_stages = static_cast<int>(std::min<int64_t>(kMaxStages, ring / sh.stage_bytes));
+  return sh;
 }
 
 template <bool kGateUp, int kNT>
 void launch(CudaBackend& b, const GroupGemmArgs& a) {
-  const StreamShape sh = stream_shape(a);
+  const StreamShape sh = stream_shape(a.M, a.K, kGateUp);
   CHECK_MSG(sh.num_stages >= 2, "grouped NVFP4 stream kernel: shared memory too small");
   auto kern = group_stream_kernel<kGateUp, kNT>;
-  const int64_t smem = kRingOffset + static_cast<int64_t>(sh.num_stages) * sh.stage_bytes;
+  const int64_t smem = (kGateUp ? kRingOffset : 128) + static_cast<int64_t>(sh.num_stages) * sh.stage_bytes;
   static int64_t allowed = 0;
   allow_smem(kern, smem, allowed);
   const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kPairRows - 1) / kPairRows;
@@ -402,8 +387,12 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 
 bool group_stream_takes(const Linear& w, bool gate_up) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
-  if (K % 256 != 0 || P < 1 || M % P != 0 || (M / P) % 16 != 0) return false;
-  if (gate_up ? !(P <= 2 && (M / 2) % (8 * kGateUpTiles) == 0) : M % (16 * kPlainTiles) != 0) return false;
+  if (K % kChunk != 0 || P < 1 || M % P != 0 || (M / P) % 16 != 0) return false;
+  const int tiles = gate_up ? kGateUpTiles : kPlainTiles;
+  if (K / kChunk > (kConsumerWarps / tiles) * kMaxWarpChunks) return false;
+  if (gate_up ? !(P <= 2 && (M / 2) % 16 == 0) : M % (16 * tiles) != 0) return false;
+  const StreamShape sh = stream_shape(M, K, gate_up);
+  if (sh.stage_bytes > kMaxStageBytes || sh.num_stages < 2) return false;
   return (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0 &&
          (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) == 0;
 }
