@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/ops.h"
@@ -24,6 +25,9 @@ namespace sparkserve {
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
+// backend/cuda/nvfp4_group_stream.cu: diagnostic variants of the streamed small-N kernel (0 itself, 1
+// loads only, 2 math only, 3 a 2-stage ring, 4 each contiguous run copied in 4 pieces).
+void set_group_stream_variant(int v);
 // backend/cuda/moe_w4a4.cu: the one-token path (integer GEMVs per (token, expert) pair) at any T.
 bool moe_w4a4_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                     const Linear& gate_up, const Linear& down);
@@ -209,7 +213,51 @@ void profile_grouped(Backend& gpu) {
   std::printf("profiled grouped dense qkv T=%lld\n", static_cast<long long>(T));
 }
 
+// The streamed small-N kernel's diagnostic variants at 16 and 64 tokens, both shapes: op, gate_up and
+// down shares per variant (what bounds it: the copies, the math, the ring depth, the copy size).
+void bench_stream_variants(Backend& gpu) {
+  const int64_t E = 256, k = 8;
+  for (const auto& [name, H, I] : {std::tuple<const char*, int64_t, int64_t>{"35B", 2048, 512}, {"122B", 3072, 1024}}) {
+    BenchLinear gu = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, 2 * I, H, 2);
+    BenchLinear dn = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, H, I, 1);
+    std::printf("%-46s %5s %10s %8s %9s %8s\n", (std::string("stream variants ") + name).c_str(), "T", "us", "TFLOP/s",
+                "MB read", "GB/s");
+    for (int64_t T : {16, 64}) {
+      const int sets = 16;
+      std::vector<Buffer> ids, wts;
+      double bytes = 0;
+      for (int st = 0; st < sets; ++st) {
+        std::vector<int32_t> iv;
+        std::vector<float> wv;
+        bytes += static_cast<double>(random_routing(T, E, k, iv, wv)) * (gu.bytes_per_expert + dn.bytes_per_expert) / sets;
+        ids.emplace_back(&gpu, DType::kI32, std::vector<int64_t>{T, k});
+        gpu.upload(ids.back(), iv.data());
+        wts.emplace_back(&gpu, DType::kF32, std::vector<int64_t>{T, k});
+        gpu.upload(wts.back(), wv.data());
+      }
+      Buffer x(&gpu, DType::kF32, {T, H}), out(&gpu, DType::kF32, {T, H});
+      gpu.upload(x, random_x(T * H).data());
+      const double flop = 6.0 * static_cast<double>(T * k) * static_cast<double>(H * I);
+      for (int v = 0; v < 5; ++v) {
+        set_group_stream_variant(v);
+        auto run = [&](int repeat) {
+          return time_graph(
+              gpu, [&](int i) { moe_grouped_probe(gpu, out, x, ids[i % sets], wts[i % sets], gu.lin, dn.lin, repeat, 4); },
+              32);
+        };
+        const double base = run(0), g = run(1 << 2) - base, d = run(1 << 3) - base;
+        const std::string vn = " variant " + std::to_string(v);
+        print_row(vn + " op", T, base, flop, bytes);
+        print_row(vn + "  gate_up", T, g, flop * 2 / 3, bytes * 2 / 3);
+        print_row(vn + "  down", T, d, flop / 3, bytes / 3);
+      }
+      set_group_stream_variant(0);
+    }
+  }
+}
+
 const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
+const RegisterKernelBench kStreamVariants("grouped stream variants", bench_stream_variants);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);

@@ -44,6 +44,7 @@ static_assert(kRingOffset - kPartialBytes >= kBarrierBytes);
 constexpr int64_t kMaxStageBytes = 72 * 1024;
 
 struct StreamShape {
+  int variant;          // diagnostics of the benchmark (set_group_stream_variant); 0 otherwise
   int rows;             // weight rows per item (= per stage)
   int rb, sb;           // payload / block-scale bytes per row: K/2, K/16
   int stage_bytes;
@@ -122,8 +123,22 @@ __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShap
     if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
     uint8_t* st = ring + slot * sh.stage_bytes;
     uint64_t* bar = &full[slot];
-    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
-    if (a.gate_up) {
+    if (sh.variant == 2) {  // diagnostic: no copies (the consumers compute on stale bytes)
+      mbar_arrive_expect_tx(bar, 0);
+    } else if (sh.variant == 4) {  // diagnostic: every run copied as 4 pieces
+      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
+      const int half = a.gate_up ? sh.rows / 2 : sh.rows, runs = a.gate_up ? 2 : 1;
+      for (int r = 0; r < runs; ++r) {
+        const int64_t row = a.gate_up ? e * a.M + static_cast<int64_t>(cur.mg) * half + r * (a.M / 2)
+                                      : e * a.M + static_cast<int64_t>(cur.mg) * sh.rows;
+        for (int q = 0; q < 4; ++q) {
+          bulk_copy(st + (r * half + q * half / 4) * sh.rb, a.w + (row + q * half / 4) * sh.rb, half / 4 * sh.rb, bar, policy);
+          bulk_copy(st + sh.rows * sh.rb + (r * half + q * half / 4) * sh.sb, a.ws + (row + q * half / 4) * sh.sb,
+                    half / 4 * sh.sb, bar, policy);
+        }
+      }
+    } else if (a.gate_up) {
+      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
       const int half = sh.rows / 2;
       const int64_t gate = e * a.M + static_cast<int64_t>(cur.mg) * half, up = gate + a.M / 2;
       bulk_copy(st, a.w + gate * sh.rb, half * sh.rb, bar, policy);
@@ -131,6 +146,7 @@ __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShap
       bulk_copy(st + sh.rows * sh.rb, a.ws + gate * sh.sb, half * sh.sb, bar, policy);
       bulk_copy(st + sh.rows * sh.rb + half * sh.sb, a.ws + up * sh.sb, half * sh.sb, bar, policy);
     } else {
+      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
       const int64_t row = e * a.M + static_cast<int64_t>(cur.mg) * sh.rows;
       bulk_copy(st, a.w + row * sh.rb, sh.rows * sh.rb, bar, policy);
       bulk_copy(st + sh.rows * sh.rb, a.ws + row * sh.sb, sh.rows * sh.sb, bar, policy);
@@ -197,7 +213,7 @@ __device__ __forceinline__ void run_item(float (&acc)[2][kColTiles][4], RingView
   const uint8_t* st = rv.ring + rv.slot * sh.stage_bytes;
 #pragma unroll
   for (int i = 0; i < kMaxWarpChunks; ++i) {
-    if (part + i * kParts >= chunks) break;
+    if (part + i * kParts >= chunks || sh.variant == 1) break;  // variant 1 (diagnostic): loads only
     const ChunkOps op = load_chunk(st + rv.w_off + i * (kParts * 64), rv.w8, st + rv.s_off + i * (kParts * 8), rv.s8);
     chunk_mma<kN>(acc, op, x, i * (kParts * kChunk));
   }
@@ -345,8 +361,11 @@ int64_t smem_optin() {
   return v;
 }
 
+int g_variant = 0;
+
 StreamShape stream_shape(int64_t M, int64_t K, bool gate_up) {
   StreamShape sh{};
+  sh.variant = g_variant;
   sh.rows = 16 * (gate_up ? kGateUpTiles : kPlainTiles);
   sh.rb = static_cast<int>(K / 2);
   sh.sb = static_cast<int>(K / 16);
@@ -354,6 +373,7 @@ StreamShape stream_shape(int64_t M, int64_t K, bool gate_up) {
   sh.stage_bytes = (sh.rows * (sh.rb + sh.sb) + 127) / 128 * 128;
   const int64_t ring = smem_optin() - (gate_up ? kRingOffset : 128);
   sh.num_stages = static_cast<int>(std::min<int64_t>(kMaxStages, ring / sh.stage_bytes));
+  if (sh.variant == 3) sh.num_stages = 2;  // diagnostic: a 2-stage ring
   return sh;
 }
 
@@ -396,6 +416,11 @@ bool group_stream_takes(const Linear& w, bool gate_up) {
   return (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0 &&
          (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) == 0;
 }
+
+// For the kernel benchmark only (tests/gpu/moe_grouped_bench.cpp declares it): diagnostic variants
+// of the stream kernel (1 loads only, 2 math only, 3 two stages, 4 runs copied in 4 pieces; wrong
+// results for 1 and 2), 0 the kernel itself.
+void set_group_stream_variant(int v) { g_variant = v; }
 
 void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a) {
   if (a.gate_up)
