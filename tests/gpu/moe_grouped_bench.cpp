@@ -26,7 +26,7 @@ bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Ten
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
 // backend/cuda/nvfp4_group_stream.cu: diagnostic variants of the streamed small-N kernel (0 itself, 1
-// loads only, 2 math only, 3 a 2-stage ring, 4 each contiguous run copied in 4 pieces).
+// loads only, 2 math only).
 void set_group_stream_variant(int v);
 // backend/cuda/moe_w4a4.cu: the one-token path (integer GEMVs per (token, expert) pair) at any T.
 bool moe_w4a4_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -214,7 +214,7 @@ void profile_grouped(Backend& gpu) {
 }
 
 // The streamed small-N kernel's diagnostic variants at 16 and 64 tokens, both shapes: op, gate_up and
-// down shares per variant (what bounds it: the copies, the math, the ring depth, the copy size).
+// down shares per variant (what bounds it: the copies or the math).
 void bench_stream_variants(Backend& gpu) {
   const int64_t E = 256, k = 8;
   for (const auto& [name, H, I] : {std::tuple<const char*, int64_t, int64_t>{"35B", 2048, 512}, {"122B", 3072, 1024}}) {
@@ -238,7 +238,7 @@ void bench_stream_variants(Backend& gpu) {
       Buffer x(&gpu, DType::kF32, {T, H}), out(&gpu, DType::kF32, {T, H});
       gpu.upload(x, random_x(T * H).data());
       const double flop = 6.0 * static_cast<double>(T * k) * static_cast<double>(H * I);
-      for (int v = 0; v < 5; ++v) {
+      for (int v = 0; v < 3; ++v) {
         set_group_stream_variant(v);
         auto run = [&](int repeat) {
           return time_graph(

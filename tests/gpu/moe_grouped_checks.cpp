@@ -330,9 +330,9 @@ void check_decode_model_shapes(Harness& h) {
   }
 }
 
-// Decode batch sizes around the streamed kernel's edges (16/17 tokens: the per-pair GEMVs' limit; 32/33
-// and 64/65: pairs of 32 rows; 128: 4 rows per expert of 256), skewed routing and one expert in every
-// token's list, against the CPU (every regime forced too): group "moe_grouped_decode".
+// Decode batch sizes around the dispatch's and the streamed kernel's edges (16/17, 32/33, 64/65 tokens;
+// pairs of at most 16 rows; 128: 4 rows per expert of 256), skewed routing and one expert in every
+// token's list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
   const WeightFormat ct = WeightFormat::kNvfp4, mo = WeightFormat::kNvfp4ModelOpt;
   for (const MoeCase& c : std::vector<MoeCase>{{ct, "nvfp4", 16, 64, 8, 512, 256, 2},

@@ -245,7 +245,7 @@ int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN || t == Group
 int64_t group_tile_n(GroupTile t) {
   switch (t) {
     case GroupTile::kSmallN: return 8;
-    case GroupTile::kStreamN: return 32;
+    case GroupTile::kStreamN: return 16;
     case GroupTile::kLargeN:
     case GroupTile::kMediumNWgmma: return 64;
     case GroupTile::kLargeNWgmma: return 128;

@@ -26,7 +26,7 @@ namespace sparkserve {
 // into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
 // mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
 // warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the same kernel with 64 rows per pair and
-// 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 32 rows per pair: decode; weights
+// 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 16 rows per pair: decode; weights
 // streamed through shared memory by the copy engine, nvfp4_group_stream.cu).
 enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kStreamN };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
