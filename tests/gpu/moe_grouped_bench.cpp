@@ -51,7 +51,7 @@ struct MoeShape {
   const char* name;
   int64_t H, I;
   std::vector<int64_t> Ts;
-  unsigned tiles = 0xF;  // bit t: time tile regime t (where tile_timed)
+  unsigned tiles = 0x1F;  // bit t: time tile regime t (where tile_timed)
 };
 
 constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
