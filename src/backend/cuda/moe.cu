@@ -106,7 +106,7 @@ namespace {
 // experts come from L2; at T = 2 / 4 / 16 they beat the grouped small-N kernel, 48 / 74 / 230 us vs
 // 62 / 99 / 277 us at the 122B shapes); more, moe_grouped.cu's tensor-core kernels, each distinct
 // expert read once (T = 64: 597 us vs 859).
-constexpr int64_t kPairGemvMaxT = 3;
+constexpr int64_t kPairGemvMaxT = 16;
 bool pair_gemv_w4a4(int64_t T) { return T <= kPairGemvMaxT; }
 bool grouped_w4a4(int64_t T, int64_t k, const float* x, const Linear& gate_up, const Linear& down) {
   return T > kPairGemvMaxT && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);

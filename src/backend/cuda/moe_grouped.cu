@@ -268,7 +268,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 constexpr double kSmallNMaxRows = 8.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double medium_max, const Takes& takes) {
-  if (per_expert <= kSmallNMaxRows) return takes(GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
+  if (per_expert <= kSmallNMaxRows) return GroupTile::kSmallN;
   const GroupTile wgmma = per_expert <= medium_max ? GroupTile::kMediumNWgmma : GroupTile::kLargeNWgmma;
   if (takes(wgmma)) return wgmma;
   if (takes(GroupTile::kLargeN)) return GroupTile::kLargeN;
