@@ -25,7 +25,7 @@ namespace sparkserve {
 
 
 inline constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4;
-// NVFP4 W4A4 products on tensor cores (backend/cuda/nvfp4_group_*.cu: the routed experts above 16
+// NVFP4 W4A4 products on tensor cores (backend/cuda/nvfp4_group_*.cu: the routed experts above 8
 // tokens, dense Linear at T >= 2; the predicates below follow backend/cuda/moe.cu's and linear.cu's
 // dispatch): the products are exact (both operands exact in fp16), but the tensor
 // core adds each k16 step's products into the fp32 accumulator with truncation, so the sum may lose
@@ -34,7 +34,7 @@ inline constexpr double kExact = 0.0, kFp32 = 1e-5, kForms = 1e-4, kModel = 1e-4
 // the output's maximum. A wrong scale, code or index is off by > 1e-3.
 inline constexpr double kTensorCore = 1e-4;
 inline bool tensor_core_w4a4_moe(const Linear& gate_up, int64_t T) {
-  return is_nvfp4(gate_up.format) && gate_up.activation == ActivationQuant::kNvfp4 && T > 16;
+  return is_nvfp4(gate_up.format) && gate_up.activation == ActivationQuant::kNvfp4 && T > 8;
 }
 inline bool tensor_core_w4a4_linear(const Linear& w, int64_t T) {
   return is_nvfp4(w.format) && w.activation == ActivationQuant::kNvfp4 && T >= 2;

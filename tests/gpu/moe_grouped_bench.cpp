@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backend/ops.h"
@@ -25,9 +24,6 @@ namespace sparkserve {
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
-// backend/cuda/nvfp4_group_stream.cu: diagnostic variants of the streamed small-N kernel (0 itself, 1
-// loads only, 2 math only).
-void set_group_stream_variant(int v);
 // backend/cuda/moe_w4a4.cu: the one-token path (integer GEMVs per (token, expert) pair) at any T.
 bool moe_w4a4_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                     const Linear& gate_up, const Linear& down);
@@ -64,7 +60,7 @@ bool tile_timed(int tile, int64_t T) {
     case 0: return T <= 512;  // slower than the tensor-core tiles above (measured: 2.3x at T = 2048)
     case 1: return T >= 512;  // slower than small-N below (measured: 1.8x at T = 64)
     case 2: return T >= 256;
-    case 3: return T >= 256 && T <= 2048;  // 1.5-1.9x the small-N kernel below 8 rows per expert (measured)
+    case 3: return T >= 64 && T <= 2048;  // 1.5-1.9x the small-N kernel at 2-4 rows per expert (measured)
     default: return T <= 512;
   }
 }
@@ -136,12 +132,13 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
 }
 
 // The 122B-A10B and 35B-A3B expert shapes (256 experts, top-8; gate_up in 2 partitions): decode step
-// sizes ("grouped decode": 1..128 tokens, 0.03..4 rows per expert) and prefill sizes ("grouped moe").
+// sizes ("grouped decode": 4..512 tokens, 0.1..16 rows per expert: the per-pair GEMVs, the streamed and
+// register-streamed small-N kernels and the medium tile, where the dispatch switches between them) and
+// prefill sizes ("grouped moe").
 void bench_grouped_decode(Backend& gpu) {
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
-                                {1, 4, 8, 16, 32, 64, 128}});
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024,
-                                {1, 2, 4, 8, 16, 32, 64, 128}});
+  const std::vector<int64_t> Ts = {4, 8, 16, 32, 64, 128, 192, 256, 384, 512};
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x19});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x19});
 }
 void bench_grouped_moe(Backend& gpu) {
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
@@ -213,51 +210,7 @@ void profile_grouped(Backend& gpu) {
   std::printf("profiled grouped dense qkv T=%lld\n", static_cast<long long>(T));
 }
 
-// The streamed small-N kernel's diagnostic variants at 16 and 64 tokens, both shapes: op, gate_up and
-// down shares per variant (what bounds it: the copies or the math).
-void bench_stream_variants(Backend& gpu) {
-  const int64_t E = 256, k = 8;
-  for (const auto& [name, H, I] : {std::tuple<const char*, int64_t, int64_t>{"35B", 2048, 512}, {"122B", 3072, 1024}}) {
-    BenchLinear gu = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, 2 * I, H, 2);
-    BenchLinear dn = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, H, I, 1);
-    std::printf("%-46s %5s %10s %8s %9s %8s\n", (std::string("stream variants ") + name).c_str(), "T", "us", "TFLOP/s",
-                "MB read", "GB/s");
-    for (int64_t T : {16, 64}) {
-      const int sets = 16;
-      std::vector<Buffer> ids, wts;
-      double bytes = 0;
-      for (int st = 0; st < sets; ++st) {
-        std::vector<int32_t> iv;
-        std::vector<float> wv;
-        bytes += static_cast<double>(random_routing(T, E, k, iv, wv)) * (gu.bytes_per_expert + dn.bytes_per_expert) / sets;
-        ids.emplace_back(&gpu, DType::kI32, std::vector<int64_t>{T, k});
-        gpu.upload(ids.back(), iv.data());
-        wts.emplace_back(&gpu, DType::kF32, std::vector<int64_t>{T, k});
-        gpu.upload(wts.back(), wv.data());
-      }
-      Buffer x(&gpu, DType::kF32, {T, H}), out(&gpu, DType::kF32, {T, H});
-      gpu.upload(x, random_x(T * H).data());
-      const double flop = 6.0 * static_cast<double>(T * k) * static_cast<double>(H * I);
-      for (int v = 0; v < 3; ++v) {
-        set_group_stream_variant(v);
-        auto run = [&](int repeat) {
-          return time_graph(
-              gpu, [&](int i) { moe_grouped_probe(gpu, out, x, ids[i % sets], wts[i % sets], gu.lin, dn.lin, repeat, 4); },
-              32);
-        };
-        const double base = run(0), g = run(1 << 2) - base, d = run(1 << 3) - base;
-        const std::string vn = " variant " + std::to_string(v);
-        print_row(vn + " op", T, base, flop, bytes);
-        print_row(vn + "  gate_up", T, g, flop * 2 / 3, bytes * 2 / 3);
-        print_row(vn + "  down", T, d, flop / 3, bytes / 3);
-      }
-      set_group_stream_variant(0);
-    }
-  }
-}
-
 const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
-const RegisterKernelBench kStreamVariants("grouped stream variants", bench_stream_variants);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);

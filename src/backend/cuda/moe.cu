@@ -1,5 +1,5 @@
 // Sparse MoE: router softmax + top-k, and the routed SiLU-gated experts, straight from the device
-// ids with no host round trip. NVFP4 W4A4 experts (both NVFP4 checkpoint layouts): up to 16 tokens on
+// ids with no host round trip. NVFP4 W4A4 experts (both NVFP4 checkpoint layouts): up to 8 tokens on
 // moe_w4a4.cu's integer GEMVs (routing fused), more on moe_grouped.cu's tensor-core kernels. Other
 // formats: moe_decode.cu's fused GEMVs (quantized experts, few slots per expert), else per slot a
 // GEMV or, for many slots, the slots grouped by expert on the device and a grouped SIMT GEMM (each
@@ -101,12 +101,12 @@ void launch_route_topk(cudaStream_t stream, float* weights, int32_t* ids, const 
 }
 
 namespace {
-// The regimes of NVFP4 W4A4 experts, by measurement (docs/performance.md, grouped MoE): up to 16
+// The regimes of NVFP4 W4A4 experts, by measurement (docs/performance.md, grouped MoE): up to 8
 // tokens, moe_w4a4.cu's integer GEMVs per (token, expert) pair with the routing fused in (repeated
-// experts come from L2; at T = 2 / 4 / 16 they beat the grouped small-N kernel, 48 / 74 / 230 us vs
-// 62 / 99 / 277 us at the 122B shapes); more, moe_grouped.cu's tensor-core kernels, each distinct
-// expert read once (T = 64: 597 us vs 859).
-constexpr int64_t kPairGemvMaxT = 16;
+// experts come from L2; on the H200 at the 122B shapes they beat the streamed grouped kernel at T = 4,
+// 74 vs 82 us, and tie at T = 8, 128 vs 130); more, moe_grouped.cu's tensor-core kernels, each distinct
+// expert read once (T = 16: 212 us vs 231, T = 64: 459 vs 856).
+constexpr int64_t kPairGemvMaxT = 8;
 bool pair_gemv_w4a4(int64_t T) { return T <= kPairGemvMaxT; }
 bool grouped_w4a4(int64_t T, int64_t k, const float* x, const Linear& gate_up, const Linear& down) {
   return T > kPairGemvMaxT && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);

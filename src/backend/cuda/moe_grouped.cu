@@ -257,26 +257,34 @@ __global__ void __launch_bounds__(256) combine_kernel(float* out, const float* y
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// The tile regime for an average of `per_expert` rows per weight matrix: up to kSmallNMaxRows, the
-// small-N kernel (memory-bound, every distinct expert streamed once); up to medium_max, the medium
+// The tile regime for an average of `per_expert` rows per weight matrix: up to small_max, the small-N
+// regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
-// shapes take it (`takes`), else the mma.sync large-N kernel. Measured on the H200 at the 35B and
-// 122B expert shapes (docs/performance.md, "Grouped NVFP4 MoE"): at 8 rows per expert small-N and
-// medium are within 5% either way (35B medium, 122B small-N), medium wins by 8-17% at 10-32 rows and
-// is within 3.5% of large at 64. Dense layers (medium_max 0) take no medium tile: at T = 64 the qkv
-// projection ran 56 µs on it against 51 on the large tile.
-constexpr double kSmallNMaxRows = 8.0, kMoeMediumMaxRows = 48.0;
+// shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. Measured on the H200 at the
+// 35B and 122B expert shapes (docs/performance.md, "Grouped NVFP4 MoE" and "Decode batches"): the MoE's
+// small regime is the streamed kernel (kStreamN, pairs of 16 rows) where it takes the shapes (it beat
+// the register-streamed kSmallN at every T measured, 1-128 tokens), kSmallN otherwise (sm_120's shared
+// memory holds no 2-stage ring of the 122B's rows); stream vs medium crosses at kMoeStreamMaxRows;
+// medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at 64. Dense layers
+// (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes few dense shapes: K <= 2048) and
+// take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
+constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 8.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
-GroupTile pick_tile(double per_expert, double medium_max, const Takes& takes) {
-  if (per_expert <= kSmallNMaxRows) return GroupTile::kSmallN;
+GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
+  if (per_expert <= small_max) return small;
   const GroupTile wgmma = per_expert <= medium_max ? GroupTile::kMediumNWgmma : GroupTile::kLargeNWgmma;
   if (takes(wgmma)) return wgmma;
   if (takes(GroupTile::kLargeN)) return GroupTile::kLargeN;
-  return GroupTile::kSmallN;
+  return small;
 }
 
 bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) {
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
+}
+
+// The MoE's small-N regime: the streamed kernel where both projections' shapes fit it on this device.
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
+  return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -323,10 +331,11 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   if (T == 0) return;
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   const int64_t slots = T * k;
+  const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeMediumMaxRows,
-                                  [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); });
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeStreamMaxRows,
+                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();
@@ -416,7 +425,8 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
     const int64_t items = (w.out_features / group_tile_m(t)) * ((T + group_tile_n(t) - 1) / group_tile_n(t));
     return group_tile_fits(t) && group_gemm_takes(w, t, false) && 4 * items >= static_cast<int64_t>(b.sm_count());
   };
-  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile) : pick_tile(static_cast<double>(T), 0.0, takes);
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                                         : pick_tile(static_cast<double>(T), kSmallNMaxRows, 0.0, GroupTile::kSmallN, takes);
   if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);

@@ -42,7 +42,6 @@ constexpr int kPartialBytes = kConsumerWarps * kColTiles * 4 * 32 * 4;
 constexpr int kRingOffset = 128;     // the mbarriers first
 
 struct StreamShape {
-  int variant;          // diagnostics of the benchmark (set_group_stream_variant); 0 otherwise
   int blocks_per_sm;
   int rows;             // weight rows per item (= per stage)
   int rb, sb;           // payload / block-scale bytes per row: K/2, K/16
@@ -122,9 +121,7 @@ __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShap
     if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
     uint8_t* st = ring + slot * sh.stage_bytes;
     uint64_t* bar = &full[slot];
-    if (sh.variant == 2) {  // diagnostic: no copies (the consumers compute on stale bytes)
-      mbar_arrive_expect_tx(bar, 0);
-    } else if (a.gate_up) {
+    if (a.gate_up) {
       mbar_arrive_expect_tx(bar, static_cast<uint32_t>(sh.rows * (sh.rb + sh.sb)));
       const int half = sh.rows / 2;
       const int64_t gate = e * a.M + static_cast<int64_t>(cur.mg) * half, up = gate + a.M / 2;
@@ -184,10 +181,10 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[2][4], const ChunkOps& op
 // the sums of column tile j land in acc[j].
 template <int kParts, int kN>
 __device__ __forceinline__ void item_chunks(float (&acc)[2][4], const uint8_t* w, int w8, const uint8_t* sc, int s8,
-                                            const __half* const (&x)[kColTiles], int chunks, int part, int variant) {
+                                            const __half* const (&x)[kColTiles], int chunks, int part) {
 #pragma unroll
   for (int i = 0; i < kMaxWarpChunks; ++i) {
-    if (part + i * kParts >= chunks || variant == 1) break;  // variant 1 (diagnostic): loads only
+    if (part + i * kParts >= chunks) break;
     chunk_mma<kN>(acc, load_chunk(w + i * (kParts * 64), w8, sc + i * (kParts * 8), s8), x, i * (kParts * kChunk));
   }
   if constexpr (kN == 1) {
@@ -233,9 +230,9 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
     uint8_t* st = ring + slot * sh.stage_bytes;
     float acc[2][4] = {};
     if (nt == 1)
-      item_chunks<kParts, 1>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part, sh.variant);
+      item_chunks<kParts, 1>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part);
     else
-      item_chunks<kParts, 2>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part, sh.variant);
+      item_chunks<kParts, 2>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part);
     consumer_sync();  // every warp is done with the stage's weights
     float* partial = reinterpret_cast<float*>(st);
 #pragma unroll
@@ -330,14 +327,11 @@ const SmemLimits& smem_limits() {
   return v;
 }
 
-int g_variant = 0;
-
 // The stage (one item: its rows over the whole K, at least the partial sums' bytes) and the ring: 2 CTAs
 // per SM where each gets 2 stages or more (sm_90: stages up to ~56 KB), else 1 CTA with the whole
 // shared memory. blocks_per_sm 0: no ring of 2 stages fits (not taken).
 StreamShape stream_shape(int64_t M, int64_t K, bool gate_up) {
   StreamShape sh{};
-  sh.variant = g_variant;
   sh.rows = 16 * (gate_up ? kGateUpTiles : kPlainTiles);
   sh.rb = static_cast<int>(K / 2);
   sh.sb = static_cast<int>(K / 16);
@@ -392,10 +386,6 @@ bool group_stream_takes(const Linear& w, bool gate_up) {
   return (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0 &&
          (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) == 0;
 }
-
-// For the kernel benchmark only (tests/gpu/moe_grouped_bench.cpp declares it): diagnostic variants
-// of the stream kernel (1 loads only, 2 math only: wrong results), 0 the kernel itself.
-void set_group_stream_variant(int v) { g_variant = v; }
 
 void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a) {
   if (a.gate_up)
