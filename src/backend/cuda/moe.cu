@@ -5,6 +5,8 @@
 // GEMV or, for many slots, the slots grouped by expert on the device and a grouped SIMT GEMM (each
 // 64-slot tile reads its expert once); then a per-token combine in ascending expert id (HF's eager
 // order, as the CPU reference).
+#include <cstdlib>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_decode.h"
 #include "backend/cuda/moe_grouped.h"
@@ -107,9 +109,17 @@ namespace {
 // 74 vs 82 us, and tie at T = 8, 128 vs 130); more, moe_grouped.cu's tensor-core kernels, each distinct
 // expert read once (T = 16: 212 us vs 231, T = 64: 459 vs 856).
 constexpr int64_t kPairGemvMaxT = 8;
-bool pair_gemv_w4a4(int64_t T) { return T <= kPairGemvMaxT; }
+// DIAGNOSTIC for one device round (model-level A/B of the boundary in one call); removed before merge.
+int64_t pair_gemv_max_t() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("SPARKSERVE_DIAG_PAIR_GEMV_MAX_T");
+    return e ? std::atoll(e) : kPairGemvMaxT;
+  }();
+  return v;
+}
+bool pair_gemv_w4a4(int64_t T) { return T <= pair_gemv_max_t(); }
 bool grouped_w4a4(int64_t T, int64_t k, const float* x, const Linear& gate_up, const Linear& down) {
-  return T > kPairGemvMaxT && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);
+  return T > pair_gemv_max_t() && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);
 }
 }  // namespace
 
