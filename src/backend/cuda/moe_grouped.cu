@@ -19,6 +19,7 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -282,6 +283,15 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
+// DIAGNOSTIC for one device round (model-level A/B of the boundary in one call); removed before merge.
+double diag_stream_max_rows() {
+  static const double v = [] {
+    const char* e = std::getenv("SPARKSERVE_DIAG_STREAM_MAX_ROWS");
+    return e ? std::atof(e) : kMoeStreamMaxRows;
+  }();
+  return v;
+}
+
 // The MoE's small-N regime: the streamed kernel where both projections' shapes fit it on this device.
 GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
   return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
@@ -334,7 +344,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeStreamMaxRows,
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), diag_stream_max_rows(),
                                   kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
