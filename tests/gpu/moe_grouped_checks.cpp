@@ -289,8 +289,8 @@ QWeight random_nvfp4(Harness& h, int64_t E, int64_t N, int64_t K, int64_t P) {
   return w;
 }
 
-// Decode batches at the models' expert shapes (top-8 of 128-256 experts: 0.5-8 rows per expert, skewed
-// routing; 35B T = 256 / 257: the stream / medium edge of the dispatch at 8 rows per expert), where the CPU reference would take minutes (~0.1 G multiply-adds per second on the lent
+// Decode batches at the models' expert shapes (top-8 of 128-256 experts: 0.5-12 rows per expert, skewed
+// routing; 35B T = 384 / 385: the stream / medium edge of the dispatch at 12 rows per expert), where the CPU reference would take minutes (~0.1 G multiply-adds per second on the lent
 // machine): the streamed small-N kernel and moe_experts' own choice against the large-N mma.sync
 // kernel (another tiling, K order and pair size) on the same inputs, with the bounds used against the
 // CPU (both sides quantize the down input; a code flipped on either side counts).
@@ -300,7 +300,7 @@ void check_decode_model_shapes(Harness& h) {
     int64_t E, H, I;
     std::vector<int64_t> Ts;
   };
-  for (const Shape& sh : {Shape{"35B", 256, 2048, 512, {16, 33, 64, 128, 256, 257}}, Shape{"122B", 128, 3072, 1024, {17, 65}}}) {
+  for (const Shape& sh : {Shape{"35B", 256, 2048, 512, {16, 33, 64, 128, 384, 385}}, Shape{"122B", 128, 3072, 1024, {17, 65}}}) {
     const int64_t k = 8;
     QWeight gu = random_nvfp4(h, sh.E, 2 * sh.I, sh.H, 2), dn = random_nvfp4(h, sh.E, sh.H, sh.I, 1);
     for (int64_t T : sh.Ts) {
@@ -330,9 +330,9 @@ void check_decode_model_shapes(Harness& h) {
   }
 }
 
-// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 64/65 of 64
-// experts: 8 / 8.1 rows per expert, stream / medium tile) and the streamed kernel's (pairs of at most 16
-// rows: 16/17, 32/33; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
+// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 96/97 of 64
+// experts: 12 / 12.1 rows per expert, stream / medium tile) and the streamed kernel's (pairs of at most
+// 16 rows: 16/17, 32/33, 64/65; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
 // list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
   const WeightFormat ct = WeightFormat::kNvfp4, mo = WeightFormat::kNvfp4ModelOpt;
@@ -343,6 +343,8 @@ void test_moe_grouped_decode(Harness& h) {
                                                {ct, "nvfp4", 33, 256, 8, 256, 256, 2},
                                                {ct, "nvfp4", 64, 64, 8, 256, 256, 2, false, 5},
                                                {ct, "nvfp4", 65, 64, 8, 512, 256, 2, true},
+                                               {ct, "nvfp4", 96, 64, 8, 256, 256, 2},
+                                               {mo, "nvfp4-mo", 97, 64, 8, 256, 256, 2},
                                                {ct, "nvfp4", 128, 256, 8, 256, 256, 2}})
     check_moe_experts(h, c);
   check_decode_model_shapes(h);

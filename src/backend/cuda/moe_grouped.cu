@@ -261,15 +261,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // The tile regime for an average of `per_expert` rows per weight matrix: up to small_max, the small-N
 // regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
-// shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. Measured on the H200 at the
-// 35B and 122B expert shapes (docs/performance.md, "Grouped NVFP4 MoE" and "Decode batches"): the MoE's
-// small regime is the streamed kernel (kStreamN, pairs of 16 rows) where it takes the shapes (it beat
-// the register-streamed kSmallN at every T measured, 1-128 tokens), kSmallN otherwise (sm_120's shared
-// memory holds no 2-stage ring of the 122B's rows); stream vs medium crosses at kMoeStreamMaxRows;
-// medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at 64. Dense layers
-// (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes few dense shapes: K <= 2048) and
-// take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
-constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 8.0, kMoeMediumMaxRows = 48.0;
+// shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. The MoE's small regime is
+// the streamed kernel (kStreamN, pairs of up to 16 rows) where both projections fit it, else kSmallN
+// (sm_120's shared memory holds no 2-stage ring of the 122B's rows). Measured on the H200 at the 35B /
+// 122B expert shapes (docs/performance.md, "Decode batches"), op us: stream vs medium at 8 rows per
+// expert 334 / 846 vs 373 / 962, at 12 rows 390 / 984 vs 394 / 998, at 16 rows 505 / 1282 vs 427 /
+// 1061 (a quarter of the experts then need a second pair): hence kMoeStreamMaxRows = 12; kSmallN
+// was 3-43% slower than the stream kernel at every T from 4 to 512. Medium wins by 8-17% over kSmallN at
+// 10-32 rows and is within 3.5% of large at 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows
+// (the stream kernel takes plain K <= 2048 only) and take no medium tile: at T = 64 the qkv
+// projection ran 56 us on it against 51 on the large tile.
+constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 12.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
   if (per_expert <= small_max) return small;
