@@ -5,8 +5,6 @@
 // GEMV or, for many slots, the slots grouped by expert on the device and a grouped SIMT GEMM (each
 // 64-slot tile reads its expert once); then a per-token combine in ascending expert id (HF's eager
 // order, as the CPU reference).
-#include <cstdlib>
-
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_decode.h"
 #include "backend/cuda/moe_grouped.h"
@@ -103,23 +101,16 @@ void launch_route_topk(cudaStream_t stream, float* weights, int32_t* ids, const 
 }
 
 namespace {
-// The regimes of NVFP4 W4A4 experts, by measurement (docs/performance.md, grouped MoE): up to 8
-// tokens, moe_w4a4.cu's integer GEMVs per (token, expert) pair with the routing fused in (repeated
-// experts come from L2; on the H200 at the 122B shapes they beat the streamed grouped kernel at T = 4,
-// 74 vs 82 us, and tie at T = 8, 128 vs 130); more, moe_grouped.cu's tensor-core kernels, each distinct
-// expert read once (T = 16: 212 us vs 231, T = 64: 459 vs 856).
+// The regimes of NVFP4 W4A4 experts, by measurement on the H200 (docs/performance.md, "Decode batches"):
+// up to 8 tokens, moe_w4a4.cu's integer GEMVs per (token, expert) pair with the routing fused in
+// (repeated experts come from L2; 122B op at T = 4 74 us vs the streamed grouped kernel's 81, T = 8 127
+// vs 129; the 122B decode step at batch 8 12.06 ms vs 12.62); more, moe_grouped.cu's tensor-core
+// kernels, each distinct expert read once (T = 16 op 204 us vs 231; step at batch 12 15.62 ms vs 16.61,
+// batch 16 18.32 vs 19.18).
 constexpr int64_t kPairGemvMaxT = 8;
-// DIAGNOSTIC for one device round (model-level A/B of the boundary in one call); removed before merge.
-int64_t pair_gemv_max_t() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("SPARKSERVE_DIAG_PAIR_GEMV_MAX_T");
-    return e ? std::atoll(e) : kPairGemvMaxT;
-  }();
-  return v;
-}
-bool pair_gemv_w4a4(int64_t T) { return T <= pair_gemv_max_t(); }
+bool pair_gemv_w4a4(int64_t T) { return T <= kPairGemvMaxT; }
 bool grouped_w4a4(int64_t T, int64_t k, const float* x, const Linear& gate_up, const Linear& down) {
-  return T > pair_gemv_max_t() && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);
+  return T > kPairGemvMaxT && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && moe_grouped_takes(gate_up, down, k);
 }
 }  // namespace
 

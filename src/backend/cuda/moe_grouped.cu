@@ -19,7 +19,6 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -266,7 +265,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // (sm_120's shared memory holds no 2-stage ring of the 122B's rows). Measured on the H200 at the 35B /
 // 122B expert shapes (docs/performance.md, "Decode batches"), op us: stream vs medium at 8 rows per
 // expert 334 / 846 vs 373 / 962, at 12 rows 390 / 984 vs 394 / 998, at 16 rows 505 / 1282 vs 427 /
-// 1061 (a quarter of the experts then need a second pair): hence kMoeStreamMaxRows = 12; kSmallN
+// 1061 (over 40% of the experts then need a second pair): hence kMoeStreamMaxRows = 12 (the 35B's
+// 330-token prefill, 10 rows per expert: 26.3 ms with the stream kernel, 27.6 with medium); kSmallN
 // was 3-43% slower than the stream kernel at every T from 4 to 512. Medium wins by 8-17% over kSmallN at
 // 10-32 rows and is within 3.5% of large at 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows
 // (the stream kernel takes plain K <= 2048 only) and take no medium tile: at T = 64 the qkv
@@ -283,15 +283,6 @@ GroupTile pick_tile(double per_expert, double small_max, double medium_max, Grou
 
 bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) {
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
-}
-
-// DIAGNOSTIC for one device round (model-level A/B of the boundary in one call); removed before merge.
-double diag_stream_max_rows() {
-  static const double v = [] {
-    const char* e = std::getenv("SPARKSERVE_DIAG_STREAM_MAX_ROWS");
-    return e ? std::atof(e) : kMoeStreamMaxRows;
-  }();
-  return v;
 }
 
 // The MoE's small-N regime: the streamed kernel where both projections' shapes fit it on this device.
@@ -346,7 +337,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), diag_stream_max_rows(),
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeStreamMaxRows,
                                   kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);

@@ -22,12 +22,13 @@ namespace sparkserve {
 // order 0,4,1,5,2,6,3,7 (the pairs one weight word's nibbles decode into); a partition p > 0 whose
 // input scale equals partition 0's is not written (the GEMM reads partition 0's values instead).
 // prepare_rows_kernel (moe_grouped.cu) writes them.
-// Tile regimes: kSmallN (at most 8 rows per pair: decode, a few tokens per expert; weights streamed
-// into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
+// Tile regimes: kSmallN (at most 8 rows per pair: dense layers at a few tokens, and the MoE where
+// kStreamN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
 // mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
 // warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the same kernel with 64 rows per pair and
-// 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 16 rows per pair: decode; weights
-// streamed through shared memory by the copy engine, nvfp4_group_stream.cu).
+// 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 16 rows per pair: the MoE at decode
+// batches, up to ~12 tokens per expert; weights streamed through shared memory by the copy engine,
+// nvfp4_group_stream.cu).
 enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kStreamN };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
