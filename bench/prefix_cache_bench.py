@@ -12,6 +12,10 @@
            prompt, 10 turns of ~300 new tokens.
              bench/prefix_cache_bench.py agent --bin build/sparkserve --model /tmp/m35 \\
                  --serve-args "--device cuda" --system-tokens 8192 --turns 10 --turn-tokens 300
+  bodies   The agent session's request bodies, one JSON line per turn, without a server (each
+           assistant reply is --max-tokens random words): the input of bench_serve_prefill_stages,
+           which times the server's work before and after generation stage by stage.
+             bench/prefix_cache_bench.py bodies --out /tmp/agent-bodies.jsonl
 
 With --url URL (and no --bin) the benchmark runs against a server already running. Prints a table
 and one JSON line (--json-out FILE writes it too). Standard library + httpx only."""
@@ -165,30 +169,55 @@ TOOLS = [{"type": "function", "function": {
         ("list_directory", "List a directory", ["path"])]]
 
 
+def agent_start(a, rng):
+    # ~1 token per word (measured by the server: usage.prompt_tokens of turn 1 is printed).
+    return [{"role": "system", "content": "You are a coding agent. Rules and repository notes: " +
+             words(rng, a.system_tokens)},
+            {"role": "user", "content": "Fix the failing test. " + words(rng, a.turn_tokens // 2)}]
+
+
+def agent_body(a, model, messages):
+    return {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": a.max_tokens,
+            "temperature": 0, "chat_template_kwargs": {"enable_thinking": a.thinking}}
+
+
+def agent_next(a, rng, messages, text):
+    # The agent's reply goes back as it came (a tool call would be a tool message; random
+    # weights write text), then a tool result and a user line of about turn_tokens new tokens.
+    return messages + [{"role": "assistant", "content": text or "(no text)"},
+                       {"role": "user", "content": "Tool output:\n" + words(rng, a.turn_tokens - 20) + "\nWhat next?"}]
+
+
+def agent_bodies(a):
+    """The bodies bench_agent sends (streamed, as stream() sends them), replies made up."""
+    rng, replies = random.Random(a.seed), random.Random(a.seed + 1)
+    messages = agent_start(a, rng)
+    with open(a.out, "w") as f:
+        for _ in range(a.turns):
+            body = agent_body(a, "bench", messages)
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+            f.write(json.dumps(body) + "\n")
+            messages = agent_next(a, rng, messages, words(replies, a.max_tokens))
+    print(f"wrote {a.turns} request bodies to {a.out}")
+    return {"bench": "bodies", "out": a.out, "turns": a.turns}
+
+
 def bench_agent(a):
     srv = Served(a)
     try:
         model = srv.model()
         rng = random.Random(a.seed)
-        # ~1 token per word (measured by the server: usage.prompt_tokens of turn 1 is printed).
-        messages = [{"role": "system", "content": "You are a coding agent. Rules and repository notes: " +
-                     words(rng, a.system_tokens)},
-                    {"role": "user", "content": "Fix the failing test. " + words(rng, a.turn_tokens // 2)}]
+        messages = agent_start(a, rng)
         hits0 = srv.metric("sparkserve:prefix_cache_hits_total")
         rows = []
         for turn in range(1, a.turns + 1):
-            body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": a.max_tokens,
-                    "temperature": 0, "chat_template_kwargs": {"enable_thinking": a.thinking}}
+            body = agent_body(a, model, messages)
             ttft, usage, text = stream(srv.url, "/v1/chat/completions", body)
             rows.append({"turn": turn, "ttft_s": ttft, "prompt_tokens": usage["prompt_tokens"],
                          "cached_tokens": cached(usage), "completion_tokens": usage["completion_tokens"]})
             print(f"turn {turn:2d}: TTFT {ttft * 1e3:9.1f} ms  prompt {usage['prompt_tokens']:6d}  "
                   f"cached {cached(usage)}", flush=True)
-            # The agent's reply goes back as it came (a tool call would be a tool message; random
-            # weights write text), then a tool result and a user line of about turn_tokens new tokens.
-            messages += [{"role": "assistant", "content": text or "(no text)"},
-                         {"role": "user", "content": "Tool output:\n" + words(rng, a.turn_tokens - 20) +
-                          "\nWhat next?"}]
+            messages = agent_next(a, rng, messages, text)
         later = [r["ttft_s"] for r in rows[1:]]
         out = {"bench": "agent", "turns": rows, "turn1_ttft_s": rows[0]["ttft_s"],
                "median_later_ttft_s": statistics.median(later) if later else None,
@@ -204,7 +233,7 @@ def bench_agent(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", choices=["repeat", "agent"])
+    ap.add_argument("which", choices=["repeat", "agent", "bodies"])
     ap.add_argument("--bin")
     ap.add_argument("--model")
     ap.add_argument("--url")
@@ -219,10 +248,16 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--thinking", action="store_true", help="leave the chat template's thinking on")
     ap.add_argument("--json-out")
+    ap.add_argument("--out", help="bodies: the JSON-lines file to write")
     a = ap.parse_args()
-    if not a.url and not (a.bin and a.model):
-        ap.error("give --url, or --bin and --model")
-    out = bench_repeat(a) if a.which == "repeat" else bench_agent(a)
+    if a.which == "bodies":
+        if not a.out:
+            ap.error("bodies needs --out")
+        out = agent_bodies(a)
+    else:
+        if not a.url and not (a.bin and a.model):
+            ap.error("give --url, or --bin and --model")
+        out = bench_repeat(a) if a.which == "repeat" else bench_agent(a)
     line = json.dumps(out)
     print(line)
     if a.json_out:
