@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
-#include <functional>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -66,33 +65,8 @@ WordCache& thread_word_cache(uint64_t owner) {
   return cache;
 }
 
-// A per-thread cache of long fragments (the text between two added tokens) -> ids. A chat request
-// re-sends the whole conversation, and every message but the newest was tokenized for the previous
-// request (an agent's 8K-token system prompt: ~3 ms each time). Added tokens split the text first and
-// each fragment is encoded on its own (as in HF tokenizers), so a cached fragment's ids are exactly
-// what encoding it again would give.
-// Hashes std::string and std::string_view alike, so a lookup needs no copy of the fragment.
-struct TextHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-struct FragmentCache {
-  uint64_t owner = 0;
-  size_t bytes = 0;
-  std::unordered_map<std::string, std::vector<TokenId>, TextHash, std::equal_to<>> map;
-};
-constexpr size_t kFragmentCacheMinBytes = 1024;      // shorter ones: the word cache suffices
-constexpr size_t kFragmentCacheMaxBytes = 4 << 20;   // key bytes per thread; cleared beyond
-
-FragmentCache& thread_fragment_cache(uint64_t owner) {
-  thread_local FragmentCache cache;
-  if (cache.owner != owner) {
-    cache.map.clear();
-    cache.bytes = 0;
-    cache.owner = owner;
-  }
-  return cache;
-}
+// Shorter fragments: the word cache suffices.
+constexpr size_t kFragmentCacheMinBytes = 1024;
 
 std::atomic<uint64_t> next_serial{1};
 
@@ -223,24 +197,11 @@ Expected<std::vector<TokenId>> Tokenizer::encode(std::string_view text) const {
 
 Status Tokenizer::encode_fragment_cached(std::string_view raw, std::vector<TokenId>& out) const {
   if (raw.size() < kFragmentCacheMinBytes) return encode_fragment(raw, out);
-  FragmentCache& cache = thread_fragment_cache(serial_);
-  if (auto it = cache.map.find(raw); it != cache.map.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return Status::Ok();
-  }
+  if (fragments_.cache->append(raw, out)) return Status::Ok();
   std::vector<TokenId> ids;
   SS_RETURN_IF_ERROR(encode_fragment(raw, ids));
-  if (raw.size() <= kFragmentCacheMaxBytes) {
-    if (cache.bytes + raw.size() > kFragmentCacheMaxBytes) {
-      cache.map.clear();
-      cache.bytes = 0;
-    }
-    cache.bytes += raw.size();
-    out.insert(out.end(), ids.begin(), ids.end());
-    cache.map.emplace(std::string(raw), std::move(ids));
-    return Status::Ok();
-  }
   out.insert(out.end(), ids.begin(), ids.end());
+  fragments_.cache->put(raw, std::move(ids));
   return Status::Ok();
 }
 

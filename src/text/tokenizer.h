@@ -7,8 +7,9 @@
 // remaining fragment is normalized (NFC), normalized=true added tokens are matched in it, the rest
 // is pre-tokenized (regex Split + ByteLevel) and each piece is BPE-encoded.
 //
-// Thread safety: a loaded Tokenizer is immutable; encode/decode may run concurrently (the word
-// cache is per thread).
+// Thread safety: a loaded Tokenizer is immutable but for its caches; encode/decode may run
+// concurrently (the word cache is per thread, the fragment cache is shared and locked). A copy of a
+// Tokenizer starts with an empty fragment cache of its own.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "core/status.h"
 #include "text/added_tokens.h"
 #include "text/bpe.h"
+#include "text/fragment_cache.h"
 #include "text/normalizer.h"
 #include "text/pretokenizer.h"
 
@@ -39,6 +41,12 @@ class Tokenizer {
 
   // Ids of `text`. Invalid UTF-8 is an error naming the byte offset of the first bad byte.
   Expected<std::vector<TokenId>> encode(std::string_view text) const;
+
+  // The fragment cache (text/fragment_cache.h) holds up to this many bytes of text and ids; 0 turns
+  // it off. Set it before the tokenizer is used (it drops what the cache holds).
+  static constexpr size_t kDefaultFragmentCacheBytes = 64 << 20;
+  void set_fragment_cache_bytes(size_t max_bytes) { fragments_.cache = std::make_unique<FragmentCache>(max_bytes); }
+  const FragmentCache& fragment_cache() const { return *fragments_.cache; }
 
   // Raw bytes of the ids (not necessarily valid UTF-8 when the ids cut a character; HF's decode
   // would then show U+FFFD, see utf8_lossy in text/utf8.h). Ids that name no token are skipped,
@@ -77,7 +85,7 @@ class Tokenizer {
  private:
   static Expected<Tokenizer> from_json_text_unchecked(std::string_view tokenizer_json, std::string_view config_json);
   Status encode_fragment(std::string_view raw, std::vector<TokenId>& out) const;
-  // encode_fragment through the per-thread cache of long fragments.
+  // encode_fragment through the cache of long fragments.
   Status encode_fragment_cached(std::string_view raw, std::vector<TokenId>& out) const;
   Status encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
 
@@ -92,6 +100,20 @@ class Tokenizer {
   AddedTokenMatcher normalized_matcher_;  // normalized=true added tokens (normalized content)
   size_t vocab_size_ = 0;
   uint64_t serial_ = 0;  // identifies this instance's entries in the per-thread word cache
+  // Fragments (text between added tokens) of 1 KB or more -> ids, for all threads; a copy of the
+  // Tokenizer gets a new, empty one of the same bound.
+  struct FragmentCacheSlot {
+    explicit FragmentCacheSlot(size_t max_bytes) : cache(std::make_unique<FragmentCache>(max_bytes)) {}
+    FragmentCacheSlot(const FragmentCacheSlot& o) : FragmentCacheSlot(o.cache->max_bytes()) {}
+    FragmentCacheSlot& operator=(const FragmentCacheSlot& o) {
+      cache = std::make_unique<FragmentCache>(o.cache->max_bytes());
+      return *this;
+    }
+    FragmentCacheSlot(FragmentCacheSlot&&) = default;
+    FragmentCacheSlot& operator=(FragmentCacheSlot&&) = default;
+    std::unique_ptr<FragmentCache> cache;
+  };
+  FragmentCacheSlot fragments_{kDefaultFragmentCacheBytes};
   std::optional<std::string> bos_token_, eos_token_, pad_token_, unk_token_;
   bool add_bos_token_ = false;
   nlohmann::json config_;

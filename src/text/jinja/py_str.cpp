@@ -2,6 +2,8 @@
 
 #include <utf8proc.h>
 
+#include <utility>
+
 namespace sparkserve::jinja {
 
 std::u32string utf8_decode(std::string_view s) {
@@ -130,11 +132,45 @@ static char32_t upper1(char32_t c) { return static_cast<char32_t>(utf8proc_toupp
 static char32_t lower1(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))); }
 static char32_t title1(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))); }
 
+namespace {
+
+// The code point that starts at s[i] / ends just before s[end] (valid UTF-8), and its byte length.
+std::pair<char32_t, size_t> utf8_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+  char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  return {cp, n};
+}
+std::pair<char32_t, size_t> utf8_before(std::string_view s, size_t end) {
+  size_t b = end - 1;
+  while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
+  return {utf8_at(s, b).first, end - b};
+}
+
+}  // namespace
+
 std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right) {
-  std::u32string u = utf8_decode(s);
   std::u32string set;
   if (chars) set = utf8_decode(*chars);
   auto strip_it = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : py_isspace(c); };
+  // Valid UTF-8 (all the engine holds) decodes and re-encodes to itself, so only the ends need
+  // decoding: a chat template trims every message, and an agent's system prompt is ~50 KB.
+  if (utf8_valid(s)) {
+    size_t b = 0, e = s.size();
+    while (left && b < e) {
+      const auto [c, n] = utf8_at(s, b);
+      if (!strip_it(c)) break;
+      b += n;
+    }
+    while (right && e > b) {
+      const auto [c, n] = utf8_before(s, e);
+      if (!strip_it(c)) break;
+      e -= n;
+    }
+    return std::string(s.substr(b, e - b));
+  }
+  std::u32string u = utf8_decode(s);
   size_t b = 0, e = u.size();
   if (left)
     while (b < e && strip_it(u[b])) ++b;

@@ -4,8 +4,10 @@
 // (tests/python/test_chat_template_conformance.py) re-derives many more at test time.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 
+#include "text/jinja/py_str.h"
 #include "text/jinja/template.h"
 
 namespace sparkserve::jinja {
@@ -157,6 +159,44 @@ TEST(JinjaEngine, TemplateIsReusableAcrossRenders) {
   EXPECT_EQ(*t->render(OrderedJson::parse(R"({"v": 2})")), "2");
   EXPECT_EQ(*t->render(OrderedJson::parse(R"({"v": 5})")), "5");
   EXPECT_FALSE(t->render(OrderedJson::array()).ok());
+}
+
+// str.strip() on code points, with Python's whitespace: expected values from CPython 3.11
+// ('\u00a0\u3000\u2028\x85\u1680'.isspace() is True; '\u200b', '\ufeff', '\u180e' are not spaces).
+TEST(PyStrip, UnicodeWhitespaceAsPython) {
+  const std::string ws = "\xc2\xa0\xe3\x80\x80\xe2\x80\xa8\xc2\x85\xe1\x9a\x80 \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f";
+  EXPECT_EQ(py_strip(ws + "a\xc3\xa9 b" + ws, std::nullopt, true, true), "a\xc3\xa9 b");
+  EXPECT_EQ(py_strip(ws + "a" + ws, std::nullopt, true, false), "a" + ws);
+  EXPECT_EQ(py_strip(ws + "a" + ws, std::nullopt, false, true), ws + "a");
+  EXPECT_EQ(py_strip(ws, std::nullopt, true, true), "");
+  for (const std::string keep : {"\xe2\x80\x8b", "\xef\xbb\xbf", "\xe1\xa0\x8e"})
+    EXPECT_EQ(py_strip(" " + keep + " ", std::nullopt, true, true), keep);
+  EXPECT_EQ(py_strip("\xc3\xa9\xc3\xa9x\xc3\xa9", std::string("\xc3\xa9"), true, true), "x");
+  // Invalid UTF-8 reads as U+FFFD per bad byte, as before the byte-level path existed.
+  EXPECT_EQ(py_strip(" \xff a\xc3", std::nullopt, true, true), "\xef\xbf\xbd a\xef\xbf\xbd");
+}
+
+// The byte-level path (valid UTF-8: only the ends decoded) against the definition (decode all,
+// strip code points, encode) on random strings of spaces and non-spaces of every UTF-8 length.
+TEST(PyStrip, EndsOnlyEqualsWholeDecode) {
+  const char32_t alphabet[] = {' ', '\n', 'a', 0xa0, 0x85, 0xe9, 0x3000, 0x2028, 0x200b, 0x4e2d, 0x1f600, 0xfeff};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::u32string u;
+    for (int n = static_cast<int>(rng() % 12); n > 0; --n) u += alphabet[rng() % std::size(alphabet)];
+    const std::string s = utf8_encode(u);
+    const bool left = rng() % 2, right = rng() % 2;
+    size_t b = 0, e = u.size();
+    while (left && b < e && py_isspace(u[b])) ++b;
+    while (right && e > b && py_isspace(u[e - 1])) --e;
+    ASSERT_EQ(py_strip(s, std::nullopt, left, right), utf8_encode(u.substr(b, e - b))) << s;
+    const std::string chars = utf8_encode(std::u32string{alphabet[rng() % 12], alphabet[rng() % 12]});
+    const std::u32string set = utf8_decode(chars);
+    b = 0, e = u.size();
+    while (left && b < e && set.find(u[b]) != std::u32string::npos) ++b;
+    while (right && e > b && set.find(u[e - 1]) != std::u32string::npos) --e;
+    ASSERT_EQ(py_strip(s, chars, left, right), utf8_encode(u.substr(b, e - b))) << s;
+  }
 }
 
 }  // namespace

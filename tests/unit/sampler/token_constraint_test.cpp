@@ -7,43 +7,18 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <random>
-#include <sstream>
 
 #include "runtime/sampler.h"
 #include "runtime/structured_constraint.h"
 #include "text/json_schema_compiler.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
-
-#ifndef SPARKSERVE_SOURCE_DIR
-#define SPARKSERVE_SOURCE_DIR "."
-#endif
+#include "../tokenizer/qwen35_tokenizer.h"
 
 namespace sparkserve {
 namespace {
-
-const std::string kDir = std::string(SPARKSERVE_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3.5/";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string gunzip(const std::string& path) {
-  std::string out;
-  FILE* p = popen(("gzip -dc '" + path + "'").c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 struct Fixture {
   Tokenizer tok;
@@ -52,7 +27,7 @@ struct Fixture {
 
 const Fixture& fixture() {
   static const Fixture* f = [] {
-    auto t = Tokenizer::from_json_text(gunzip(kDir + "tokenizer.json.gz"), read_file(kDir + "tokenizer_config.json"));
+    auto t = testing::load_qwen35_tokenizer();
     if (!t.ok()) {
       ADD_FAILURE() << t.message();
       std::abort();

@@ -247,9 +247,9 @@ TEST(Errors, LoadingProblemsAreNamed) {
   ASSERT_FALSE(not_object.ok());
 }
 
-// Fragments of 1 KB or more (the text between added tokens) are remembered per thread: a chat
-// request re-sends its conversation. The ids must be what encoding the fragment afresh gives,
-// wherever it sits, and a longer text that starts with a remembered one must not reuse its ids.
+// Fragments of 1 KB or more (the text between added tokens) are remembered (text/fragment_cache.h):
+// a chat request re-sends its conversation. The ids must be what encoding the fragment afresh
+// gives, wherever it sits, and a longer text that starts with a remembered one must not reuse its ids.
 TEST(FragmentCache, RememberedFragmentsGiveFreshIds) {
   TinySpec s;
   s.added_tokens = {added_token(1000, "<|im_start|>", true)};
