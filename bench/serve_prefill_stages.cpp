@@ -18,6 +18,8 @@
 //            client waits for before the model runs, HTTP transport excepted)
 //   admit    engine submit -> the first forward call (queue, admission, prefix lookup), for the
 //            prompt the route just ran (so all but its last token are cached)
+//   event    the forward's return -> its token event received by a thread waiting on the
+//            request's channel (the engine's post-processing and one thread wake-up)
 //   after    the forward's return -> the first SSE chunk handed to the transport (sampling,
 //            detokenizer, output parser, event JSON)
 //   json     non-streamed: the last forward's return -> the response handed to the transport
@@ -185,7 +187,7 @@ int main(int argc, char** argv) {
   auto tmpl = load_chat_template(dir);
   if (!tmpl.ok()) die(tmpl.message());
 
-  const char* names[] = {"parse", "context", "value", "render", "tokenize", "start", "route", "admit", "after", "json"};
+  const char* names[] = {"parse", "context", "value", "render", "tokenize", "start", "route", "admit", "event", "after", "json"};
   std::map<std::string, std::vector<std::vector<double>>> t;  // stage -> turn -> sessions
   for (const char* n : names) t[n].resize(bodies.size());
   std::vector<size_t> prompt_tokens(bodies.size());
@@ -297,12 +299,15 @@ int main(int argc, char** argv) {
       runner.reset();
       a = Clock::now();
       engine.submit((*gens)[0]->er);
+      std::optional<Clock::time_point> first_event;
       for (bool done = false; !done;)
         for (auto& ev : (*gens)[0]->er->out.pop_all(std::chrono::milliseconds(100))) {
+          if (!first_event) first_event = Clock::now();
           done = done || ev.finished;
         }
       std::lock_guard<std::mutex> lock(runner.mu);
       t["admit"][turn].push_back(ms(a, *runner.first_enter));
+      t["event"][turn].push_back(ms(*runner.first_exit, *first_event));
     }
     engine.shutdown();
   }

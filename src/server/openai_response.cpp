@@ -15,11 +15,7 @@ ResponseJson utf8_bytes(const std::string& s) {
   return b;
 }
 
-ResponseJson token_ids_json(const std::vector<int32_t>& ids) {
-  ResponseJson a = ResponseJson::array();
-  for (int32_t id : ids) a.push_back(id);
-  return a;
-}
+ResponseJson token_ids_json(const std::vector<int32_t>& ids) { return ResponseJson(ids); }
 
 ResponseJson base(const ResponseMeta& meta, const char* object) {
   ResponseJson j = ResponseJson::object();
