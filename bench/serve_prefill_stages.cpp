@@ -208,15 +208,16 @@ int main(int argc, char** argv) {
     ec.max_num_batched_tokens = 8192;
     ec.max_model_len = 32768;
     ec.vocab_size = vocab;
+    // Declared in serve's order, so the pool finishes its tasks while the context and engine live.
+    ServeContext ctx;
+    ServerMetrics metrics("bench", ec.max_model_len);
     Engine engine(runner, ec);
     http::TaskPool pool(workers);
     GenerationJobs jobs([&pool](std::function<void()> task) { pool.post(std::move(task)); });
-    ServeContext ctx;
     ctx.engine = &engine;
     ctx.tokenizer = &*tok;
     ctx.chat_template = &*tmpl;
     ctx.jobs = &jobs;
-    ServerMetrics metrics("bench", ec.max_model_len);
     ctx.metrics = &metrics;
     ctx.info.names = {"bench"};
     ctx.info.max_model_len = ec.max_model_len;
@@ -228,22 +229,22 @@ int main(int argc, char** argv) {
 
     for (size_t turn = 0; turn < bodies.size(); ++turn) {
       for (bool stream : {true, false}) {
-        http::Request req;
-        req.method = "POST";
-        req.path = req.target = "/v1/chat/completions";
-        req.body = bodies[turn];
+        auto req = std::make_shared<http::Request>();
+        req->method = "POST";
+        req->path = req->target = "/v1/chat/completions";
+        req->body = bodies[turn];
         if (!stream) {  // the same conversation again, answered as one JSON body
-          auto j = nlohmann::ordered_json::parse(req.body);
+          auto j = nlohmann::ordered_json::parse(req->body);
           j["stream"] = false;
           j.erase("stream_options");
-          req.body = j.dump();
+          req->body = j.dump();
         }
         runner.reset();
         auto res = std::make_shared<TimedResponder>();
         const auto t0 = Clock::now();
-        const http::Router::Route* route = router.dispatch(req, *res);
+        const http::Router::Route* route = router.dispatch(*req, *res);
         if (!route) die("no route");
-        pool.post([route, &req, res] { route->handler(req, res); });
+        pool.post([route, req, res] { route->handler(*req, res); });
         res->wait();
         if (res->status != 200 || !res->error.empty()) die("turn " + std::to_string(turn + 1) + ": " + res->error);
         std::lock_guard<std::mutex> lock(runner.mu);

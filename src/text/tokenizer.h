@@ -9,7 +9,7 @@
 //
 // Thread safety: a loaded Tokenizer is immutable but for its caches; encode/decode may run
 // concurrently (the word cache is per thread, the fragment cache is shared and locked). A copy of a
-// Tokenizer starts with an empty fragment cache of its own.
+// Tokenizer (or a moved one) starts with an empty fragment cache of its own.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -100,8 +100,8 @@ class Tokenizer {
   AddedTokenMatcher normalized_matcher_;  // normalized=true added tokens (normalized content)
   size_t vocab_size_ = 0;
   uint64_t serial_ = 0;  // identifies this instance's entries in the per-thread word cache
-  // Fragments (text between added tokens) of 1 KB or more -> ids, for all threads; a copy of the
-  // Tokenizer gets a new, empty one of the same bound.
+  // Fragments (text between added tokens) of 1 KB or more -> ids, for all threads; a copied or
+  // moved Tokenizer gets a new, empty one of the same bound (so no Tokenizer is ever without one).
   struct FragmentCacheSlot {
     explicit FragmentCacheSlot(size_t max_bytes) : cache(std::make_unique<FragmentCache>(max_bytes)) {}
     FragmentCacheSlot(const FragmentCacheSlot& o) : FragmentCacheSlot(o.cache->max_bytes()) {}
@@ -109,8 +109,6 @@ class Tokenizer {
       cache = std::make_unique<FragmentCache>(o.cache->max_bytes());
       return *this;
     }
-    FragmentCacheSlot(FragmentCacheSlot&&) = default;
-    FragmentCacheSlot& operator=(FragmentCacheSlot&&) = default;
     std::unique_ptr<FragmentCache> cache;
   };
   FragmentCacheSlot fragments_{kDefaultFragmentCacheBytes};
