@@ -2,6 +2,8 @@
 
 #include <utf8proc.h>
 
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace sparkserve::jinja {
@@ -55,6 +57,12 @@ std::string utf8_encode(std::u32string_view s) {
 bool utf8_valid(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
+    // ASCII runs 8 bytes at a time (a chat template checks whole messages).
+    for (uint64_t w; i + 8 <= s.size(); i += 8) {
+      std::memcpy(&w, s.data() + i, 8);
+      if (w & 0x8080808080808080ull) break;
+    }
+    if (i == s.size()) break;
     unsigned char c = static_cast<unsigned char>(s[i]);
     size_t n;
     char32_t cp;

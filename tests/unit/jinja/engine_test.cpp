@@ -174,6 +174,9 @@ TEST(PyStrip, UnicodeWhitespaceAsPython) {
   EXPECT_EQ(py_strip("\xc3\xa9\xc3\xa9x\xc3\xa9", std::string("\xc3\xa9"), true, true), "x");
   // Invalid UTF-8 reads as U+FFFD per bad byte, as before the byte-level path existed.
   EXPECT_EQ(py_strip(" \xff a\xc3", std::nullopt, true, true), "\xef\xbf\xbd a\xef\xbf\xbd");
+  EXPECT_EQ(py_strip("  abcdefghijkl\xff  ", std::nullopt, true, true), "abcdefghijkl\xef\xbf\xbd");
+  EXPECT_EQ(py_strip("abcdefghijklmnop\xe4\xb8", std::nullopt, true, true), "abcdefghijklmnop\xef\xbf\xbd");
+  EXPECT_EQ(py_strip("abcdefgh\xed\xa0\x80 ", std::nullopt, true, true), "abcdefgh\xed\xa0\x80");  // kept as it was
 }
 
 // The byte-level path (valid UTF-8: only the ends decoded) against the definition (decode all,
