@@ -19,6 +19,8 @@
 // verify step and per MTP proposal, tokens per step, tokens/s and both against the plain decode step of
 // the same case; --spec-accept A forces the acceptance rate (a simulation: random weights accept
 // nothing), otherwise the model's own greedy acceptance is measured.
+// A decode step returns the greedy ids (the device argmax, as a served greedy step does); with
+// --full-logits it downloads every [batch, vocab] row instead.
 // Token ids are random (fixed seed): speed does not depend on them. A case predicted to take longer
 // than --max-case-s (from the prefill rate already measured) or to need more device memory than is
 // free is skipped and reported as such, never run into an out-of-memory abort.
@@ -73,7 +75,7 @@ struct BenchOptions {
   std::string concurrency;  // --url load mode levels, e.g. "1,8,32,64"
   bool weights_digest = false;
   // A/B measurements: each turns one decode mechanism off (all are on in serving).
-  bool no_graphs = false, no_fused = false, sequential_branches = false;
+  bool no_graphs = false, no_fused = false, sequential_branches = false, full_logits = false;
   std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = 0.9;
   std::string context_fill = "prefill";
@@ -332,6 +334,7 @@ int run_bench(const BenchOptions& o) {
   j["graphs"] = !o.no_graphs;
   j["fused_decode"] = !o.no_fused;
   j["concurrent_branches"] = !o.sequential_branches;
+  j["decode_output"] = o.full_logits ? "logits" : "argmax";
   j["load_s"] = load_s;
   j["weights_bytes"] = loaded_bytes;
   j["weight_bytes_per_token"] = bytes.token_bytes;
@@ -354,9 +357,9 @@ int run_bench(const BenchOptions& o) {
            : o.model.c_str(),
       o.device.c_str(), load_s, loaded_bytes / 1e9, bytes.token_bytes / 1e9, copy_gbs,
       bytes.token_bytes / (copy_gbs * 1e9) * 1e3);
-  if (o.no_graphs || o.no_fused || o.sequential_branches)
-    say("A/B: %s%s%s\n", o.no_graphs ? "CUDA graphs off " : "", o.no_fused ? "fused decode off " : "",
-        o.sequential_branches ? "branches in order" : "");
+  if (o.no_graphs || o.no_fused || o.sequential_branches || o.full_logits)
+    say("A/B: %s%s%s%s\n", o.no_graphs ? "CUDA graphs off " : "", o.no_fused ? "fused decode off " : "",
+        o.sequential_branches ? "branches in order " : "", o.full_logits ? "full logits rows downloaded" : "");
 
   // Memory a case needs beyond the weights must fit in what --gpu-memory-utilization leaves (serve's
   // rule, cli/kv_sizing.h); -1 = not tracked (CPU).
@@ -496,6 +499,9 @@ int run_bench(const BenchOptions& o) {
       for (int i = 0; i < B; ++i) {
         b[static_cast<size_t>(i)].state = &seqs[static_cast<size_t>(i)];
         b[static_cast<size_t>(i)].tokens = random_ids(1);
+        // As a served greedy step: the ids come back, not [B, vocab] rows of logits (64 MB at batch
+        // 64, downloaded into fresh pageable host memory every step).
+        b[static_cast<size_t>(i)].argmax_vocab = o.full_logits ? 0 : c.vocab_size;
       }
       // Two warm-up steps: with CUDA graphs the first step of a batch size runs op by op and the
       // second records the graph that the timed steps replay.
@@ -652,6 +658,8 @@ void register_bench(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "CPU worker threads (default: hardware concurrency)");
   cmd->add_flag("--no-graphs", opts->no_graphs, "A/B: run decode steps op by op instead of replaying CUDA graphs");
+  cmd->add_flag("--full-logits", opts->full_logits,
+                "A/B: decode steps download every logits row instead of the greedy ids (as before 2026-12-02)");
   cmd->add_flag("--no-fused", opts->no_fused, "A/B: run the fused decode chains as their separate ops");
   cmd->add_flag("--sequential-branches", opts->sequential_branches,
                 "A/B: run independent branches (routed vs shared expert, q/k/v) in order on one stream");

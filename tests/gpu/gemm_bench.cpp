@@ -6,9 +6,10 @@
 //   kernel, the cuBLASLt route and (T <= 512) the small-N kernel in pieces of 64 tokens (the
 //   fallback); the quantization alone;
 // - "gemm fp8 tiles": the wgmma kernel with each tile shape and K split forced;
-// - "gemm small-N": T = 1..64 tokens (batched decode, speculative verify): the GEMVs, the small-N
-//   kernel and the cuBLASLt route, µs and weight bytes per second against the measured copy
-//   bandwidth (the floor);
+// - "gemm small-N": T = 2..64 tokens (batched decode, speculative verify) and 96: the mma.sync
+//   small-N kernel, the sm_90a wgmma kernel's small-T tiles and the dispatch, µs and weight bytes per
+//   second against the measured copy bandwidth (the floor);
+// - "gemm small-T tiles": the wgmma kernel's small-T tiles with each K split forced;
 // - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
@@ -184,22 +185,59 @@ void bench_fp8_tiles(Backend& g) {
   }
 }
 
+// The small-T regime (batched decode, speculative verify) at both models' shapes, T = 2..64 and
+// one step past it (96: the prefill tiles): the mma.sync kernel ("small-n", in pieces of 64 past
+// 64), the sm_90a wgmma kernel with its own plan ("wgmma") and linear's choice, µs and weight
+// bytes per second against the measured copy bandwidth (the floor).
 void bench_small_n(Backend& g) {
   const double copy = copy_bandwidth(g);
-  std::printf("-- small N: GEMV vs small-N tensor-core kernel vs cuBLASLt (GB/s of weights; floor: copy %.0f GB/s)\n",
+  std::printf("-- small N: mma.sync small-N kernel vs wgmma small-T tiles (GB/s of weights; floor: copy %.0f GB/s)\n",
               copy);
-  for (const Shape& s : kFp8Shapes) {
+  XCache xs{g, {}};
+  for (const Shape& s : prefill_shapes()) {
     const double bytes = static_cast<double>(s.N) * (s.K + 4);
-    auto ws = weight_copies(g, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, s.N, s.K, s.P, bytes, 64);
-    for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
-      Buffer x = random_x(g, T, s.K), out(&g, DType::kF32, {T, s.N});
+    auto ws = prefill_weights(g, s, 64);
+    for (int64_t T : {2, 4, 8, 16, 32, 48, 64, 96}) {
+      const Tensor& x = xs.get(T, s.K);
+      Buffer out(&g, DType::kF32, {T, s.N});
       const int iters = std::max<int>(static_cast<int>(ws.size()), 8);
-      for (auto [path, name] : {std::pair{LinearPath::kGemv, "gemv"}, {LinearPath::kFp8SmallN, "small-n"},
-                                {LinearPath::kFp8Gemm, "gemm-f16"}, {LinearPath::kFp8Wgmma, "wgmma"},
+      for (auto [path, name] : {std::pair{LinearPath::kFp8SmallN, "small-n"}, {LinearPath::kFp8Wgmma, "wgmma"},
                                 {LinearPath::kDispatch, "dispatch"}}) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
+    }
+  }
+}
+
+// The wgmma kernel's small-T tiles (2: 128 weight rows, 3: 256; 64 tokens) with each K split
+// forced: the data behind plan_small (fp8_gemm_wgmma.cu).
+void bench_small_n_tiles(Backend& g) {
+  const double copy = copy_bandwidth(g);
+  std::printf("-- W8A8 wgmma small-T tiles per K split\n");
+  XCache xs{g, {}};
+  for (const Shape& s : prefill_shapes()) {
+    const double bytes = static_cast<double>(s.N) * (s.K + 4);
+    auto ws = prefill_weights(g, s, 64);
+    const int copies = static_cast<int>(ws.size());
+    for (int64_t T : {4, 16, 64}) {
+      const Tensor& x = xs.get(T, s.K);
+      Buffer out(&g, DType::kF32, {T, s.N});
+      for (int tile : {2, 3})
+        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16})
+          for (int reduce : {1, 2}) {  // 1: fp8_reduce_splits, 2: in the kernel
+            if (splits == 1 && reduce == 2) continue;
+            if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits, reduce)) return;
+            const double ms = time_graph(
+                g,
+                [&](int i) {
+                  fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits, reduce);
+                },
+                std::max(copies, 8));
+            const std::string name =
+                "tile " + std::to_string(tile) + " s" + std::to_string(splits) + (reduce == 2 ? " in" : "");
+            print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
+          }
     }
   }
 }
@@ -232,6 +270,7 @@ void bench_bf16(Backend& g) {
 RegisterKernelBench reg_prefill("gemm fp8 prefill", bench_fp8_prefill);
 RegisterKernelBench reg_tiles("gemm fp8 tiles", bench_fp8_tiles);
 RegisterKernelBench reg_small("gemm small-N", bench_small_n);
+RegisterKernelBench reg_small_tiles("gemm small-T tiles", bench_small_n_tiles);
 RegisterKernelBench reg_bf16("gemm bf16", bench_bf16);
 
 }  // namespace

@@ -153,7 +153,8 @@ void test_fp8(Harness& h) {
       {64, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn},  {203, 3072, 1024, 1, WeightFormat::kFp8Tensor, stat},
       {37, 520, 1024, 2, WeightFormat::kFp8Tensor, stat},   {65, 1000, 1040, 1, WeightFormat::kFp8Channel, dyn},
   };
-  for (int64_t T : {1, 2, 3, 4, 8, 16, 32, 64}) cases.push_back({T, 1536, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  for (int64_t T : {1, 2, 3, 4, 8, 16, 32, 48, 64}) cases.push_back({T, 1536, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({16, 1000, 1040, 1, WeightFormat::kFp8Channel, dyn});  // small T, K % 64 != 0
   struct Path {
     LinearPath path;
     const char* name;
@@ -192,14 +193,18 @@ void test_fp8(Harness& h) {
   }
   // 3. The wgmma kernel's every tile shape and K splits (1, 3 and 5 ways: the split-K partial sums
   // and their reduction) on the edges of its tiles: T one past a tile of tokens (65, 129, 257, 513)
-  // or inside one (330: a served agent turn), weight rows no multiple of a tile (520, 1000, 384), K
-  // no multiple of 64 (1040: a zero-padded last stage), the 35B's K 512 / 2048 / 4096, two
-  // partitions with static per-partition scales. Bounds as in 2.
+  // or inside one (330: a served agent turn; 2, 5, 17, 33, 64: the small-T tiles' batched decode),
+  // weight rows no multiple of a tile (520, 1000, 384, 200), K no multiple of 64 (1040: a
+  // zero-padded last stage), the 35B's K 512 / 2048 / 4096, two partitions with static
+  // per-partition scales. Bounds as in 2.
   if (hopper) {
     const std::vector<Case> edges = {
         {330, 520, 2048, 1, WeightFormat::kFp8Channel, dyn}, {129, 1000, 1040, 2, WeightFormat::kFp8Channel, dyn},
         {65, 2048, 512, 1, WeightFormat::kFp8Channel, dyn},  {257, 384, 4096, 1, WeightFormat::kFp8Channel, dyn},
         {200, 768, 1024, 2, WeightFormat::kFp8Tensor, stat}, {513, 256, 3072, 1, WeightFormat::kFp8Channel, dyn},
+        {2, 520, 2048, 1, WeightFormat::kFp8Channel, dyn},   {5, 1000, 1040, 2, WeightFormat::kFp8Channel, dyn},
+        {17, 384, 4096, 1, WeightFormat::kFp8Channel, dyn},  {33, 200, 1024, 2, WeightFormat::kFp8Tensor, stat},
+        {64, 2048, 512, 1, WeightFormat::kFp8Channel, dyn},
     };
     for (const Case& c : edges) {
       QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
@@ -212,24 +217,32 @@ void test_fp8(Harness& h) {
       const std::string shape = std::string(c.act == dyn ? "dyn " : "static ") + "TxNxKxP " + sz({c.T, c.N, c.K, c.P});
       double worst_norm = 0, worst_rel = 0;
       int runs = 0;
+      std::vector<float> by_kernel;  // the same split's sums added by fp8_reduce_splits, to compare bits
       for (int tile = 0;; ++tile) {
         bool taken = false;
-        for (int splits : {1, 3, 5}) {
-          h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
-          if (!fp8_wgmma_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, tile, splits)) break;
-          taken = true;
-          ++runs;
-          const auto got = h.gpu_f(o);
-          const double e = norm_relative(got, ref, rn, cn), r = rel_err(got, ref);
-          if (!(e <= fp32_sums_bound(c.K)) || !(r <= kFp32))  // a failing variant gets its own line
-            record("gemm_fp8", "wgmma tile " + std::to_string(tile) + " splits " + std::to_string(splits) + " " + shape,
-                   std::max(e / fp32_sums_bound(c.K), r / kFp32), 1.0);
-          worst_norm = std::max(worst_norm, e);
-          worst_rel = std::max(worst_rel, r);
-        }
+        for (int splits : {1, 3, 5})
+          for (int reduce : {1, 2}) {  // partial sums added by fp8_reduce_splits, or in the kernel
+            if (splits == 1 && reduce == 2) continue;
+            h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
+            if (!fp8_wgmma_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, tile, splits, reduce)) break;
+            taken = true;
+            ++runs;
+            const auto got = h.gpu_f(o);
+            const double e = norm_relative(got, ref, rn, cn), r = rel_err(got, ref);
+            const std::string name =
+                "wgmma tile " + std::to_string(tile) + " splits " + std::to_string(splits) + " reduce " + std::to_string(reduce);
+            if (!(e <= fp32_sums_bound(c.K)) || !(r <= kFp32))  // a failing variant gets its own line
+              record("gemm_fp8", name + " " + shape, std::max(e / fp32_sums_bound(c.K), r / kFp32), 1.0);
+            // Both reductions add the same partial sums in split order: bitwise equal results.
+            if (reduce == 1) by_kernel = got;
+            else if (got != by_kernel) record("gemm_fp8", name + " differs from reduce 1 " + shape, 1.0, kExact);
+            worst_norm = std::max(worst_norm, e);
+            worst_rel = std::max(worst_rel, r);
+          }
         if (!taken) break;
       }
-      record("gemm_fp8", "wgmma tiles run " + shape, runs >= 6 ? 0.0 : 1.0, kExact);  // 2 tiles x 3 splits
+      // 4 tiles x (1 + 2 splits x 2 reductions)
+      record("gemm_fp8", "wgmma tiles run " + shape, runs >= 20 ? 0.0 : 1.0, kExact);
       record("gemm_fp8", "wgmma all tiles+splits " + shape, worst_norm, fp32_sums_bound(c.K));
       record("gemm_fp8", "wgmma all tiles+splits max-rel " + shape, worst_rel, kFp32);
     }

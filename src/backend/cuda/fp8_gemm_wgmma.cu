@@ -54,6 +54,9 @@ struct WgmmaArgs {
   const float* __restrict__ ws;  // [rows] weight scales
   float* __restrict__ out;       // [T, ldo] (splits == 1)
   float* __restrict__ part;      // [splits, T, rows] unscaled partial sums (splits > 1)
+  // [m_tiles x n_tiles] zeros, or null: with splits > 1, the CTA that completes a tile's last split
+  // adds the partial sums itself (and zeroes the tile's counter again); null: fp8_reduce_splits does.
+  int* counters;
   int64_t ldo;
   int T, rows, k_stages, splits, stages_per_split, m_tiles, n_tiles, units;
 };
@@ -135,6 +138,48 @@ __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* x
       if (++stage == Tl::kStages) stage = 0, phase ^= 1;
     }
   }
+}
+
+// The 256 consumer threads of the CTA (the producer warpgroup never joins).
+__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Serial split-K: after its partial sums are stored, the consumer threads count the tile's split
+// as done; the CTA that completes the last one adds every split's partial sums in split order, as
+// fp8_reduce_splits does (same order, same f32 operations: the same bits), reading them from L2
+// (other SMs wrote them: ld.global.cg past this SM's L1), and leaves the counter at zero for the
+// next call. Fences as the CUDA guide's last-block reduction: each writer's stores are ordered before
+// the count, the count before the last CTA's reads.
+template <int kMT, int kBN>
+__device__ __forceinline__ void reduce_if_last(const WgmmaArgs& a, int tile, int64_t row0, int tok0,
+                                               const float (&wsv)[kMT][2]) {
+  __shared__ int last;
+  __threadfence();
+  consumer_barrier();
+  if (threadIdx.x == 128) last = atomicAdd(a.counters + tile, 1) == a.splits - 1;
+  consumer_barrier();
+  if (!last) return;
+  __threadfence();
+#pragma unroll 1
+  for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = tok0 + 8 * i + e;
+      if (tok >= a.T) continue;
+      const float tsc = __ldg(a.ts + tok);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = row0 + 64 * m + 8 * h;
+          if (r >= a.rows) continue;
+          const float* p = a.part + static_cast<int64_t>(tok) * a.rows + r;
+          const int64_t stride = static_cast<int64_t>(a.T) * a.rows;
+          float sum = 0.0f;
+          for (int k = 0; k < a.splits; ++k) sum += __ldcg(p + k * stride);
+          a.out[tok * a.ldo + r] = sum * (tsc * wsv[m][h]);
+        }
+    }
+  if (threadIdx.x == 128) a.counters[tile] = 0;
 }
 
 template <int kMT, int kBN>
@@ -244,6 +289,7 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
             }
         }
     }
+    if (a.splits > 1 && a.counters) reduce_if_last<kMT, kBN>(a, mt * a.n_tiles + nt, row0, tok0, wsv);
   }
 }
 #endif  // SPARKSERVE_HAS_WGMMA
@@ -315,12 +361,18 @@ CUtensorMap tensor_map(const void* p, CUtensorMapDataType type, int elem_bytes, 
 // sweep everywhere). Measured and not kept: 128 x 256 and 256 x 64 cooperative tiles (best in a few
 // cases by <= 3%), and ping-pong warpgroups (each its own 128 x 128 or 64 x 256 unit, one storing
 // while the other multiplies): 4-28% slower than these at 8K tokens.
+// Tiles from kFirstSmallTile on are the small-T ones (T <= kFp8SmallNMaxTokens: batched decode,
+// speculative verify), planned by plan_small: one tile of 64 tokens holds every token, the rows past
+// T arrive as zeros from the tensor map without reading memory, so the MMAs that go to waste there
+// cost tensor-core time only, which the weight stream hides (128 rows x 64 tokens x 64 k per 8 KB
+// stage of weights: ~256 cycles of MMA against ~650 of HBM at an SM's share of 3.3 TB/s).
 struct TileShape {
   int mt, bn;
   double efficiency;
 };
-constexpr TileShape kTiles[] = {{2, 128, 1.0}, {1, 128, 0.85}};
+constexpr TileShape kTiles[] = {{2, 128, 1.0}, {1, 128, 0.85}, {1, 64, 0}, {2, 64, 0}};
 constexpr int kNumTiles = sizeof(kTiles) / sizeof(kTiles[0]);
+constexpr int kFirstSmallTile = 2;
 int tile_rows(int tile) { return 128 * kTiles[tile].mt; }
 
 template <int kMT, int kBN>
@@ -335,13 +387,15 @@ void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, co
 }
 
 void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
-  if (tile == 0)
-    launch<2, 128>(b, xmap, wmap, a);
-  else
-    launch<1, 128>(b, xmap, wmap, a);
+  switch (tile) {
+    case 0: launch<2, 128>(b, xmap, wmap, a); break;
+    case 1: launch<1, 128>(b, xmap, wmap, a); break;
+    case 2: launch<1, 64>(b, xmap, wmap, a); break;
+    default: launch<2, 64>(b, xmap, wmap, a); break;
+  }
 }
 
-constexpr int kMostSmem = std::max(Tile<2, 128>::kSmem, Tile<1, 128>::kSmem);
+constexpr int kMostSmem = std::max({Tile<2, 128>::kSmem, Tile<1, 128>::kSmem, Tile<1, 64>::kSmem, Tile<2, 64>::kSmem});
 
 // Tile and K split (1, 2 or 4 ways) for a problem: the fewest estimated cycles, counting the work
 // units per SM (each SM runs its units one after the other): a unit's MMA cycles at the tensor
@@ -355,7 +409,7 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
   const int64_t k_stages = (K + 63) / 64;
   Plan best{0, 1};
   double best_cost = 1e300;
-  for (int ti = 0; ti < kNumTiles; ++ti) {
+  for (int ti = 0; ti < kFirstSmallTile; ++ti) {
     const int64_t bm = tile_rows(ti), bn = kTiles[ti].bn;
     const int64_t tiles = ((rows + bm - 1) / bm) * ((T + bn - 1) / bn);
     for (int64_t s : {1, 2, 4}) {
@@ -365,6 +419,32 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
       const double unit = static_cast<double>(bm * bn * 64 * per * 2) / 4096.0 / kTiles[ti].efficiency + 1000.0;
       const double reduce = s > 1 ? static_cast<double>(T * rows * 4 * (s + 1)) / (10.0 * sms) + 4000.0 : 0.0;
       const double cost = static_cast<double>(waves) * unit + reduce;
+      if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
+    }
+  }
+  return best;
+}
+
+// Small T (<= kFp8SmallNMaxTokens): the weights' stream is the cost, MMAs hide under it. The tile
+// and K split (1..16 ways) with the fewest estimated seconds: each SM runs ceil(units / SMs) units
+// (weight tile x split) one after the other, streaming a unit's weight bytes at its share of HBM
+// (kHbm over the SMs at work, at most kSmMost for one SM), after one pipeline fill; splits add the
+// partial sums' stores, the counters' memset and the serial reduction (the last CTA of a tile reads
+// its splits' partial sums from L2 at kSmL2).
+Plan plan_small(int64_t T, int64_t rows, int64_t K, int sms) {
+  constexpr double kHbm = 3.2e12, kSmMost = 40e9, kSmL2 = 100e9, kFill = 1.5e-6, kMemset = 1e-6;
+  const int64_t k_stages = (K + 63) / 64;
+  Plan best{kFirstSmallTile, 1};
+  double best_cost = 1e300;
+  for (int ti = kFirstSmallTile; ti < kNumTiles; ++ti) {
+    const int64_t bm = tile_rows(ti), m_tiles = (rows + bm - 1) / bm;
+    for (int64_t s : {1, 2, 3, 4, 6, 8, 12, 16}) {
+      const int64_t per = (k_stages + s - 1) / s;
+      if ((s - 1) * per >= k_stages) continue;  // an empty split
+      const int64_t units = m_tiles * s, active = std::min<int64_t>(units, sms), rounds = (units + sms - 1) / sms;
+      const double rate = std::min(kHbm / static_cast<double>(active), kSmMost);
+      double cost = static_cast<double>(rounds * bm * 64 * per) / rate + kFill;
+      if (s > 1) cost += static_cast<double>(T * rows * 4 * s) / kHbm + kMemset + static_cast<double>(s * T * bm * 4) / kSmL2;
       if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
     }
   }
@@ -385,7 +465,7 @@ bool fp8_wgmma_available() {
 }
 
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile,
-                      int force_splits) {
+                      int force_splits, int force_reduce) {
   if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !fp8_wgmma_available()) return false;
   if (force_tile >= kNumTiles) return false;
   const int64_t K = w.in_features, N = w.out_features;
@@ -395,14 +475,19 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   // with its own scale. Dynamic scales are per token, the same for every partition.
   const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
   const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts, ld = fp8_wgmma_row(K);
-  Plan plan = plan_for(T, rows, K, b.sm_count());
+  const bool small = T <= kFp8SmallNMaxTokens;
+  Plan plan = small ? plan_small(T, rows, K, b.sm_count()) : plan_for(T, rows, K, b.sm_count());
   if (force_tile >= 0) plan.tile = force_tile;
   if (force_splits > 0) plan.splits = force_splits;
   const int64_t k_stages = ld / 64, per = (k_stages + plan.splits - 1) / plan.splits;
   const int splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
   const int bm = tile_rows(plan.tile), bn = kTiles[plan.tile].bn;
+  const int64_t m_tiles = (rows + bm - 1) / bm, n_tiles = (T + bn - 1) / bn;
+  const bool serial = splits > 1 && (force_reduce == 2 || (force_reduce == 0 && small));
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * ld) * 2), scales(&b, static_cast<size_t>(T) * 4),
-      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0);
+      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0),
+      counters(&b, serial ? static_cast<size_t>(m_tiles * n_tiles) * 4 : 0);
+  if (serial) CUDA_CHECK(cudaMemsetAsync(counters.ptr, 0, static_cast<size_t>(m_tiles * n_tiles) * 4, b.stream()));
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
@@ -411,14 +496,15 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   WgmmaArgs a{};
   a.ts = scales.as<float>();
   a.part = part.as<float>();
+  a.counters = serial ? counters.as<int>() : nullptr;
   a.ldo = N;
   a.T = static_cast<int>(T);
   a.rows = static_cast<int>(rows);
   a.k_stages = static_cast<int>(k_stages);
   a.splits = splits;
   a.stages_per_split = static_cast<int>(per);
-  a.m_tiles = static_cast<int>((rows + bm - 1) / bm);
-  a.n_tiles = static_cast<int>((T + bn - 1) / bn);
+  a.m_tiles = static_cast<int>(m_tiles);
+  a.n_tiles = static_cast<int>(n_tiles);
   a.units = a.m_tiles * a.n_tiles * splits;
   for (int64_t p = 0; p < parts; ++p) {
     fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
@@ -429,7 +515,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
     a.ws = ws + p * rows;
     a.out = out + p * rows;
     launch_tile(b, plan.tile, xmap, wmap, a);
-    if (splits > 1) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
+    if (splits > 1 && !serial) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
   }
   return true;
 }

@@ -1,6 +1,7 @@
 // y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
 //   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
-//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_small_n.cu (mma.sync, weights read once)
+//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_gemm_wgmma.cu's small-T tiles on sm_90a, else
+//                                                           fp8_small_n.cu (mma.sync); weights read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
@@ -22,11 +23,13 @@ namespace sparkserve {
 namespace {
 
 // Measured on the H200 at the 122B shapes (gpu_ops --bench-kernels --bench-filter gemm; docs/performance.md):
-// the one-token kernels stream weights at ~3 TB/s; from 2 tokens on, the small-N kernel reads them
-// once where the GEMVs re-read them per 8 tokens; above kFp8SmallNMaxTokens the tensor-core GEMM wins
-// (sm_90a: fp8_gemm_wgmma.cu, 1.0-3.2x faster than the cuBLASLt route at T = 128..8192; elsewhere cuBLASLt).
+// the one-token kernels stream weights at ~3 TB/s; from 2 tokens on, the small-N kernels read them
+// once where the GEMVs re-read them per 8 tokens (sm_90a: the wgmma kernel's TMA-fed small-T tiles;
+// elsewhere the mma.sync kernel, which declines K % 64 != 0); above kFp8SmallNMaxTokens the
+// tensor-core GEMM wins (sm_90a: fp8_gemm_wgmma.cu, 1.0-3.2x faster than the cuBLASLt route at
+// T = 128..8192; elsewhere cuBLASLt).
 bool one_token_gemv(int64_t T) { return T == 1; }
-bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_w8a8_takes(w, 64); }
+bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
@@ -44,7 +47,8 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
   switch (path) {
     case LinearPath::kDispatch:
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
-      if (fp8_small_n_regime(T, w) && fp8_small_n_linear(b, out, x, T, w)) return true;
+      if (fp8_small_n_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)))
+        return true;
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
         return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
@@ -93,12 +97,13 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
   return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
 }
 
-bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits) {
+bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits,
+                     int reduce) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
-  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits);
+  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits, reduce);
 }
 
 bool fp8_wgmma_expected(Backend& b) {
