@@ -159,9 +159,12 @@ ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const Mod
   return m;
 }
 
+// Rows that came back whole, and rows whose argmax alone came back (it reports a non-finite logit).
 bool all_finite(const Logits& l) {
   for (float v : l.data)
     if (!std::isfinite(v)) return false;
+  for (const RowArgmax& a : l.argmax)
+    if (a.nonfinite >= 0) return false;
   return true;
 }
 
