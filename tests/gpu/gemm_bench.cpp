@@ -206,6 +206,13 @@ void bench_small_n(Backend& g) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
+      // A/B: the wgmma kernel launched after the quantization completes (no programmatic launch).
+      if (fp8_wgmma_probe(g, out, x, ws[0].lin, -1, 0, 4)) {
+        const int copies = static_cast<int>(ws.size());
+        const double ms = time_graph(
+            g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, -1, 0, 4); }, iters);
+        print_row(s.name, T, "wgmma-nopdl", ms, 2.0 * T * s.N * s.K, bytes, copy);
+      }
     }
   }
 }

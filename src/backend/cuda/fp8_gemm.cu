@@ -43,6 +43,10 @@ __device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
 template <Fp8CodeOrder kOrder>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* values, float* scales, const float* x,
                                                                      int64_t K, int64_t ld, const float* static_scale) {
+  // The GEMM after this may start now (fp8_gemm_wgmma.cu, programmatic dependent launch): it
+  // streams its weights meanwhile and waits for these codes at griddepcontrol.wait. A no-op for
+  // launches that did not ask for it.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t t = blockIdx.x;
   const float* xr = x + t * K;
   float s;

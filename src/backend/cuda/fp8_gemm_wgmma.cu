@@ -119,12 +119,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kBN / 8][4], const uint32_t 
     wgmma_m64n64k16_rs_f16(d, a, desc);
 }
 
+// Programmatic dependent launch: wait until the kernel before this one in the stream (the
+// activation quantization) has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// The weights do not depend on the kernel before this one (launched with programmatic stream
+// serialization, this kernel may start while the activation quantization still runs): the first
+// ring of stages gets its weight loads at once and its activation loads after pdl_wait.
 template <int kMT, int kBN>
 __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* xmap, const CUtensorMap* wmap,
                                         uint32_t smem, uint32_t full, uint32_t empty) {
   using Tl = Tile<kMT, kBN>;
   int stage = 0;
   uint32_t phase = 0;
+  int held = 0;  // stages 0..held-1 wait for their activation load; -1 once issued
+  int held_kb[Tl::kStages], held_nt[Tl::kStages];
+  auto release = [&] {
+    pdl_wait();
+    for (int i = 0; i < held; ++i)
+      tma_load_2d(smem + i * Tl::kStageBytes, xmap, held_kb[i] * 64, held_nt[i] * kBN, full + 8 * i);
+    held = -1;
+  };
   for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
     int mt, nt, split;
     unit_coords(a, u, mt, nt, split);
@@ -133,11 +148,18 @@ __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* x
       mbar_wait(empty + 8 * stage, phase ^ 1);  // a fresh barrier counts as released
       const uint32_t st = smem + stage * Tl::kStageBytes, bar = full + 8 * stage;
       mbar_expect_tx(bar, Tl::kStageBytes);
-      tma_load_2d(st, xmap, kb * 64, nt * kBN, bar);
       tma_load_2d(st + Tl::kXBytes, wmap, kb * 64, mt * Tl::BM, bar);
+      if (held < 0) {
+        tma_load_2d(st, xmap, kb * 64, nt * kBN, bar);
+      } else {  // the first pass over the ring: stage == held
+        held_kb[held] = kb;
+        held_nt[held] = nt;
+        if (++held == Tl::kStages) release();
+      }
       if (++stage == Tl::kStages) stage = 0, phase ^= 1;
     }
   }
+  if (held > 0) release();
 }
 
 // The 256 consumer threads of the CTA (the producer warpgroup never joins).
@@ -194,6 +216,7 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
   uint32_t phase = 0;
   float acc[kMT][kBN / 8][4];
   uint32_t frag[2][kMT][4];
+  pdl_wait();  // the activation scales (epilogue) come from the kernel before this one
   for (int u = blockIdx.x; u < a.units; u += gridDim.x) {
     int mt, nt, split;
     unit_coords(a, u, mt, nt, split);
@@ -375,23 +398,34 @@ constexpr int kNumTiles = sizeof(kTiles) / sizeof(kTiles[0]);
 constexpr int kFirstSmallTile = 2;
 int tile_rows(int tile) { return 128 * kTiles[tile].mt; }
 
+// pdl: launched with programmatic stream serialization (it may start before the kernel before it,
+// the activation quantization, completes; the kernel waits for it at pdl_wait).
 template <int kMT, int kBN>
-void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
+void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a, bool pdl) {
   using Tl = Tile<kMT, kBN>;
   auto kern = fp8_wgmma_kernel<kMT, kBN>;
   static int64_t allowed = 0;
   allow_smem(kern, Tl::kSmem, allowed);
-  const int grid = std::min(a.units, b.sm_count());
-  kern<<<grid, kThreads, Tl::kSmem, b.stream()>>>(xmap, wmap, a);
-  CUDA_CHECK_LAUNCH();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(a.units, b.sm_count())));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Tl::kSmem;
+  cfg.stream = b.stream();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, xmap, wmap, a));
 }
 
-void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
+void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a,
+                 bool pdl) {
   switch (tile) {
-    case 0: launch<2, 128>(b, xmap, wmap, a); break;
-    case 1: launch<1, 128>(b, xmap, wmap, a); break;
-    case 2: launch<1, 64>(b, xmap, wmap, a); break;
-    default: launch<2, 64>(b, xmap, wmap, a); break;
+    case 0: launch<2, 128>(b, xmap, wmap, a, pdl); break;
+    case 1: launch<1, 128>(b, xmap, wmap, a, pdl); break;
+    case 2: launch<1, 64>(b, xmap, wmap, a, pdl); break;
+    default: launch<2, 64>(b, xmap, wmap, a, pdl); break;
   }
 }
 
@@ -483,7 +517,8 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   const int splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
   const int bm = tile_rows(plan.tile), bn = kTiles[plan.tile].bn;
   const int64_t m_tiles = (rows + bm - 1) / bm, n_tiles = (T + bn - 1) / bn;
-  const bool serial = splits > 1 && (force_reduce == 2 || (force_reduce == 0 && small));
+  const bool serial = splits > 1 && ((force_reduce & 3) == 2 || ((force_reduce & 3) == 0 && small));
+  const bool pdl = (force_reduce & 4) == 0;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * ld) * 2), scales(&b, static_cast<size_t>(T) * 4),
       part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0),
       counters(&b, serial ? static_cast<size_t>(m_tiles * n_tiles) * 4 : 0);
@@ -514,7 +549,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
                                         CU_TENSOR_MAP_SWIZZLE_NONE);
     a.ws = ws + p * rows;
     a.out = out + p * rows;
-    launch_tile(b, plan.tile, xmap, wmap, a);
+    launch_tile(b, plan.tile, xmap, wmap, a, pdl);
     if (splits > 1 && !serial) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
   }
   return true;

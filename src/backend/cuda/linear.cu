@@ -102,7 +102,7 @@ bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linea
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
-  CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
+  CHECK(x.numel() == T * K && out.numel() == T * N && tile >= -1 && splits >= 0);
   return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits, reduce);
 }
 

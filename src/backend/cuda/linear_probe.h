@@ -22,8 +22,9 @@ enum class LinearPath : int {
 // x: [T, K] f32 -> out: [T, N] f32
 bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path);
 
-// linear through fp8_gemm_wgmma.cu with a forced tile shape (index into its tile list), K split and
-// way of adding the splits' partial sums (tc_gemm.h fp8_wgmma_linear's force_reduce).
+// linear through fp8_gemm_wgmma.cu with a forced tile shape (index into its tile list; -1: its own
+// choice), K split (0: its own) and way of adding the splits' partial sums (tc_gemm.h
+// fp8_wgmma_linear's force_reduce).
 // False when `b` is not the CUDA backend or the kernel does not take the case (a tile index past
 // its list included).
 // x: [T, K] f32 -> out: [T, N] f32

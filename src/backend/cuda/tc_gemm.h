@@ -34,7 +34,7 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
 // not take the case. force_tile / force_splits (>= 0 / > 0): a tile shape and K split instead of
 // the kernel's own choice (tests and benchmarks; a tile index past the last is declined);
 // force_reduce: how split-K partial sums are added (0: the plan's way, 1: fp8_reduce_splits,
-// 2: in the kernel by each tile's last CTA).
+// 2: in the kernel by each tile's last CTA), + 4: launched without programmatic dependent launch.
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
                       int force_splits = 0, int force_reduce = 0);
