@@ -207,10 +207,11 @@ void bench_small_n(Backend& g) {
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
       // A/B: the wgmma kernel launched after the quantization completes (no programmatic launch).
-      if (fp8_wgmma_probe(g, out, x, ws[0].lin, -1, 0, 4)) {
+      if (fp8_wgmma_probe(g, out, x, ws[0].lin, -1, 0, false)) {
         const int copies = static_cast<int>(ws.size());
         const double ms = time_graph(
-            g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, -1, 0, 4); }, iters);
+            g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, -1, 0, false); },
+            iters);
         print_row(s.name, T, "wgmma-nopdl", ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
     }
@@ -231,20 +232,14 @@ void bench_small_n_tiles(Backend& g) {
       const Tensor& x = xs.get(T, s.K);
       Buffer out(&g, DType::kF32, {T, s.N});
       for (int tile : {2, 3})
-        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16})
-          for (int reduce : {1, 2}) {  // 1: fp8_reduce_splits, 2: in the kernel
-            if (splits == 1 && reduce == 2) continue;
-            if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits, reduce)) return;
-            const double ms = time_graph(
-                g,
-                [&](int i) {
-                  fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits, reduce);
-                },
-                std::max(copies, 8));
-            const std::string name =
-                "tile " + std::to_string(tile) + " s" + std::to_string(splits) + (reduce == 2 ? " in" : "");
-            print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
-          }
+        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+          if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits)) return;
+          const double ms = time_graph(
+              g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits); },
+              std::max(copies, 8));
+          const std::string name = "tile " + std::to_string(tile) + " s" + std::to_string(splits);
+          print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
+        }
     }
   }
 }

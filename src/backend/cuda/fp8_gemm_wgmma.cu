@@ -54,11 +54,9 @@ struct WgmmaArgs {
   const float* __restrict__ ws;  // [rows] weight scales
   float* __restrict__ out;       // [T, ldo] (splits == 1)
   float* __restrict__ part;      // [splits, T, rows] unscaled partial sums (splits > 1)
-  // [m_tiles x n_tiles] zeros, or null: with splits > 1, the CTA that completes a tile's last split
-  // adds the partial sums itself (and zeroes the tile's counter again); null: fp8_reduce_splits does.
-  int* counters;
   int64_t ldo;
   int T, rows, k_stages, splits, stages_per_split, m_tiles, n_tiles, units;
+  int x_box_bytes;  // the activation box a stage loads: min(kBN, T rounded up to 8) rows of 128 bytes
 };
 
 #ifdef SPARKSERVE_HAS_WGMMA
@@ -147,7 +145,7 @@ __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* x
     for (int kb = k0; kb < k1; ++kb) {
       mbar_wait(empty + 8 * stage, phase ^ 1);  // a fresh barrier counts as released
       const uint32_t st = smem + stage * Tl::kStageBytes, bar = full + 8 * stage;
-      mbar_expect_tx(bar, Tl::kStageBytes);
+      mbar_expect_tx(bar, a.x_box_bytes + Tl::kWBytes);
       tma_load_2d(st + Tl::kXBytes, wmap, kb * 64, mt * Tl::BM, bar);
       if (held < 0) {
         tma_load_2d(st, xmap, kb * 64, nt * kBN, bar);
@@ -160,48 +158,6 @@ __device__ __forceinline__ void produce(const WgmmaArgs& a, const CUtensorMap* x
     }
   }
   if (held > 0) release();
-}
-
-// The 256 consumer threads of the CTA (the producer warpgroup never joins).
-__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-
-// Serial split-K: after its partial sums are stored, the consumer threads count the tile's split
-// as done; the CTA that completes the last one adds every split's partial sums in split order, as
-// fp8_reduce_splits does (same order, same f32 operations: the same bits), reading them from L2
-// (other SMs wrote them: ld.global.cg past this SM's L1), and leaves the counter at zero for the
-// next call. Fences as the CUDA guide's last-block reduction: each writer's stores are ordered before
-// the count, the count before the last CTA's reads.
-template <int kMT, int kBN>
-__device__ __forceinline__ void reduce_if_last(const WgmmaArgs& a, int tile, int64_t row0, int tok0,
-                                               const float (&wsv)[kMT][2]) {
-  __shared__ int last;
-  __threadfence();
-  consumer_barrier();
-  if (threadIdx.x == 128) last = atomicAdd(a.counters + tile, 1) == a.splits - 1;
-  consumer_barrier();
-  if (!last) return;
-  __threadfence();
-#pragma unroll 1
-  for (int i = 0; i < kBN / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int tok = tok0 + 8 * i + e;
-      if (tok >= a.T) continue;
-      const float tsc = __ldg(a.ts + tok);
-#pragma unroll
-      for (int m = 0; m < kMT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t r = row0 + 64 * m + 8 * h;
-          if (r >= a.rows) continue;
-          const float* p = a.part + static_cast<int64_t>(tok) * a.rows + r;
-          const int64_t stride = static_cast<int64_t>(a.T) * a.rows;
-          float sum = 0.0f;
-          for (int k = 0; k < a.splits; ++k) sum += __ldcg(p + k * stride);
-          a.out[tok * a.ldo + r] = sum * (tsc * wsv[m][h]);
-        }
-    }
-  if (threadIdx.x == 128) a.counters[tile] = 0;
 }
 
 template <int kMT, int kBN>
@@ -312,7 +268,6 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
             }
         }
     }
-    if (a.splits > 1 && a.counters) reduce_if_last<kMT, kBN>(a, mt * a.n_tiles + nt, row0, tok0, wsv);
   }
 }
 #endif  // SPARKSERVE_HAS_WGMMA
@@ -462,11 +417,11 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
 // Small T (<= kFp8SmallNMaxTokens): the weights' stream is the cost, MMAs hide under it. The tile
 // and K split (1..16 ways) with the fewest estimated seconds: each SM runs ceil(units / SMs) units
 // (weight tile x split) one after the other, streaming a unit's weight bytes at its share of HBM
-// (kHbm over the SMs at work, at most kSmMost for one SM), after one pipeline fill; splits add the
-// partial sums' stores, the counters' memset and the serial reduction (the last CTA of a tile reads
-// its splits' partial sums from L2 at kSmL2).
+// (kHbm over the SMs at work, at most kSmMost for one SM); splits add fp8_reduce_splits (its launch
+// and the partial sums written and read). Fitted to gpu_ops' "gemm small-T tiles" sweep on the H200
+// (122B and 35B shapes, T = 4, 16, 64): the choice within 3% of the sweep's best on average.
 Plan plan_small(int64_t T, int64_t rows, int64_t K, int sms) {
-  constexpr double kHbm = 3.2e12, kSmMost = 40e9, kSmL2 = 100e9, kFill = 1.5e-6, kMemset = 1e-6;
+  constexpr double kHbm = 3.2e12, kSmMost = 30e9, kReduceLaunch = 1e-6, kPartialBytesPerS = 3e12;
   const int64_t k_stages = (K + 63) / 64;
   Plan best{kFirstSmallTile, 1};
   double best_cost = 1e300;
@@ -477,8 +432,8 @@ Plan plan_small(int64_t T, int64_t rows, int64_t K, int sms) {
       if ((s - 1) * per >= k_stages) continue;  // an empty split
       const int64_t units = m_tiles * s, active = std::min<int64_t>(units, sms), rounds = (units + sms - 1) / sms;
       const double rate = std::min(kHbm / static_cast<double>(active), kSmMost);
-      double cost = static_cast<double>(rounds * bm * 64 * per) / rate + kFill;
-      if (s > 1) cost += static_cast<double>(T * rows * 4 * s) / kHbm + kMemset + static_cast<double>(s * T * bm * 4) / kSmL2;
+      double cost = static_cast<double>(rounds * bm * 64 * per) / rate;
+      if (s > 1) cost += kReduceLaunch + static_cast<double>(T * rows * 4 * (s + 1)) / kPartialBytesPerS;
       if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
     }
   }
@@ -499,7 +454,7 @@ bool fp8_wgmma_available() {
 }
 
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile,
-                      int force_splits, int force_reduce) {
+                      int force_splits, bool pdl) {
   if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !fp8_wgmma_available()) return false;
   if (force_tile >= kNumTiles) return false;
   const int64_t K = w.in_features, N = w.out_features;
@@ -517,21 +472,20 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   const int splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
   const int bm = tile_rows(plan.tile), bn = kTiles[plan.tile].bn;
   const int64_t m_tiles = (rows + bm - 1) / bm, n_tiles = (T + bn - 1) / bn;
-  const bool serial = splits > 1 && ((force_reduce & 3) == 2 || ((force_reduce & 3) == 0 && small));
-  const bool pdl = (force_reduce & 4) == 0;
+  // A stage loads the tokens there are (in octets), not the whole kBN: the rows past them keep what
+  // the stage held before, which only the discarded output columns of tokens >= T read (each token is
+  // its own column of the product). Past T within the box the tensor map reads zeros.
+  const int box_rows = static_cast<int>(std::min<int64_t>(bn, (T + 7) / 8 * 8));
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * ld) * 2), scales(&b, static_cast<size_t>(T) * 4),
-      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0),
-      counters(&b, serial ? static_cast<size_t>(m_tiles * n_tiles) * 4 : 0);
-  if (serial) CUDA_CHECK(cudaMemsetAsync(counters.ptr, 0, static_cast<size_t>(m_tiles * n_tiles) * 4, b.stream()));
+      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0);
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
-  const CUtensorMap xmap = tensor_map(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, bn, 64,
+  const CUtensorMap xmap = tensor_map(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, box_rows, 64,
                                       CU_TENSOR_MAP_SWIZZLE_128B);
   WgmmaArgs a{};
   a.ts = scales.as<float>();
   a.part = part.as<float>();
-  a.counters = serial ? counters.as<int>() : nullptr;
   a.ldo = N;
   a.T = static_cast<int>(T);
   a.rows = static_cast<int>(rows);
@@ -541,6 +495,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   a.m_tiles = static_cast<int>(m_tiles);
   a.n_tiles = static_cast<int>(n_tiles);
   a.units = a.m_tiles * a.n_tiles * splits;
+  a.x_box_bytes = box_rows * 128;
   for (int64_t p = 0; p < parts; ++p) {
     fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
                           w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr,
@@ -550,7 +505,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
     a.ws = ws + p * rows;
     a.out = out + p * rows;
     launch_tile(b, plan.tile, xmap, wmap, a, pdl);
-    if (splits > 1 && !serial) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
+    if (splits > 1) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
   }
   return true;
 }

@@ -12,6 +12,8 @@
 // A path that does not take a case (alignment, K, cuBLASLt missing or refusing the problem on this
 // device: all checked at run time) returns false and the next one runs, so every target keeps a
 // working kernel: mma.sync runs on sm_80 and later, the GEMVs and SIMT kernels anywhere.
+#include <cstdlib>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
 #include "backend/cuda/linear_probe.h"
@@ -30,6 +32,15 @@ namespace {
 // T = 128..8192; elsewhere cuBLASLt).
 bool one_token_gemv(int64_t T) { return T == 1; }
 bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
+// TEMPORARY (device round 2 A/B, removed before merge): the T from which the wgmma kernel serves
+// the small-N regime.
+int64_t fp8_wgmma_min_tokens() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("SPARKSERVE_FP8SN_WGMMA_MIN_T");
+    return e ? std::atoll(e) : int64_t{9};
+  }();
+  return v;
+}
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
@@ -47,8 +58,11 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
   switch (path) {
     case LinearPath::kDispatch:
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
-      if (fp8_small_n_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)))
-        return true;
+      if (fp8_small_n_regime(T, w)) {
+        if (T >= fp8_wgmma_min_tokens() ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
+                                        : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
+          return true;
+      }
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
         return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
@@ -98,12 +112,12 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
 }
 
 bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits,
-                     int reduce) {
+                     bool pdl) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N && tile >= -1 && splits >= 0);
-  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits, reduce);
+  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits, pdl);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

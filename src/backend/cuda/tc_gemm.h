@@ -33,11 +33,11 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
 // the epilogue. False where the kernel cannot run (not sm_90a code on a compute 9.0 device) or does
 // not take the case. force_tile / force_splits (>= 0 / > 0): a tile shape and K split instead of
 // the kernel's own choice (tests and benchmarks; a tile index past the last is declined);
-// force_reduce: how split-K partial sums are added (0: the plan's way, 1: fp8_reduce_splits,
-// 2: in the kernel by each tile's last CTA), + 4: launched without programmatic dependent launch.
+// pdl false: launched after the activation quantization completes (A/B of the programmatic
+// dependent launch).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
-                      int force_splits = 0, int force_reduce = 0);
+                      int force_splits = 0, bool pdl = true);
 bool fp8_wgmma_available();
 // out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n] for n < rows, the split-K partial sums added in split
 // order (out rows ldo apart).
