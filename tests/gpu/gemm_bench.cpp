@@ -7,9 +7,9 @@
 //   fallback); the quantization alone;
 // - "gemm fp8 tiles": the wgmma kernel with each tile shape and K split forced;
 // - "gemm small-N": T = 2..64 tokens (batched decode, speculative verify) and 96: the mma.sync
-//   small-N kernel, the sm_90a wgmma kernel's small-T tiles and the dispatch, µs and weight bytes per
+//   small-N kernel, the sm_90a wgmma kernel's small-T tile and the dispatch, µs and weight bytes per
 //   second against the measured copy bandwidth (the floor);
-// - "gemm small-T tiles": the wgmma kernel's small-T tiles with each K split forced;
+// - "gemm small-T tile": the wgmma kernel's small-T tile with each K split forced;
 // - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
@@ -191,7 +191,7 @@ void bench_fp8_tiles(Backend& g) {
 // bytes per second against the measured copy bandwidth (the floor).
 void bench_small_n(Backend& g) {
   const double copy = copy_bandwidth(g);
-  std::printf("-- small N: mma.sync small-N kernel vs wgmma small-T tiles (GB/s of weights; floor: copy %.0f GB/s)\n",
+  std::printf("-- small N: mma.sync small-N kernel vs wgmma small-T tile (GB/s of weights; floor: copy %.0f GB/s)\n",
               copy);
   XCache xs{g, {}};
   for (const Shape& s : prefill_shapes()) {
@@ -206,23 +206,15 @@ void bench_small_n(Backend& g) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
-      // A/B: the wgmma kernel launched after the quantization completes (no programmatic launch).
-      if (fp8_wgmma_probe(g, out, x, ws[0].lin, -1, 0, false)) {
-        const int copies = static_cast<int>(ws.size());
-        const double ms = time_graph(
-            g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, -1, 0, false); },
-            iters);
-        print_row(s.name, T, "wgmma-nopdl", ms, 2.0 * T * s.N * s.K, bytes, copy);
-      }
     }
   }
 }
 
-// The wgmma kernel's small-T tiles (2: 128 weight rows, 3: 256; 64 tokens) with each K split
-// forced: the data behind plan_small (fp8_gemm_wgmma.cu).
+// The wgmma kernel's small-T tile (2: 128 weight rows x 64 tokens) with each K split forced: the
+// data behind plan_small (fp8_gemm_wgmma.cu).
 void bench_small_n_tiles(Backend& g) {
   const double copy = copy_bandwidth(g);
-  std::printf("-- W8A8 wgmma small-T tiles per K split\n");
+  std::printf("-- W8A8 wgmma small-T tile per K split\n");
   XCache xs{g, {}};
   for (const Shape& s : prefill_shapes()) {
     const double bytes = static_cast<double>(s.N) * (s.K + 4);
@@ -231,15 +223,15 @@ void bench_small_n_tiles(Backend& g) {
     for (int64_t T : {4, 16, 64}) {
       const Tensor& x = xs.get(T, s.K);
       Buffer out(&g, DType::kF32, {T, s.N});
-      for (int tile : {2, 3})
-        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
-          if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits)) return;
-          const double ms = time_graph(
-              g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits); },
-              std::max(copies, 8));
-          const std::string name = "tile " + std::to_string(tile) + " s" + std::to_string(splits);
-          print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
-        }
+      const int tile = 2;
+      for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
+        if (!fp8_wgmma_probe(g, out, x, ws[0].lin, tile, splits)) return;
+        const double ms = time_graph(
+            g, [&](int i) { fp8_wgmma_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, tile, splits); },
+            std::max(copies, 8));
+        const std::string name = "tile " + std::to_string(tile) + " s" + std::to_string(splits);
+        print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
+      }
     }
   }
 }
@@ -272,7 +264,7 @@ void bench_bf16(Backend& g) {
 RegisterKernelBench reg_prefill("gemm fp8 prefill", bench_fp8_prefill);
 RegisterKernelBench reg_tiles("gemm fp8 tiles", bench_fp8_tiles);
 RegisterKernelBench reg_small("gemm small-N", bench_small_n);
-RegisterKernelBench reg_small_tiles("gemm small-T tiles", bench_small_n_tiles);
+RegisterKernelBench reg_small_tiles("gemm small-T tile", bench_small_n_tiles);
 RegisterKernelBench reg_bf16("gemm bf16", bench_bf16);
 
 }  // namespace

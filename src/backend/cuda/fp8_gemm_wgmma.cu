@@ -339,24 +339,27 @@ CUtensorMap tensor_map(const void* p, CUtensorMapDataType type, int elem_bytes, 
 // sweep everywhere). Measured and not kept: 128 x 256 and 256 x 64 cooperative tiles (best in a few
 // cases by <= 3%), and ping-pong warpgroups (each its own 128 x 128 or 64 x 256 unit, one storing
 // while the other multiplies): 4-28% slower than these at 8K tokens.
-// Tiles from kFirstSmallTile on are the small-T ones (T <= kFp8SmallNMaxTokens: batched decode,
-// speculative verify), planned by plan_small: one tile of 64 tokens holds every token, the rows past
-// T arrive as zeros from the tensor map without reading memory, so the MMAs that go to waste there
-// cost tensor-core time only, which the weight stream hides (128 rows x 64 tokens x 64 k per 8 KB
-// stage of weights: ~256 cycles of MMA against ~650 of HBM at an SM's share of 3.3 TB/s).
+// kSmallTile is the small-T one (T <= kFp8SmallNMaxTokens: batched decode, speculative verify),
+// planned by plan_small: one tile of 64 tokens holds every token; a stage loads only the token rows
+// there are (WgmmaArgs::x_box_bytes), so the MMAs of the rows past T cost tensor-core time only,
+// which the weight stream hides (128 rows x 64 tokens x 64 k per 8 KB stage of weights: ~256 cycles
+// of MMA against ~650 of HBM at an SM's share of 3.3 TB/s). Measured and not kept: 256 weight rows x
+// 64 tokens (best of the sweep nowhere once the box was trimmed; before, its few wins were at T = 4).
 struct TileShape {
   int mt, bn;
   double efficiency;
 };
-constexpr TileShape kTiles[] = {{2, 128, 1.0}, {1, 128, 0.85}, {1, 64, 0}, {2, 64, 0}};
+constexpr TileShape kTiles[] = {{2, 128, 1.0}, {1, 128, 0.85}, {1, 64, 0}};
 constexpr int kNumTiles = sizeof(kTiles) / sizeof(kTiles[0]);
-constexpr int kFirstSmallTile = 2;
+constexpr int kSmallTile = 2;
 int tile_rows(int tile) { return 128 * kTiles[tile].mt; }
 
-// pdl: launched with programmatic stream serialization (it may start before the kernel before it,
-// the activation quantization, completes; the kernel waits for it at pdl_wait).
+// Launched with programmatic stream serialization: the kernel may start before the kernel before
+// it (the activation quantization) completes and streams its first weights meanwhile (produce,
+// pdl_wait). Measured on the H200 (gpu_ops "gemm small-N", T = 2..96, both models' shapes): 1.0-1.6
+// us faster per call than an ordinary launch everywhere but the 122B out_proj, where it ties.
 template <int kMT, int kBN>
-void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a, bool pdl) {
+void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
   using Tl = Tile<kMT, kBN>;
   auto kern = fp8_wgmma_kernel<kMT, kBN>;
   static int64_t allowed = 0;
@@ -370,21 +373,19 @@ void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, co
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, xmap, wmap, a));
 }
 
-void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a,
-                 bool pdl) {
+void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {
   switch (tile) {
-    case 0: launch<2, 128>(b, xmap, wmap, a, pdl); break;
-    case 1: launch<1, 128>(b, xmap, wmap, a, pdl); break;
-    case 2: launch<1, 64>(b, xmap, wmap, a, pdl); break;
-    default: launch<2, 64>(b, xmap, wmap, a, pdl); break;
+    case 0: launch<2, 128>(b, xmap, wmap, a); break;
+    case 1: launch<1, 128>(b, xmap, wmap, a); break;
+    default: launch<1, 64>(b, xmap, wmap, a); break;
   }
 }
 
-constexpr int kMostSmem = std::max({Tile<2, 128>::kSmem, Tile<1, 128>::kSmem, Tile<1, 64>::kSmem, Tile<2, 64>::kSmem});
+constexpr int kMostSmem = std::max({Tile<2, 128>::kSmem, Tile<1, 128>::kSmem, Tile<1, 64>::kSmem});
 
 // Tile and K split (1, 2 or 4 ways) for a problem: the fewest estimated cycles, counting the work
 // units per SM (each SM runs its units one after the other): a unit's MMA cycles at the tensor
@@ -398,7 +399,7 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
   const int64_t k_stages = (K + 63) / 64;
   Plan best{0, 1};
   double best_cost = 1e300;
-  for (int ti = 0; ti < kFirstSmallTile; ++ti) {
+  for (int ti = 0; ti < kSmallTile; ++ti) {
     const int64_t bm = tile_rows(ti), bn = kTiles[ti].bn;
     const int64_t tiles = ((rows + bm - 1) / bm) * ((T + bn - 1) / bn);
     for (int64_t s : {1, 2, 4}) {
@@ -414,28 +415,26 @@ Plan plan_for(int64_t T, int64_t rows, int64_t K, int sms) {
   return best;
 }
 
-// Small T (<= kFp8SmallNMaxTokens): the weights' stream is the cost, MMAs hide under it. The tile
-// and K split (1..16 ways) with the fewest estimated seconds: each SM runs ceil(units / SMs) units
-// (weight tile x split) one after the other, streaming a unit's weight bytes at its share of HBM
-// (kHbm over the SMs at work, at most kSmMost for one SM); splits add fp8_reduce_splits (its launch
-// and the partial sums written and read). Fitted to gpu_ops' "gemm small-T tiles" sweep on the H200
-// (122B and 35B shapes, T = 4, 16, 64): the choice within 3% of the sweep's best on average.
+// Small T (<= kFp8SmallNMaxTokens): the weights' stream is the cost, MMAs hide under it. The K
+// split (1..16 ways) of kSmallTile with the fewest estimated seconds: each SM runs ceil(units / SMs)
+// units (weight tile x split) one after the other, streaming a unit's weight bytes at its share of
+// HBM (kHbm over the SMs at work, at most kSmMost for one SM); splits add fp8_reduce_splits (its
+// launch and the partial sums written and read). Fitted to gpu_ops' "gemm small-T tiles" sweep on
+// the H200 (122B and 35B shapes, T = 4, 16, 64): its choice 1% slower than the sweep's best on
+// average, 10% at worst (122B out_proj at T = 4, a size the mma.sync kernel serves).
 Plan plan_small(int64_t T, int64_t rows, int64_t K, int sms) {
   constexpr double kHbm = 3.2e12, kSmMost = 30e9, kReduceLaunch = 1e-6, kPartialBytesPerS = 3e12;
-  const int64_t k_stages = (K + 63) / 64;
-  Plan best{kFirstSmallTile, 1};
+  const int64_t k_stages = (K + 63) / 64, bm = tile_rows(kSmallTile), m_tiles = (rows + bm - 1) / bm;
+  Plan best{kSmallTile, 1};
   double best_cost = 1e300;
-  for (int ti = kFirstSmallTile; ti < kNumTiles; ++ti) {
-    const int64_t bm = tile_rows(ti), m_tiles = (rows + bm - 1) / bm;
-    for (int64_t s : {1, 2, 3, 4, 6, 8, 12, 16}) {
-      const int64_t per = (k_stages + s - 1) / s;
-      if ((s - 1) * per >= k_stages) continue;  // an empty split
-      const int64_t units = m_tiles * s, active = std::min<int64_t>(units, sms), rounds = (units + sms - 1) / sms;
-      const double rate = std::min(kHbm / static_cast<double>(active), kSmMost);
-      double cost = static_cast<double>(rounds * bm * 64 * per) / rate;
-      if (s > 1) cost += kReduceLaunch + static_cast<double>(T * rows * 4 * (s + 1)) / kPartialBytesPerS;
-      if (cost < best_cost) best_cost = cost, best = {ti, static_cast<int>(s)};
-    }
+  for (int64_t s : {1, 2, 3, 4, 6, 8, 12, 16}) {
+    const int64_t per = (k_stages + s - 1) / s;
+    if ((s - 1) * per >= k_stages) continue;  // an empty split
+    const int64_t units = m_tiles * s, active = std::min<int64_t>(units, sms), rounds = (units + sms - 1) / sms;
+    const double rate = std::min(kHbm / static_cast<double>(active), kSmMost);
+    double cost = static_cast<double>(rounds * bm * 64 * per) / rate;
+    if (s > 1) cost += kReduceLaunch + static_cast<double>(T * rows * 4 * (s + 1)) / kPartialBytesPerS;
+    if (cost < best_cost) best_cost = cost, best = {kSmallTile, static_cast<int>(s)};
   }
   return best;
 }
@@ -454,7 +453,7 @@ bool fp8_wgmma_available() {
 }
 
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile,
-                      int force_splits, bool pdl) {
+                      int force_splits) {
   if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !fp8_wgmma_available()) return false;
   if (force_tile >= kNumTiles) return false;
   const int64_t K = w.in_features, N = w.out_features;
@@ -504,7 +503,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
                                         CU_TENSOR_MAP_SWIZZLE_NONE);
     a.ws = ws + p * rows;
     a.out = out + p * rows;
-    launch_tile(b, plan.tile, xmap, wmap, a, pdl);
+    launch_tile(b, plan.tile, xmap, wmap, a);
     if (splits > 1) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
   }
   return true;

@@ -1,4 +1,5 @@
-// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify): tc_gemm.h's
+// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; on sm_90a only up to
+// 16, where fp8_gemm_wgmma.cu's small-T tile takes over: linear.cu): tc_gemm.h's
 // fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
 // operand (8 per tile, up to 64), so each weight byte is read from HBM once per step whatever T is
 // (the GEMVs re-read the weights for every 8 tokens).

@@ -1,7 +1,8 @@
 // y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
 //   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
-//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_gemm_wgmma.cu's small-T tiles on sm_90a, else
-//                                                           fp8_small_n.cu (mma.sync); weights read once
+//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_gemm_wgmma.cu's small-T tile on sm_90a from 17
+//                                                           tokens, else fp8_small_n.cu (mma.sync); weights
+//                                                           read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
@@ -12,8 +13,6 @@
 // A path that does not take a case (alignment, K, cuBLASLt missing or refusing the problem on this
 // device: all checked at run time) returns false and the next one runs, so every target keeps a
 // working kernel: mma.sync runs on sm_80 and later, the GEMVs and SIMT kernels anywhere.
-#include <cstdlib>
-
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
 #include "backend/cuda/linear_probe.h"
@@ -32,15 +31,13 @@ namespace {
 // T = 128..8192; elsewhere cuBLASLt).
 bool one_token_gemv(int64_t T) { return T == 1; }
 bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
-// TEMPORARY (device round 2 A/B, removed before merge): the T from which the wgmma kernel serves
-// the small-N regime.
-int64_t fp8_wgmma_min_tokens() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("SPARKSERVE_FP8SN_WGMMA_MIN_T");
-    return e ? std::atoll(e) : int64_t{9};
-  }();
-  return v;
-}
+// Within it, the sm_90a wgmma kernel from 17 tokens on, the mma.sync kernel below. Measured on the
+// H200 (docs/performance.md "Small N on sm_90a"): alone, the wgmma kernel ties or wins from 16
+// tokens (2-4x at 48-64); in whole decode steps, where projections run in concurrent branches, the
+// 35B batch-16 step is 0.25 ms (2.7%) faster with the mma.sync kernel at 16 tokens; at 2-8 tokens
+// the two tie alone (each ahead on some shapes by < 3 us) and the 122B batch-4 step is faster with
+// the mma.sync kernel (8.73 against 8.98 ms).
+constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
@@ -59,8 +56,9 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kDispatch:
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
-        if (T >= fp8_wgmma_min_tokens() ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
-                                        : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
+        if (T >= kFp8WgmmaSmallMinTokens
+                ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
+                : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
           return true;
       }
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
@@ -111,13 +109,12 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
   return run_path(*c, out.ptr<float>(), x.ptr<const float>(), T, w, path);
 }
 
-bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits,
-                     bool pdl) {
+bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c) return false;
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
-  CHECK(x.numel() == T * K && out.numel() == T * N && tile >= -1 && splits >= 0);
-  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits, pdl);
+  CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
+  return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

@@ -22,13 +22,11 @@ enum class LinearPath : int {
 // x: [T, K] f32 -> out: [T, N] f32
 bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, LinearPath path);
 
-// linear through fp8_gemm_wgmma.cu with a forced tile shape (index into its tile list; -1: its own
-// choice) and K split (0: its own); pdl as tc_gemm.h fp8_wgmma_linear's.
+// linear through fp8_gemm_wgmma.cu with a forced tile shape (index into its tile list) and K split.
 // False when `b` is not the CUDA backend or the kernel does not take the case (a tile index past
 // its list included).
 // x: [T, K] f32 -> out: [T, N] f32
-bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits,
-                     bool pdl = true);
+bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits);
 
 // Whether fp8_gemm_wgmma.cu is expected to run: the CUDA backend on a compute 9.0 device (builds
 // for the H200 carry sm_90a code).

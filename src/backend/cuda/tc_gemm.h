@@ -1,5 +1,5 @@
 // The tensor-core GEMMs of linear: fp8_gemm_wgmma.cu (W8A8 FP8 weights with dynamic per-token or
-// static activation scales, prefill T, sm_90a), fp8_gemm.cu (the same on the other targets through
+// static activation scales, prefill T and batched decode from 17 tokens, sm_90a), fp8_gemm.cu (the same on the other targets through
 // cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
 // mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
 // cuBLASLt). Each returns false when it does not take the case (format, shape,
@@ -27,26 +27,25 @@ bool fp8_gemm_takes(const Linear& w);
 // s_t · ws[n] (fp8_scale_outer).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
-// out = x W^T for prefill-sized T on sm_90a (fp8_gemm_wgmma.cu): the FP8 weight codes go from global
-// memory into the kernel and are turned into f16 there, the activation codes (fp8_quantize_rows_f16,
-// Fp8CodeOrder::kWgmma64) are the f16 wgmma's other operand, exact products, f32 sums, s_t · ws[n] in
-// the epilogue. False where the kernel cannot run (not sm_90a code on a compute 9.0 device) or does
+// out = x W^T on sm_90a (fp8_gemm_wgmma.cu), prefill-sized T and, with its small-T tile, batched
+// decode from 17 tokens (linear.cu): the FP8 weight codes go from global memory into the kernel and
+// are turned into f16 there, the activation codes (fp8_quantize_rows_f16, Fp8CodeOrder::kWgmma64) are
+// the f16 wgmma's other operand, exact products, f32 sums, s_t · ws[n] in the epilogue. False where the kernel cannot run (not sm_90a code on a compute 9.0 device) or does
 // not take the case. force_tile / force_splits (>= 0 / > 0): a tile shape and K split instead of
 // the kernel's own choice (tests and benchmarks; a tile index past the last is declined);
-// pdl false: launched after the activation quantization completes (A/B of the programmatic
-// dependent launch).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
-                      int force_splits = 0, bool pdl = true);
+                      int force_splits = 0);
 bool fp8_wgmma_available();
 // out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n] for n < rows, the split-K partial sums added in split
 // order (out rows ldo apart).
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
 void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
                        const float* ts, const float* ws);
-// out = x W^T for T = 2..64 tokens (batched decode, speculative verify): fp8_small_n.cu, weights on
-// the MMA's M side streamed once, exact f16 products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run
-// in pieces of 64 tokens (each reads the weights again: the fallback where cuBLASLt is missing).
+// out = x W^T for T = 2..64 tokens (batched decode, speculative verify; on sm_90a up to 16, the
+// wgmma kernel above): fp8_small_n.cu, weights on the MMA's M side streamed once, exact f16
+// products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64 tokens (each reads the
+// weights again: the fallback where cuBLASLt is missing).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
