@@ -65,6 +65,7 @@ struct BenchOptions {
   std::string prompt_lens = "128,512,2048";
   std::string batches = "1,4,16";
   std::string contexts = "0";
+  std::string prefill_after = "0";  // cached tokens before each timed prefill
   int decode_steps = 32;
   int prefill_chunk = 16384;
   double max_case_s = 120;
@@ -177,8 +178,9 @@ int run_bench(const BenchOptions& o) {
   if (sources != 1) return fail("give exactly one of --model DIR, --synth LIKE (with --layout) or --url URL");
   auto lens = parse_list("--prompt-lens", o.prompt_lens);
   if (!lens) return fail(lens.message());
-  if (o.decode_steps <= 0) return fail("--decode-steps must be > 0");
+  if (o.decode_steps < 0) return fail("--decode-steps must be >= 0");
   if (!o.url.empty()) {
+    if (o.decode_steps == 0) return fail("--decode-steps must be > 0 with --url");
     BenchUrlOptions u;
     u.url = o.url;
     u.model = o.served_model;
@@ -199,6 +201,9 @@ int run_bench(const BenchOptions& o) {
   if (!batches) return fail(batches.message());
   auto contexts = parse_list("--contexts", o.contexts, /*allow_zero=*/true);
   if (!contexts) return fail(contexts.message());
+  auto afters = parse_list("--prefill-after", o.prefill_after, /*allow_zero=*/true);
+  if (!afters) return fail(afters.message());
+  std::sort(afters->begin(), afters->end());
   if (o.prefill_chunk <= 0) return fail("--prefill-chunk must be > 0");
   if (!(o.max_case_s > 0)) return fail("--max-case-s must be > 0");
   if (o.time_budget_s < 0) return fail("--time-budget-s must be >= 0");
@@ -293,7 +298,7 @@ int run_bench(const BenchOptions& o) {
   const int max_len = lens->back();
   const int max_ctx = contexts->back();
   if (c.max_position_embeddings > 0 &&
-      std::max(max_len, max_ctx + o.decode_steps + 3) > c.max_position_embeddings)
+      std::max({max_len + afters->back(), max_ctx + o.decode_steps + 3}) > c.max_position_embeddings)
     return fail("a prompt length or context + decode steps exceeds max_position_embeddings " +
                 std::to_string(c.max_position_embeddings));
 
@@ -410,23 +415,29 @@ int run_bench(const BenchOptions& o) {
     return last;
   };
 
-  // Prefill: one sequence, one forward over the prompt (in chunks of --prefill-chunk).
+  // Prefill: one sequence, one forward over the prompt (in chunks of --prefill-chunk), after A
+  // cached tokens (--prefill-after; A > 0: a later turn of a conversation whose earlier turns are in
+  // the KV cache and GDN state — a prefill of A random tokens, untimed, then the timed one).
   say("\n%-14s %12s %14s\n", "prefill tokens", "TTFT ms", "tokens/s");
+  bool after_header = false;
+  for (const int A : *afters)
   for (const int L : *lens) {
-    const double pred = predict_prefill_s(L);
-    const double need = static_cast<double>(blocks_for(L)) * lim.block_size * bytes.kv_bytes_per_token +
-                        bytes.gdn_bytes_per_seq + activation_bytes(c, std::min(L, o.prefill_chunk));
+    if (A > 0 && !after_header && (after_header = true))
+      say("\n%-14s %8s %12s %14s\n", "prefill tokens", "after", "TTFT ms", "tokens/s");
+    const double pred = predict_prefill_s(L) + predict_prefill_s(A);
+    const double need = static_cast<double>(blocks_for(A + L)) * lim.block_size * bytes.kv_bytes_per_token +
+                        bytes.gdn_bytes_per_seq + activation_bytes(c, std::min(std::max(A, L), o.prefill_chunk));
     std::string skip;
     if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
     else if (over_budget(pred)) skip = "--time-budget-s spent";
     else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
     if (!skip.empty()) {
-      j["prefill"].push_back({{"prompt_tokens", L}, {"skipped", skip}});
+      j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"skipped", skip}});
       say("%-14d %s\n", L, ("skipped: " + skip).c_str());
       continue;
     }
     lim.max_sequences = 1;
-    lim.num_kv_blocks = blocks_for(L);
+    lim.num_kv_blocks = blocks_for(A + L);
     DirectState st(be, c, lim);
     // Each length is timed on its second run: the first loads the kernels its shapes pick (CUDA
     // loads a kernel on its first launch; cuBLASLt chooses per token-count bucket), as a served
@@ -434,6 +445,10 @@ int run_bench(const BenchOptions& o) {
     for (int rep = 0; rep < 2; ++rep) {
       auto seq = st.open_sequence();
       if (!seq) return fail(seq.message());
+      if (A > 0) {
+        auto cached = prefill(st, *seq, A);
+        if (!cached) return fail(cached.message());
+      }
       be.synchronize();
       auto t0 = Clock::now();
       auto l = prefill(st, *seq, L);
@@ -442,22 +457,28 @@ int run_bench(const BenchOptions& o) {
       check(*l, "prefill");
       st.close_sequence(*seq);
       if (rep == 1) {
-        j["prefill"].push_back({{"prompt_tokens", L}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
-        say("%-14d %12.2f %14.1f\n", L, s * 1e3, L / s);
-        rate_tokens = L;
-        rate_s = s;
+        j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
+        if (A > 0) {
+          say("%-14d %8d %12.2f %14.1f\n", L, A, s * 1e3, L / s);
+        } else {
+          say("%-14d %12.2f %14.1f\n", L, s * 1e3, L / s);
+          rate_tokens = L;
+          rate_s = s;
+        }
       }
     }
   }
 
   // Decode: B sequences, each first prefilled with C tokens, then two warm-up steps and
   // decode_steps timed batched steps.
-  say("\n%-6s %8s %11s %11s | %10s %10s %8s | %10s %10s %8s\n", "batch", "context", "ms/step", "tokens/s", "weight MB",
-      "floor ms", "of floor", "+state MB", "floor ms", "of floor");
+  if (o.decode_steps > 0)
+    say("\n%-6s %8s %11s %11s | %10s %10s %8s | %10s %10s %8s\n", "batch", "context", "ms/step", "tokens/s",
+        "weight MB", "floor ms", "of floor", "+state MB", "floor ms", "of floor");
   double step_s_hint = 0;
   std::map<std::pair<int, int>, double> plain_step_s;  // (batch, context) -> s per decode step
   for (int C : *contexts) {
     for (int B : *batches) {
+      if (o.decode_steps == 0) break;  // prefill cases only
       const int64_t tokens = static_cast<int64_t>(C) + o.decode_steps + 3;
       const bool fill_zeros = o.context_fill == "zeros";
       const double pred = (fill_zeros ? 0.0 : B * predict_prefill_s(C)) + (o.decode_steps + 3) * step_s_hint;
@@ -545,7 +566,7 @@ int run_bench(const BenchOptions& o) {
   }
   // Speculative decoding: the same (batch, context) cases with k drafts per step.
   j["speculative"] = nlohmann::json::array();
-  if (!spec_ks.empty()) {
+  if (!spec_ks.empty() && o.decode_steps > 0) {
     const bool forced = *spec_accept >= 0;
     say("\nspeculative decoding (MTP), acceptance: %s\n", forced ? ("FORCED " + std::to_string(*spec_accept) +
                                                                       " per draft (simulation: random weights accept nothing)").c_str()
@@ -621,9 +642,10 @@ int run_bench(const BenchOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("(weight MB = weights one step reads: batch-1 bytes per token, routed experts as the expected\n"
-              " distinct share 1-(1-k/E)^B at batch B; floor = bytes / stream bandwidth; +state adds the KV\n"
-              " cache read over the context and the GDN state read + written once per sequence)\n");
+  if (o.decode_steps > 0)
+    std::printf("(weight MB = weights one step reads: batch-1 bytes per token, routed experts as the expected\n"
+                " distinct share 1-(1-k/E)^B at batch B; floor = bytes / stream bandwidth; +state adds the KV\n"
+                " cache read over the context and the GDN state read + written once per sequence)\n");
   if (peak >= 0) std::printf("\npeak device memory (pool high-water mark): %.1f MiB\n", peak / 1048576.0);
   if (!finite) std::printf("warning: some logits were not finite\n");
   return 0;
@@ -651,7 +673,12 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--batches", opts->batches, "Decode batch sizes")->capture_default_str();
   cmd->add_option("--contexts", opts->contexts, "Context lengths before decoding (a prefill of that many tokens per sequence)")
       ->capture_default_str();
-  cmd->add_option("--decode-steps", opts->decode_steps, "Timed decode steps per case (--url: generated tokens per request)")
+  cmd->add_option("--prefill-after", opts->prefill_after,
+                  "Cached tokens before each timed prefill, e.g. 0,10240 (a later conversation turn: that many "
+                  "tokens prefilled untimed into the KV cache and GDN state first)")
+      ->capture_default_str();
+  cmd->add_option("--decode-steps", opts->decode_steps,
+                  "Timed decode steps per case (--url: generated tokens per request); 0: prefill cases only")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", opts->prefill_chunk, "Longest forward of one prompt (longer prompts run in chunks)")
       ->capture_default_str();

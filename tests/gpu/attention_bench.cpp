@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/synth_fill.h"
 #include "bench_common.h"
 #include "gpu_harness.h"
 
@@ -43,12 +44,32 @@ double time_attention(Backend& g, int64_t nh, int64_t kvh, int64_t hd, DType dt,
   const int64_t blocks = blocks_one * copies;
   const std::vector<int64_t> shape{blocks, bs, kvh, hd}, rows{blocks, bs, kvh};
   Buffer k(&g, dt, shape), v(&g, dt, shape), ks(&g, DType::kF32, rows), vs(&g, DType::kF32, rows);
-  for (const Buffer* b : {&k, &v, &ks, &vs}) g.fill_zero(*b);
   const bool fp8 = dt == DType::kF8E4M3;
   const KvPool pool{k, v, fp8 ? ks.tensor() : Tensor(), fp8 ? vs.tensor() : Tensor()};
   Buffer q(&g, DType::kF32, {T, nh, hd}), gate(&g, DType::kF32, {T, nh, hd}), out(&g, DType::kF32, {T, nh, hd});
-  g.fill_zero(q);
-  g.fill_zero(gate);
+  // Random values, filled on the device (never zeros: a softmax over equal scores skips the
+  // rescales that real data needs). Q, K, V: bf16 values of magnitude [2^-7, 2) with random signs
+  // (f32 tensors take the same values); fp8 pools: random valid E4M3 codes with positive row scales.
+  auto table = [&](DType t, int kind, bool positive) {
+    std::vector<uint8_t> bytes = random_bytes(t == DType::kBF16 ? 2 * 65536 : 65536, kind);
+    if (positive)
+      for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x7f;
+    Buffer b(&g, t, {65536});
+    g.upload(b, bytes.data());
+    return b;
+  };
+  const Buffer vals = table(DType::kBF16, 2, false), pos = table(DType::kBF16, 2, true),
+               codes = table(DType::kU8, 1, false);
+  uint64_t seed = g_bench_rng();
+  auto fill = [&](const Tensor& t, const Tensor& tab) {
+    const SynthFillKind kind = t.dtype == DType::kF8E4M3 ? SynthFillKind::kTableU8
+                               : t.dtype == DType::kBF16 ? SynthFillKind::kTableBf16
+                                                         : SynthFillKind::kTableBf16F32;
+    synth_fill(g, t, kind, seed++, tab);
+  };
+  for (const Buffer* b : {&k, &v}) fill(*b, fp8 ? codes.tensor() : vals.tensor());
+  for (const Buffer* b : {&q, &gate}) fill(*b, vals);
+  for (const Buffer* b : {&ks, &vs}) fill(*b, pos);
   // One packed layout per copy, each naming its own blocks.
   const int64_t S = static_cast<int64_t>(spans.size());
   const int64_t words_n = g.layout_words(S, T, max_blocks);
