@@ -2,8 +2,8 @@
 // attention_prefill / attention_decode), one attention
 // layer per call, timed as CUDA-graph replays (bench_common.h time_graph) on a fixed device layout
 // as a recorded decode step reads it:
-//  - prefill: one span of T = 2K / 8K / 32K tokens (an 8K chunk after a 24K prefix, and an agent
-//    turn of 384 tokens after a 10K prefix) at the 122B (32 query / 2 kv heads) and 35B (16 / 2)
+//  - prefill: one span of T = 2K / 8K / 32K tokens (an 8K chunk after a 24K prefix; attention_agent_turn:
+//    338 / 384 tokens after a 10K prefix) at the 122B (32 query / 2 kv heads) and 35B (16 / 2)
 //    shapes, hd 256; TFLOP/s counts the causal work 2·T·(start + T/2)·nh·hd·2 once (the hi/lo split
 //    doubles what the tensor cores execute). Where the wgmma kernel runs, the mma.sync kernel the
 //    other targets take is timed beside it.
@@ -118,21 +118,19 @@ struct Shape {
 };
 const Shape s122{"122B", 32, 2, 256}, s35{"35B", 16, 2, 256};
 
-void bench_prefill(Backend& g) {
+struct Pf {
+  Shape s;
+  DType dt;
+  int64_t start, T;
+};
+
+void bench_prefill_cases(Backend& g, const std::vector<Pf>& cases) {
   // The automatic choice (the wgmma kernel on an H200) and the mma.sync kernel forced, in one run.
   const bool ab = attention_prefill_force(1);
   attention_prefill_force(-1);
   std::printf("\n%-34s %8s %10s %10s %12s %10s\n", "attention prefill (one layer)", "tokens", "ms", "TFLOP/s",
               ab ? "mma.sync ms" : "", ab ? "TFLOP/s" : "");
-  struct Pf {
-    Shape s;
-    DType dt;
-    int64_t start, T;
-  };
-  for (const Pf& p : {Pf{s122, DType::kBF16, 0, 2048}, Pf{s122, DType::kBF16, 0, 8192}, Pf{s122, DType::kBF16, 0, 32768},
-                      Pf{s122, DType::kBF16, 24576, 8192}, Pf{s122, DType::kF8E4M3, 0, 8192}, Pf{s35, DType::kBF16, 0, 8192},
-                      Pf{s35, DType::kBF16, 0, 32768}, Pf{s35, DType::kBF16, 10240, 384}, Pf{s35, DType::kF8E4M3, 10240, 384},
-                      Pf{s122, DType::kBF16, 10240, 384}}) {
+  for (const Pf& p : cases) {
     const int iters = p.T >= 32768 ? 2 : p.T <= 512 ? 20 : 5;
     const double flops = 4.0 * p.T * (p.start + p.T / 2.0) * p.s.nh * p.s.hd;
     const std::string name = std::string(p.s.name) + (p.dt == DType::kBF16 ? " bf16" : " fp8") +
@@ -147,6 +145,19 @@ void bench_prefill(Backend& g) {
     }
     std::printf("\n");
   }
+}
+
+void bench_prefill(Backend& g) {
+  bench_prefill_cases(g, {Pf{s122, DType::kBF16, 0, 2048}, Pf{s122, DType::kBF16, 0, 8192},
+                          Pf{s122, DType::kBF16, 0, 32768}, Pf{s122, DType::kBF16, 24576, 8192},
+                          Pf{s122, DType::kF8E4M3, 0, 8192}, Pf{s35, DType::kBF16, 0, 8192},
+                          Pf{s35, DType::kBF16, 0, 32768}});
+}
+
+// A later turn of an agent session: a few hundred new tokens after a ~10K cached prefix.
+void bench_agent_turn(Backend& g) {
+  bench_prefill_cases(g, {Pf{s35, DType::kBF16, 10240, 338}, Pf{s35, DType::kBF16, 10240, 384},
+                          Pf{s35, DType::kF8E4M3, 10240, 384}, Pf{s122, DType::kBF16, 10240, 338}});
 }
 
 void bench_decode(Backend& g) {
@@ -179,6 +190,7 @@ void bench_decode(Backend& g) {
 }
 
 RegisterKernelBench reg_prefill("attention_prefill", bench_prefill);
+RegisterKernelBench reg_agent("attention_agent_turn", bench_agent_turn);
 RegisterKernelBench reg_decode("attention_decode", bench_decode);
 
 }  // namespace
