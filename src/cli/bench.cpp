@@ -66,6 +66,7 @@ struct BenchOptions {
   std::string batches = "1,4,16";
   std::string contexts = "0";
   std::string prefill_after = "0";  // cached tokens before each timed prefill
+  int prefill_saves = 0;            // GDN state saves inside each timed prefill
   int decode_steps = 32;
   int prefill_chunk = 16384;
   double max_case_s = 120;
@@ -378,6 +379,8 @@ int run_bench(const BenchOptions& o) {
   auto fits = [&](double need) { return room < 0 || need < room; };
   j["kv_cache_dtype"] = kv_cache_dtype_name(*kv_dtype);
   j["context_fill"] = o.context_fill;
+  j["prefill_saves"] = o.prefill_saves;
+  if (o.prefill_saves > 0) say("each timed prefill saves its GDN state %d times (--prefill-saves)\n", o.prefill_saves);
   if (room >= 0) {
     // What `serve` would size with these settings: 64 sequences, steps of 2048 tokens.
     auto kb = kv_budget_from_memory(be, c, o.gpu_memory_utilization, 64, 2048);
@@ -402,13 +405,16 @@ int run_bench(const BenchOptions& o) {
   auto blocks_for = [&](int64_t tokens) { return static_cast<int32_t>(tokens / lim.block_size + 2); };
 
   // Runs a prompt of `len` tokens through one sequence in chunks of --prefill-chunk.
-  auto prefill = [&](DirectState& st, SequenceState& seq, int64_t len) -> Expected<Logits> {
+  // saves: the last chunk saves the GDN state after its tokens len - 1, len - 3, .. (--prefill-saves).
+  auto prefill = [&](DirectState& st, SequenceState& seq, int64_t len, int saves = 0) -> Expected<Logits> {
     Logits last;
     for (int64_t done = 0; done < len;) {
       const int64_t n = std::min<int64_t>(o.prefill_chunk, len - done);
       std::vector<SequenceInput> b(1);
       b[0].state = &seq;
       b[0].tokens = random_ids(n);
+      for (int i = saves - 1; i >= 0 && done + n == len; --i)
+        if (n - 1 - 2 * i > 0) b[0].saves.push_back({n - 1 - 2 * i, lim.max_sequences + i});
       SS_ASSIGN_OR_RETURN(last, st.forward(m, b));
       done += n;
     }
@@ -438,7 +444,9 @@ int run_bench(const BenchOptions& o) {
     }
     lim.max_sequences = 1;
     lim.num_kv_blocks = blocks_for(A + L);
+    lim.num_snapshots = o.prefill_saves;
     DirectState st(be, c, lim);
+    lim.num_snapshots = 0;
     // Each length is timed on its second run: the first loads the kernels its shapes pick (CUDA
     // loads a kernel on its first launch; cuBLASLt chooses per token-count bucket), as a served
     // model has done at start-up (serve's warm-up).
@@ -451,7 +459,7 @@ int run_bench(const BenchOptions& o) {
       }
       be.synchronize();
       auto t0 = Clock::now();
-      auto l = prefill(st, *seq, L);
+      auto l = prefill(st, *seq, L, o.prefill_saves);
       if (!l) return fail(l.message());
       const double s = seconds_since(t0);
       check(*l, "prefill");
@@ -676,6 +684,11 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--prefill-after", opts->prefill_after,
                   "Cached tokens before each timed prefill, e.g. 0,10240 (a later conversation turn: that many "
                   "tokens prefilled untimed into the KV cache and GDN state first)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-saves", opts->prefill_saves,
+                  "GDN state saves inside each timed prefill, after its tokens L-1, L-3, .. (a later agent turn "
+                  "saves 2: its prompt's last position and where the generation prompt begins)")
+      ->check(CLI::Range(0, 8))
       ->capture_default_str();
   cmd->add_option("--decode-steps", opts->decode_steps,
                   "Timed decode steps per case (--url: generated tokens per request); 0: prefill cases only")

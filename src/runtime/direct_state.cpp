@@ -99,6 +99,7 @@ Expected<Logits> DirectState::forward(Qwen35Model& model, std::vector<SequenceIn
     f.argmax_excluded = in.argmax_excluded;
     f.draw = in.draw;
     f.rope_delta = in.state->rope_delta;
+    f.saves = in.saves;
     fwd.push_back(f);
   }
   auto logits = model.forward(fwd, state_.pools(), capture);

@@ -35,6 +35,8 @@ struct SequenceInput {
   // A verify chunk (next token + drafts; logits for every token; GDN state not advanced until
   // Qwen35Model::commit_speculative): ForwardSeq::speculative.
   bool speculative = false;
+  // GDN state saves inside the chunk (ForwardSeq::saves; rows past the live slots, StateLimits::num_snapshots).
+  std::vector<GdnStateSave> saves;
 };
 
 class DirectState {
