@@ -32,11 +32,9 @@ struct PfChunk {
 };
 
 template <int HD, bool kFp8>
-__device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
-                                             const DeviceLayout& L, int s, int64_t key0, int64_t len,
-                                             int64_t block_size, int64_t kvh, int64_t head) {
-  load_kv_tile<HD, kPfKeys, kPfThreads, kFp8>(tile, scales, pool, pool_scale, L, s, key0, len, block_size, kvh, head,
-                                              PfChunk<HD>{});
+__device__ __forceinline__ void load_pf_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
+                                             const int64_t* rows) {
+  load_kv_tile<HD, kPfKeys, kPfThreads, kFp8>(tile, scales, pool, pool_scale, rows, PfChunk<HD>{});
 }
 
 template <int HD, bool kFp8>
@@ -81,13 +79,18 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
   const float scale2 = a.scale * kLog2e;
 
   const int n_tiles = static_cast<int>((kv_len + kPfKeys - 1) / kPfKeys);
-  load_kv_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, 0, kv_len, bs, kvh, h);
+  // Pool rows of tile kt's keys in key_rows[kt % 2]; tile kt + 1's are looked up between the two
+  // barriers of tile kt.
+  __shared__ int64_t key_rows[2][kPfKeys];
+  kv_tile_rows<kPfKeys>(key_rows[0], L, s, 0, kv_len, bs, kvh, h);
+  __syncthreads();
+  load_pf_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[0]);
   cp_async_commit();
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int64_t key0 = static_cast<int64_t>(kt) * kPfKeys;
     cp_async_wait_all();
     __syncthreads();  // K tile kt in place (and Q on the first pass); every warp is done with V
-    load_kv_tile<HD, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h);
+    load_pf_tile<HD, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2]);
     cp_async_commit();
 
     // S = Q Kᵀ for the warp's 16 rows, Q as hi + lo.
@@ -113,9 +116,10 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
     softmax_tile<kPfKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kPfKeys > first_limit,
                                   limit, lane);
 
+    if (kt + 1 < n_tiles) kv_tile_rows<kPfKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kPfKeys, kv_len, bs, kvh, h);
     cp_async_wait_all();
     __syncthreads();  // V tile kt in place; every warp is done with K
-    if (kt + 1 < n_tiles) load_kv_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kPfKeys, kv_len, bs, kvh, h);
+    if (kt + 1 < n_tiles) load_pf_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2]);
     cp_async_commit();
 
     // O += P V, P as hi + lo (fp8: each probability times its row's V scale).

@@ -87,10 +87,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
+  // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
+  // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
+  __shared__ int64_t key_rows[2][kKeys];
+  kv_tile_rows<kKeys>(key_rows[t_begin % 2], L, s, static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h);
+  __syncthreads();
   if (t_begin < t_end)
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s,
-                                            static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h,
-                                            SwChunk<kKeys>{});
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
   cp_async_commit();
   for (int kt = t_begin; kt < t_end; ++kt) {
     const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
@@ -114,9 +117,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
     }
     wgmma_commit();
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, L, s, key0, kv_len, bs, kvh, h,
-                                            SwChunk<kKeys>{});
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
     cp_async_commit();
+    if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
     softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
@@ -141,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     }
     wgmma_commit();
     if (kt + 1 < t_end)
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, L, s, key0 + kKeys, kv_len, bs, kvh,
-                                              h, SwChunk<kKeys>{});
+      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
+                                              SwChunk<kKeys>{});
     cp_async_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(o);

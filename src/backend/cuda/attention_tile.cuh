@@ -29,43 +29,54 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qh)[DW / 16][4], uin
 // of a tile row sits (in chunks): tile_chunk<HD> for the ldmatrix kernels, the 128-byte swizzle of
 // the wgmma kernel.
 
-// Keys [key0, key0 + NK) of kv head `head` into a bf16 tile (keys >= len: zeros). bf16 pools:
-// asynchronous 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to
-// bf16 and stored, with the rows' scales in `scales` (0 past len). Either way the tile is complete
-// for every thread after the caller's next wait + __syncthreads.
+// The pool rows of keys [key0, key0 + NK) of kv head `head` (-1 for keys >= len), written by threads
+// 0 .. NK-1 into rows[NK] (shared): one block-table lookup per key and tile, which the tile's 16-byte
+// copies then share (a lookup per copy, with its 64-bit division, cost more issue slots than the
+// tensor-core work of the tile). Visible to the block after the caller's next __syncthreads.
+template <int NK>
+__device__ __forceinline__ void kv_tile_rows(int64_t* rows, const DeviceLayout& L, int s, int64_t key0, int64_t len,
+                                             int64_t block_size, int64_t kvh, int64_t head) {
+  if (threadIdx.x < NK) {
+    // Positions and block sizes fit 32 bits (DeviceLayout's int32 fields): a 32-bit division, inline
+    // (a 64-bit one is a call, whose saved registers spill in the mma.sync kernel).
+    const int64_t j = key0 + threadIdx.x;
+    const uint32_t pos = static_cast<uint32_t>(j), bs = static_cast<uint32_t>(block_size);
+    const uint32_t blk = pos / bs;
+    rows[threadIdx.x] =
+        j < len ? (static_cast<int64_t>(L.table(s)[blk]) * block_size + (pos - blk * bs)) * kvh + head : -1;
+  }
+}
+
+// The keys of a kv_tile_rows table into a bf16 tile (rows -1: zeros). bf16 pools: asynchronous
+// 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to bf16 and stored,
+// with the rows' scales in `scales` (0 past the end). Either way the tile is complete for every
+// thread after the caller's next wait + __syncthreads.
 template <int HD, int NK, int kThreads, bool kFp8, class ChunkAt>
 __device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
-                                             const DeviceLayout& L, int s, int64_t key0, int64_t len,
-                                             int64_t block_size, int64_t kvh, int64_t head, ChunkAt chunk_at) {
+                                             const int64_t* rows, ChunkAt chunk_at) {
   if constexpr (!kFp8) {
     constexpr int C = HD / 8;
     for (int idx = threadIdx.x; idx < NK * C; idx += kThreads) {
       const int key = idx / C, c = idx % C;
-      const int64_t j = key0 + key;
-      const bool ok = j < len;
+      const int64_t row = rows[key];
       const uint16_t* src = static_cast<const uint16_t*>(pool);
-      if (ok) src += kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 8;
-      cp_async16(tile + chunk_at(key, c) * 8, src, ok ? 16 : 0);
+      if (row >= 0) src += row * HD + c * 8;
+      cp_async16(tile + chunk_at(key, c) * 8, src, row >= 0 ? 16 : 0);
     }
   } else {
     constexpr int C16 = HD / 16;  // 16-code chunks per row
     for (int idx = threadIdx.x; idx < NK * C16; idx += kThreads) {
       const int key = idx / C16, c = idx % C16;
-      const int64_t j = key0 + key;
+      const int64_t row = rows[key];
       uint4 raw = make_uint4(0, 0, 0, 0);
-      if (j < len)
-        raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(pool) +
-                                              kv_row_index(L, s, j, block_size, kvh, head) * HD + c * 16);
+      if (row >= 0) raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(pool) + row * HD + c * 16);
       uint4 lo, hi;
       e4m3x8_to_bf16(raw.x, raw.y, reinterpret_cast<uint32_t(&)[4]>(lo));
       e4m3x8_to_bf16(raw.z, raw.w, reinterpret_cast<uint32_t(&)[4]>(hi));
       *reinterpret_cast<uint4*>(tile + chunk_at(key, 2 * c) * 8) = lo;
       *reinterpret_cast<uint4*>(tile + chunk_at(key, 2 * c + 1) * 8) = hi;
     }
-    for (int key = threadIdx.x; key < NK; key += kThreads) {
-      const int64_t j = key0 + key;
-      scales[key] = j < len ? pool_scale[kv_row_index(L, s, j, block_size, kvh, head)] : 0.0f;
-    }
+    for (int key = threadIdx.x; key < NK; key += kThreads) scales[key] = rows[key] >= 0 ? pool_scale[rows[key]] : 0.0f;
   }
 }
 
