@@ -193,6 +193,7 @@ struct Shape {
 struct LayoutCase {
   const char* name;
   std::vector<std::array<int64_t, 2>> spans;  // (start_pos, num_tokens)
+  int64_t block_size = 16;                      // positions per KV block
 };
 
 // The spans of a layout case with pools holding their random history, the same bytes on both sides.
@@ -203,7 +204,7 @@ struct CaseSetup {
   AttentionDims d;
 };
 CaseSetup setup_case(Harness& h, const Shape& s, DType dt, const LayoutCase& lc) {
-  const int64_t bs = 16;
+  const int64_t bs = lc.block_size;
   const int32_t nb = blocks_needed(lc.spans, bs);
   CaseSetup c{make_spans(lc.spans, bs, nb, static_cast<int32_t>(lc.spans.size())), make_kv(h, dt, nb, bs, s.kvh, s.hd),
               0, AttentionDims{s.nh, s.kvh, s.hd, bs, 1.0f / std::sqrt(static_cast<float>(s.hd))}};
@@ -275,6 +276,12 @@ void check_tensor_core(Harness& h) {
   // causal edge in the last ones), and a batch of prefill chunks with tile-sized and odd lengths.
   check_attention(h, kShapes[1], DType::kBF16, {"agent turn 384 after 10000", {{10000, 384}}}, "attn_tc");
   check_attention(h, kShapes[0], DType::kF8E4M3, {"chunks 8/16/129 after 64/0/1023", {{64, 8}, {0, 16}, {1023, 129}}},
+                  "attn_tc");
+  // Blocks that neither hold a key tile nor divide one (the kernels look each key's block up once
+  // per tile): an agent turn over blocks of 24, short fp8 chunks over blocks of 5.
+  check_attention(h, kShapes[1], DType::kBF16, {"agent turn 338 after 9000, blocks of 24", {{9000, 338}}, 24},
+                  "attn_tc");
+  check_attention(h, kShapes[2], DType::kF8E4M3, {"chunks 40/97 after 300/7, blocks of 5", {{300, 40}, {7, 97}}, 5},
                   "attn_tc");
   // The SIMT path: f32 pools (exact fp32) and head dims the tensor-core kernels do not take.
   check_attention(h, kShapes[0], DType::kF32, kLayouts[2], "attn_simt");
