@@ -56,6 +56,7 @@ __device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, cons
                                              const int64_t* rows, ChunkAt chunk_at) {
   if constexpr (!kFp8) {
     constexpr int C = HD / 8;
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < NK * C; idx += kThreads) {
       const int key = idx / C, c = idx % C;
       const int64_t row = rows[key];
@@ -65,6 +66,7 @@ __device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, cons
     }
   } else {
     constexpr int C16 = HD / 16;  // 16-code chunks per row
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < NK * C16; idx += kThreads) {
       const int key = idx / C16, c = idx % C16;
       const int64_t row = rows[key];
