@@ -121,6 +121,17 @@ def test_table_output_and_json_out(tmp_path):
     assert d["layout"] == "fp8" and positive(d["decode"][0]["ms_per_step"])
 
 
+def test_prefill_after_a_cached_context_with_saves():
+    # A later conversation turn: 16 / 48 tokens after 0 and 64 cached tokens, each timed prefill saving
+    # its GDN state twice; --decode-steps 0 runs the prefill cases only.
+    d = bench_json("--synth", "tiny", "--layout", "nvfp4", "--prompt-lens", "16,48", "--prefill-after", "64,0",
+                   "--prefill-saves", 2, "--decode-steps", 0)
+    assert d["prefill_saves"] == 2 and d["decode"] == [] and d["logits_finite"] is True
+    assert [(p["after"], p["prompt_tokens"]) for p in d["prefill"]] == [(0, 16), (0, 48), (64, 16), (64, 48)]
+    for p in d["prefill"]:
+        assert positive(p["ttft_ms"]) and positive(p["tokens_per_s"])
+
+
 def test_slow_cases_are_skipped_not_run():
     # A 1 ms case limit: the first prefill runs (it measures the rate), longer ones are predicted
     # too slow and reported as skipped, as are contexts that need them.
@@ -143,7 +154,10 @@ def test_slow_cases_are_skipped_not_run():
     (["--synth", "tiny", "--layout", "nvfp4", "--contexts", "0,x"], "--contexts: 'x'"),
     (["--synth", "tiny", "--layout", "nvfp4", "--batches", "0"], "--batches: '0'"),
     (["--synth", "tiny", "--layout", "nvfp4", "--prompt-lens", ""], "--prompt-lens"),
-    (["--synth", "tiny", "--layout", "nvfp4", "--decode-steps", "0"], "--decode-steps"),
+    (["--synth", "tiny", "--layout", "nvfp4", "--decode-steps", "-1"], "--decode-steps"),
+    (["--synth", "tiny", "--layout", "nvfp4", "--prefill-after", "0,x"], "--prefill-after: 'x'"),
+    (["--synth", "tiny", "--layout", "nvfp4", "--prefill-saves", "9"], "--prefill-saves"),
+    (["--synth", "tiny", "--layout", "nvfp4", "--prefill-after", "5000"], "max_position_embeddings"),
     (["--synth", "tiny", "--layout", "nvfp4", "--device", "tpu"], "unknown device 'tpu'"),
     (["--synth", "tiny", "--layout", "nvfp4", "--contexts", "5000"], "max_position_embeddings"),
     (["--model", "/nonexistent/model"], "/nonexistent/model"),
