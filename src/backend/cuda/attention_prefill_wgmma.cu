@@ -21,40 +21,23 @@ namespace sparkserve {
 namespace {
 
 constexpr int HD = 256;
-
-// A CTA shape: kWG warpgroups of 64 query rows each, keys in tiles of kKeys. <2, 64>: one CTA per
-// SM (198 KB of shared memory); <1, 32>: two CTAs per SM (99 KB each), whose softmax and MMAs
-// interleave on the SM's tensor cores without any explicit schedule.
-template <int kWG, int kKeysT>
-struct Cta {
-  static constexpr int kThreads = 128 * kWG;
-  static constexpr int kRows = 64 * kWG, kKeys = kKeysT;
-  static constexpr int kPerSm = kWG == 1 ? 2 : 1;
-  static constexpr int kQBytes = kRows * HD * 2;   // one of Q hi / lo
-  static constexpr int kKvBytes = kKeys * HD * 2;  // one of K / V
-  static constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
-};
+constexpr int kThreads = 256;               // 2 warpgroups
+constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
+constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
+constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
+constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
 
 template <int NR>
 struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
-// S += Q Kᵀ for one k16 slice: m64nNk16, N = the tile's keys.
-template <int NK>
-__device__ __forceinline__ void s_wgmma(float (&d)[NK / 8][4], uint64_t desc_q, uint64_t desc_k) {
-  if constexpr (NK == 64) wgmma_m64n64k16_ss_bf16(d, desc_q, desc_k);
-  else wgmma_m64n32k16_ss_bf16(d, desc_q, desc_k);
-}
-
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <class C, bool kFp8>
-__global__ void __launch_bounds__(C::kThreads, C::kPerSm) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
-                                                                                       float* part_ml) {
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
+                                                                              float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  constexpr int kThreads = C::kThreads, kRows = C::kRows, kKeys = C::kKeys;
-  constexpr int kQBytes = C::kQBytes, kKvBytes = C::kKvBytes;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
@@ -130,8 +113,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kPerSm) attention_prefill_wgmm
     for (int kk = 0; kk < HD / 16; ++kk) {
       const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
       const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
-      s_wgmma<kKeys>(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
-      s_wgmma<kKeys>(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
     }
     wgmma_commit();
     load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
@@ -232,52 +215,42 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
 }
 
 // Key splits per CTA: enough that a launch of few CTAs (a short chunk after a long prefix: an agent
-// turn) fills the device (`slots` CTAs at once). Time ~ waves x (tiles per split + ~2 tiles of per-CTA
-// work: the Q load and the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more
-// stays unsplit.
+// turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
+// the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
 constexpr int kMaxSplits = 16;
-int prefill_splits(int64_t ctas, int64_t tiles_max, int slots) {
-  if (ctas >= slots) return 1;
-  const double tiles = static_cast<double>(tiles_max);
+int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
+  if (ctas >= sms) return 1;
+  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
   int best = 1;
   double best_t = tiles + 2.0;
   for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
-    const double waves = static_cast<double>((ctas * n + slots - 1) / slots);
+    const double waves = static_cast<double>((ctas * n + sms - 1) / sms);
     const double t = waves * (tiles / n + 2.0);
     if (t < best_t) best = n, best_t = t;
   }
   return best;
 }
 
-using Cta2 = Cta<2, 64>;  // two warpgroups, 64-key tiles, one CTA per SM
-using Cta1 = Cta<1, 32>;  // one warpgroup, 32-key tiles, two CTAs per SM
+}  // namespace
 
-template <class C>
-bool cta_runs() {
-  static const bool ok =
-      sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<C, false>)) &&
-      C::kSmem <= smem_budget();
+bool attention_prefill_wgmma_available() {
+  static const bool ok = sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>)) &&
+                         kSmem <= smem_budget();
   return ok;
 }
 
-}  // namespace
-
-bool attention_prefill_wgmma_available() { return cta_runs<Cta2>(); }
-bool attention_prefill_wgmma1_available() { return cta_runs<Cta1>(); }
-
 namespace {
-template <class C, bool kFp8>
+template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a) {
   static int64_t allowed = 0;
-  auto kernel = attention_prefill_wgmma_kernel<C, kFp8>;
-  allow_smem(kernel, C::kSmem, allowed);
-  // Tiles of all spans: sum of ceil(n_s * G / rows) <= total_rows * G / rows + spans.
-  const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / C::kRows + a.L.num_seqs;
-  const int n_split = prefill_splits(work * a.kv.kvh, (a.L.max_len + C::kKeys - 1) / C::kKeys,
-                                     be.sm_count() * C::kPerSm);
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
+  // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
+  const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, C::kThreads, C::kSmem, be.stream()>>>(a, nullptr, nullptr);
+    kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -285,7 +258,7 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
   CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  kernel<<<grid, C::kThreads, C::kSmem, be.stream()>>>(a, part_o, part_ml);
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
@@ -293,10 +266,9 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 }
 }  // namespace
 
-void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8, int warpgroups) {
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  if (warpgroups == 1) fp8 ? launch<Cta1, true>(be, a) : launch<Cta1, false>(be, a);
-  else fp8 ? launch<Cta2, true>(be, a) : launch<Cta2, false>(be, a);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
 }
 
 }  // namespace sparkserve
