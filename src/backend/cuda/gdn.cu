@@ -65,20 +65,26 @@ __global__ void gdn_conv_kernel(float* out, const float* x, const float* w, floa
     if (j < S) state[j] = win[j];
 }
 
-// Multi-token conv (the gdn_conv op): one thread per (row, channel), so a long prompt spreads over
-// the whole GPU instead of walking its tokens one by one in C threads. Inputs before a span's first
-// row come from its state slot (the K-1 previous inputs); gdn_conv_state_kernel updates the slots
-// afterwards, in stream order, so every read here sees the old state.
+// Multi-token conv (the gdn_conv op): one block per (span row, kThreads channels), so a long prompt
+// spreads over the whole GPU instead of walking its tokens one by one in C threads. Block x is the
+// x-th row of the spans in span order: only span rows are launched (a round of in-forward state
+// saves covers a few rows of a long batch), and a block finds its row without a division. Inputs
+// before a span's first row come from its state slot (the K-1 previous inputs);
+// gdn_conv_state_kernel updates the slots afterwards, in stream order, so every read here sees the
+// old state.
 __global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w, const float* state_pool,
                                      DeviceLayout L, int64_t C, int K) {
   pdl_launch_dependents();  // the verify step kernel after it waits for its output
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= static_cast<int64_t>(L.total_rows) * C) return;
-  const int r = static_cast<int>(i / C);
-  const int64_t c = i % C;
-  const int s = L.span_of_row(r), S = K - 1;
-  if (s < 0) return;  // a row outside every span (the CPU leaves it untouched too)
-  const int64_t r0 = L.row_begin(s), t = r - r0;
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  int s = 0, t = static_cast<int>(blockIdx.x);
+  for (; s < L.num_seqs; ++s) {
+    const int n = L.num_tokens(s);
+    if (t < n) break;
+    t -= n;
+  }
+  if (s >= L.num_seqs || c >= C) return;
+  const int S = K - 1;
+  const int64_t r0 = L.row_begin(s);
   const float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
   float acc = 0.0f;
   for (int j = 0; j < K; ++j) {
@@ -86,16 +92,27 @@ __global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w,
     const float v = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
     acc += w[c * K + j] * v;
   }
-  out[i] = silu_f(acc);
+  out[(r0 + t) * C + c] = silu_f(acc);
+}
+
+// gdn_conv_rows_kernel over the rows of batch's spans.
+void launch_conv_rows(cudaStream_t stream, float* out, const float* x, const float* w, const float* state_pool,
+                      const DeviceLayout& L, const BatchLayout& batch, int64_t C, int64_t K) {
+  int64_t rows = 0;
+  for (const SeqSpan& sp : batch.seqs) rows += sp.num_tokens;
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  gdn_conv_rows_kernel<<<grid, kThreads, 0, stream>>>(out, x, w, state_pool, L, C, static_cast<int>(K));
+  CUDA_CHECK_LAUNCH();
 }
 
 // Each span's state slot := the last K-1 inputs of (old state, the span's rows), one thread per
-// (span, channel). In place: entry j reads old entry n + j > j (n >= 1 rows), so ascending j is safe.
+// (span, channel): block (span, kThreads channels). In place: entry j reads old entry n + j > j
+// (n >= 1 rows), so ascending j is safe.
 __global__ void gdn_conv_state_kernel(const float* x, float* state_pool, DeviceLayout L, int64_t C, int K) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= static_cast<int64_t>(L.num_seqs) * C) return;
-  const int s = static_cast<int>(i / C);
-  const int64_t c = i % C;
+  const int s = static_cast<int>(blockIdx.x);
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
   const int S = K - 1;
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
   if (n == 0) return;
@@ -651,10 +668,8 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   // The conv output stays in stream-ordered scratch between the two kernels.
   CudaBackend::Scratch qkv(&be, static_cast<size_t>(T * C) * sizeof(float));
   // Every span row from the state's window and the rows before it (reads the state only).
-  gdn_conv_rows_kernel<<<blocks_for(T * C, kThreads), kThreads, 0, be.stream()>>>(
-      qkv.as<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(), conv_state_pool.ptr<const float>(), L, C,
-      static_cast<int>(K));
-  CUDA_CHECK_LAUNCH();
+  launch_conv_rows(be.stream(), qkv.as<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(),
+                   conv_state_pool.ptr<const float>(), L, batch, C, K);
   // A cluster of nc blocks per (span, value head): 4 at dv = 128, 256 blocks at batch 1 on the H200.
   const int nc = static_cast<int>((dv + kTileCols - 1) / kTileCols);
   cudaLaunchConfig_t cfg = {};
@@ -823,14 +838,12 @@ void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor&
   const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C, rows = batch.total_rows * C;
   if (n == 0 || rows == 0) return;
   DeviceLayout L = device_layout(batch);
-  gdn_conv_rows_kernel<<<blocks_for(rows, kThreads), kThreads, 0, stream_>>>(
-      out.ptr<float>(), mixed.ptr<const float>(), weight.ptr<const float>(), conv_state_pool.ptr<const float>(), L,
-      C, static_cast<int>(K));
-  CUDA_CHECK_LAUNCH();
+  launch_conv_rows(stream_, out.ptr<float>(), mixed.ptr<const float>(), weight.ptr<const float>(),
+                   conv_state_pool.ptr<const float>(), L, batch, C, K);
   if (K == 1) return;
-  gdn_conv_state_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_>>>(mixed.ptr<const float>(),
-                                                                          conv_state_pool.ptr<float>(), L, C,
-                                                                          static_cast<int>(K));
+  const dim3 grid(static_cast<unsigned>(batch.seqs.size()), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  gdn_conv_state_kernel<<<grid, kThreads, 0, stream_>>>(mixed.ptr<const float>(), conv_state_pool.ptr<float>(), L, C,
+                                                      static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -861,10 +874,8 @@ void CudaBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor&
   if (batch.seqs.empty() || T == 0) return;
   DeviceLayout L = device_layout(batch);
   // The conv of every span row from the state's window and the rows before it (reads the state only).
-  gdn_conv_rows_kernel<<<blocks_for(T * C, kThreads), kThreads, 0, stream_>>>(
-      qkv.ptr<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(), conv_state_pool.ptr<const float>(), L, C,
-      static_cast<int>(K));
-  CUDA_CHECK_LAUNCH();
+  launch_conv_rows(stream_, qkv.ptr<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(),
+                   conv_state_pool.ptr<const float>(), L, batch, C, K);
   run_delta(*this, false, out, qkv, g, beta, state_pool, batch, d);
 }
 
