@@ -65,43 +65,59 @@ __global__ void gdn_conv_kernel(float* out, const float* x, const float* w, floa
     if (j < S) state[j] = win[j];
 }
 
-// Multi-token conv (the gdn_conv op): one block per (span row, kThreads channels), so a long prompt
-// spreads over the whole GPU instead of walking its tokens one by one in C threads. Block x is the
-// x-th row of the spans in span order: only span rows are launched (a round of in-forward state
-// saves covers a few rows of a long batch), and a block finds its row without a division. Inputs
+// Multi-token conv (the gdn_conv op): one block per (kConvRows rows of a span, kThreads channels), so
+// a long prompt spreads over the whole GPU instead of walking its tokens one by one in C threads; a
+// thread slides one window over its rows (each input loaded once, not K times). Block x is the x-th
+// row group of the spans in span order: only span rows are launched (a round of in-forward state
+// saves covers a few rows of a long batch), and a block finds its rows without a division. Inputs
 // before a span's first row come from its state slot (the K-1 previous inputs);
 // gdn_conv_state_kernel updates the slots afterwards, in stream order, so every read here sees the
 // old state.
+constexpr int kConvRows = 4;
 __global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w, const float* state_pool,
                                      DeviceLayout L, int64_t C, int K) {
   pdl_launch_dependents();  // the verify step kernel after it waits for its output
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  int s = 0, t = static_cast<int>(blockIdx.x);
+  int s = 0, g = static_cast<int>(blockIdx.x), n = 0;
   for (; s < L.num_seqs; ++s) {
-    const int n = L.num_tokens(s);
-    if (t < n) break;
-    t -= n;
+    n = L.num_tokens(s);
+    const int groups = (n + kConvRows - 1) / kConvRows;
+    if (g < groups) break;
+    g -= groups;
   }
   if (s >= L.num_seqs || c >= C) return;
-  const int S = K - 1;
+  const int S = K - 1, t0 = g * kConvRows;
   const int64_t r0 = L.row_begin(s);
   const float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
-  float acc = 0.0f;
-  for (int j = 0; j < K; ++j) {
-    const int64_t p = t - S + j;  // input position within the span; < 0: held in the state
-    const float v = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
-    acc += w[c * K + j] * v;
+  // win[i]: the input at span position t0 - S + i (< 0: held in the state).
+  constexpr int W = kMaxConvKernel - 1 + kConvRows;
+  float win[W], wt[kMaxConvKernel];
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const int p = t0 - S + i;
+    if (i < S + kConvRows && p < n) win[i] = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
   }
-  out[(r0 + t) * C + c] = silu_f(acc);
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j)
+    if (j < K) wt[j] = w[c * K + j];
+#pragma unroll
+  for (int r = 0; r < kConvRows; ++r) {
+    if (t0 + r >= n) break;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel; ++j)
+      if (j < K) acc += wt[j] * win[r + j];
+    out[(r0 + t0 + r) * C + c] = silu_f(acc);
+  }
 }
 
 // gdn_conv_rows_kernel over the rows of batch's spans.
 void launch_conv_rows(cudaStream_t stream, float* out, const float* x, const float* w, const float* state_pool,
                       const DeviceLayout& L, const BatchLayout& batch, int64_t C, int64_t K) {
-  int64_t rows = 0;
-  for (const SeqSpan& sp : batch.seqs) rows += sp.num_tokens;
-  if (rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  int64_t groups = 0;
+  for (const SeqSpan& sp : batch.seqs) groups += (sp.num_tokens + kConvRows - 1) / kConvRows;
+  if (groups == 0) return;
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((C + kThreads - 1) / kThreads));
   gdn_conv_rows_kernel<<<grid, kThreads, 0, stream>>>(out, x, w, state_pool, L, C, static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
 }
