@@ -333,7 +333,13 @@ bool attention_prefill_wgmma_available() {
 }
 
 bool attention_prefill_wgmma_defer_available() {
-  static const bool ok = attention_prefill_wgmma_available() && smem_bytes(true) <= smem_budget();
+  // 226 KB with the key-row table: past smem_budget's 200 KB cap, within the device's opt-in limit.
+  static const bool ok = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return attention_prefill_wgmma_available() && smem_bytes(true) + 2 * kKeys * 8 <= optin;
+  }();
   return ok;
 }
 
