@@ -237,17 +237,15 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   const double bound = dt == DType::kF32 ? kFp32 : kTensorCore;
   // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs)
   // the mma.sync prefill kernel that the other targets take, forced, against the same reference.
-  // Also the wgmma kernel's deferred-P·V variant where it runs.
   const bool both = s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
-  const bool defer = both && attention_prefill_force(2);
   attention_prefill_force(-1);
-  for (int kernel : {-1, 0, 2}) {
-    if ((kernel == 0 && !both) || (kernel == 2 && !defer)) continue;
+  for (int kernel : {-1, 0}) {
+    if (kernel == 0 && !both) break;
     attention_prefill_force(kernel);
     h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
     h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
     attention_prefill_force(-1);
-    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : kernel == 2 ? " [prefill wgmma defer]" : "";
+    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : "";
     record(group, name + tag, h.err(o), bound);
     record(group, name + " gated" + tag, h.err(og), bound);
   }

@@ -25,9 +25,7 @@ constexpr int kThreads = 256;               // 2 warpgroups
 constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
 constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
 constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
-// kDefer (A/B variant): V double-buffered, one more tile and scale row.
-constexpr int smem_bytes(bool defer) { return 2 * kQBytes + (defer ? 3 : 2) * (kKvBytes + kKeys * 4) + 1024; }
-constexpr int kSmem = smem_bytes(false);
+constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
 
 template <int NR>
 struct SwChunk {
@@ -36,9 +34,7 @@ struct SwChunk {
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-// kDefer (A/B variant): P·V of tile j is issued behind S of tile j + 1 and runs during tile j + 1's
-// softmax (o is rescaled once it lands); V double-buffered.
-template <bool kFp8, bool kDefer>
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
@@ -48,9 +44,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
   uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
   uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kKvBytes);
-  constexpr int kVBufs = kDefer ? 2 : 1;
-  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + (1 + kVBufs) * kKvBytes);
-  float* v_sc = k_sc + kKeys;  // [kVBufs][kKeys]
+  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 2 * kKvBytes);
+  float* v_sc = k_sc + kKeys;
 
   const DeviceLayout& L = a.L;
   const int G = a.group, h = blockIdx.y;
@@ -97,152 +92,65 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   __shared__ int64_t key_rows[2][kKeys];
   kv_tile_rows<kKeys>(key_rows[t_begin % 2], L, s, static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h);
   __syncthreads();
-  if constexpr (kDefer) {
-    // Per tile kt: S(kt) and P·V(kt - 1) issued back to back; S(kt) awaited, then the softmax of kt
-    // runs while P·V(kt - 1) does; o rescaled once it lands. Copies: K(kt + 1) once every warpgroup
-    // is past S(kt), V(kt + 1) into the other V buffer once every warpgroup is past P·V(kt - 1).
-    // cp.async groups: K(kt + 1) then V(kt + 1) per tile; waiting for all but the newest leaves
-    // only V(kt + 1) in flight at the top of tile kt + 1.
-    if (t_begin < t_end) {
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2],
-                                              SwChunk<kKeys>{});
-      cp_async_commit();
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile + (t_begin % 2) * (kKvBytes / 2), v_sc + (t_begin % 2) * kKeys,
-                                              a.kv.v, a.kv.v_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
-      cp_async_commit();
-    }
-    uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];  // P of the previous tile
-    for (int kt = t_begin; kt < t_end; ++kt) {
-      const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
-      cp_async_wait<1>();
-      fence_proxy_async();
-      __syncthreads();  // K(kt), V(kt - 1), rows(kt) in place
-      float sacc[kKeys / 8][4];
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-      wgmma_fence_operand(sacc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const int off = (kk % 4) * 32;
-        const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
-        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
-        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
-      }
-      wgmma_commit();
-      if (kt > t_begin) {
-        const uint8_t* vb = v_base + ((kt - 1) % 2) * kKvBytes;
-        wgmma_fence_operand(o);
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          const uint64_t dv = sw128_desc(vb + kk * 16 * 128, kKeys * 128);
-          wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-          wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-        }
-      }
-      wgmma_commit();
-      if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
-      wgmma_wait<1>();  // S(kt) done; P·V(kt - 1) may still run
-      wgmma_fence_operand(sacc);
-      float corr[2];
-      softmax_scores<kKeys>(sacc, m, l, corr, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
-                            lane);
-      __syncthreads();  // every warpgroup past S(kt): K free; rows(kt + 1) in place
-      if (kt + 1 < t_end)
-        load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
-                                                SwChunk<kKeys>{});
-      cp_async_commit();
-      wgmma_wait<0>();  // P·V(kt - 1) landed
-      wgmma_fence_operand(o);
-      rescale_rows<HD / 8>(o, corr);
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        p_fragments<kKeys>(sacc, kFp8 ? v_sc + (kt % 2) * kKeys : nullptr, kk, lane, ph[kk], pl[kk]);
-      __syncthreads();  // every warpgroup past P·V(kt - 1): its V buffer free
-      if (kt + 1 < t_end)
-        load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile + ((kt + 1) % 2) * (kKvBytes / 2),
-                                                v_sc + ((kt + 1) % 2) * kKeys, a.kv.v, a.kv.v_scale,
-                                                key_rows[(kt + 1) % 2], SwChunk<kKeys>{});
-      cp_async_commit();
-    }
-    if (t_begin < t_end) {  // P·V of the last tile
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads();
-      const uint8_t* vb = v_base + ((t_end - 1) % 2) * kKvBytes;
-      wgmma_fence_operand(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint64_t dv = sw128_desc(vb + kk * 16 * 128, kKeys * 128);
-        wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-        wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
-    }
-  } else {
   if (t_begin < t_end)
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
-    cp_async_commit();
-    for (int kt = t_begin; kt < t_end; ++kt) {
-      const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
-  
-      // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi; V's copy is issued while it runs.
-      // (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact no-op
-      // that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
-      float sacc[kKeys / 8][4];
-  #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-      wgmma_fence_operand(sacc);
-      wgmma_fence();
-  #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
-        const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
-        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
-        wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
-      }
-      wgmma_commit();
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
-      cp_async_commit();
-      if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
-      wgmma_wait<0>();
-      wgmma_fence_operand(sacc);
-      softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
-                                  lane);
-  
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads();  // V tile kt in place; every warpgroup is done with K
-  
-      // O += P V, P as lo then hi (fp8: each probability times its row's V scale); the next K's copy
-      // is issued while it runs.
-      uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
-  #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
-      wgmma_fence_operand(o);
-      wgmma_fence();
-  #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
-        wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-        wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-      }
-      wgmma_commit();
-      if (kt + 1 < t_end)
-        load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
-                                                SwChunk<kKeys>{});
-      cp_async_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
+  cp_async_commit();
+  for (int kt = t_begin; kt < t_end; ++kt) {
+    const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
+
+    // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi; V's copy is issued while it runs.
+    // (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact no-op
+    // that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
+    float sacc[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+    wgmma_fence_operand(sacc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
+      const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
+      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
     }
-  
+    wgmma_commit();
+    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
+    cp_async_commit();
+    if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
+    wgmma_wait<0>();
+    wgmma_fence_operand(sacc);
+    softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
+                                lane);
+
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K
+
+    // O += P V, P as lo then hi (fp8: each probability times its row's V scale); the next K's copy
+    // is issued while it runs.
+    uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
+    wgmma_fence_operand(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
+      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+      wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
+    }
+    wgmma_commit();
+    if (kt + 1 < t_end)
+      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
+                                              SwChunk<kKeys>{});
+    cp_async_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(o);
   }
+
   finish_row_sums(l);
   const int64_t batch_rows = static_cast<int64_t>(L.total_rows) * a.nh;
 #pragma unroll
@@ -326,36 +234,23 @@ int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
 }  // namespace
 
 bool attention_prefill_wgmma_available() {
-  static const bool ok =
-      sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, false>)) &&
-      kSmem <= smem_budget();
-  return ok;
-}
-
-bool attention_prefill_wgmma_defer_available() {
-  // 226 KB with the key-row table: past smem_budget's 200 KB cap, within the device's opt-in limit.
-  static const bool ok = [] {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return attention_prefill_wgmma_available() && smem_bytes(true) + 2 * kKeys * 8 <= optin;
-  }();
+  static const bool ok = sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>)) &&
+                         kSmem <= smem_budget();
   return ok;
 }
 
 namespace {
-template <bool kFp8, bool kDefer>
+template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a) {
   static int64_t allowed = 0;
-  constexpr int bytes = smem_bytes(kDefer);
-  auto kernel = attention_prefill_wgmma_kernel<kFp8, kDefer>;
-  allow_smem(kernel, bytes, allowed);
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
   const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, kThreads, bytes, be.stream()>>>(a, nullptr, nullptr);
+    kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -363,7 +258,7 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
   CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  kernel<<<grid, kThreads, bytes, be.stream()>>>(a, part_o, part_ml);
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
@@ -371,10 +266,9 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 }
 }  // namespace
 
-void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8, bool defer) {
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  if (defer) fp8 ? launch<true, true>(be, a) : launch<false, true>(be, a);
-  else fp8 ? launch<true, false>(be, a) : launch<false, false>(be, a);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
 }
 
 }  // namespace sparkserve
