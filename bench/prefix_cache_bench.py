@@ -18,7 +18,8 @@
              bench/prefix_cache_bench.py bodies --out /tmp/agent-bodies.jsonl
 
 With --url URL (and no --bin) the benchmark runs against a server already running. Prints a table
-and one JSON line (--json-out FILE writes it too). Standard library + httpx only."""
+and one JSON line (--json-out FILE writes it too). Standard library + httpx only (the timed requests
+go through RawClient, a plain socket)."""
 import argparse
 import json
 import random
@@ -89,34 +90,82 @@ class Served:
             self.proc.wait(60)
 
 
-# One client for the whole run, as an agent keeps one (the openai SDK holds an httpx.Client per
-# OpenAI()): making a client builds an SSL context (~20-35 ms), which httpx.stream() would do inside
-# every timed request.
-_CLIENT = None
+class RawClient:
+    """The streamed requests' HTTP/1.1 client: one keep-alive socket (as an agent keeps one
+    connection), the request sent with one sendall, the chunked SSE body read as it arrives. Each
+    event is stamped when the recv() that completed it returns, before it is parsed: TTFT is the
+    time from the request's first byte sent to the first generated token received, and the
+    client's own JSON parsing and line handling (httpx's iter_lines + json.loads of the ~80 KB
+    first event of a 12K-token turn with return_token_ids: ~2.5 ms on a 2-core Xeon) is not in it."""
+
+    def __init__(self, url):
+        hostport = url.split("://", 1)[1].split("/", 1)[0]
+        host, _, port = hostport.rpartition(":")
+        self.addr, self.hostport, self.sock = (host.strip("[]"), int(port)), hostport, None
+
+    def _recv(self, sock):
+        d = sock.recv(1 << 20)
+        self.at = time.perf_counter()  # when the bytes read so far had all arrived
+        if not d:
+            raise SystemExit("the server closed the connection in the middle of a response")
+        return d
+
+    def post_stream(self, path, data):
+        """Yields (seconds since the first byte was sent, event text) for every SSE event."""
+        if self.sock is None:
+            self.sock = socket.create_connection(self.addr)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self.sock
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.hostport}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        t0 = time.perf_counter()
+        sock.sendall(head + data)
+        buf = b""
+        while True:  # the head (skipping interim 1xx responses)
+            while b"\r\n\r\n" not in buf:
+                buf += self._recv(sock)
+            raw, buf = buf.split(b"\r\n\r\n", 1)
+            lines = raw.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            if status >= 200:
+                break
+        headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
+        if headers.get("connection", "").lower() == "close":
+            self.sock = None  # this response is the connection's last: reconnect next time
+        if status != 200 or headers.get("transfer-encoding", "").lower() != "chunked":
+            raise SystemExit(f"HTTP {status}: {buf[:300]!r}")
+        body = b""
+        while True:  # chunks: "SIZE\r\nDATA\r\n", ending with "0\r\n\r\n"
+            while b"\r\n" not in buf:
+                buf += self._recv(sock)
+            size_line, rest = buf.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            while len(rest) < size + 2:
+                rest += self._recv(sock)
+            body += rest[:size]
+            buf = rest[size + 2:]
+            while b"\n\n" in body:
+                event, body = body.split(b"\n\n", 1)
+                yield self.at - t0, event.decode()
+            if size == 0:
+                return
 
 
-def client():
-    global _CLIENT
-    if _CLIENT is None:
-        _CLIENT = httpx.Client(timeout=3600)
-    return _CLIENT
+_CLIENTS = {}
 
 
 def stream(url, path, body, token_ids=True):
     """One streamed request: (ttft seconds to the first generated token, usage dict). With token_ids
     the first generated token shows even when it has no text, but the first chunk then carries the
     whole prompt's ids too (vLLM's return_token_ids): ~80 KB of JSON for a 12K-token agent turn,
-    ~0.35 ms to write on the server and more to parse in this client."""
+    ~0.35 ms to write on the server and more to read here (on the clock: the bytes must arrive)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": token_ids}
     # Encoded before the clock starts: the client's json.dumps of a ~70 KB agent turn is no server time.
     data = json.dumps(body).encode()
-    c = client()
-    t0 = time.perf_counter()
+    c = _CLIENTS.setdefault(url, RawClient(url))
     ttft, usage, text = None, None, ""
-    with c.stream("POST", url + path, content=data, headers={"Content-Type": "application/json"}) as r:
-        if r.status_code != 200:
-            raise SystemExit(f"HTTP {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
+    for at, event in c.post_stream(path, data):
+        for line in event.split("\n"):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             j = json.loads(line[6:])
@@ -125,7 +174,7 @@ def stream(url, path, body, token_ids=True):
             for ch in j.get("choices", []):
                 if ttft is None and (ch.get("token_ids") or ch.get("text") or (ch.get("delta") or {}).get("content")
                                      or (ch.get("delta") or {}).get("reasoning_content")):
-                    ttft = time.perf_counter() - t0
+                    ttft = at
                 d = ch.get("delta") or {}
                 text += d.get("content") or ""
             usage = j.get("usage") or usage
