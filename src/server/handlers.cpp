@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 
 #include "server/api_error.h"
 #include "server/anthropic_api.h"
@@ -76,22 +77,32 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
 
   const bool include_usage = r.include_usage;
   struct ChoiceState {
+    std::once_flag role_built;
+    std::string role_event;
     bool first = true;
     bool any_tool_call = false;
   };
   auto states = std::make_shared<std::vector<ChoiceState>>(gens.size());
   // The role chunk of a choice goes out with its first generated piece, not before the prefill
-  // (as vLLM does): clients such as llama-benchy time the prefill up to the first chunk.
-  auto with_role = [gens, meta, states, token_ids](size_t i, std::string event) {
+  // (as vLLM does): clients such as llama-benchy time the prefill up to the first chunk. It is
+  // built while the engine runs the prompt (below, after run_to_stream submitted it): with
+  // return_token_ids it holds every prompt id (~80 KB of JSON for a 12K-token prompt, ~0.3 ms).
+  auto role_event = [gens, meta, states, token_ids](size_t i) -> std::string& {
+    ChoiceState& st = (*states)[i];
+    std::call_once(st.role_built, [&] {
+      ChatDelta role;
+      role.role = true;
+      role.content = "";
+      st.role_event = sse_event(with_choice_index(
+          chat_chunk_json(meta, role, std::nullopt, {}, nullptr, token_ids ? &gens[i]->er->prompt : nullptr), i));
+    });
+    return st.role_event;
+  };
+  auto with_role = [states, role_event](size_t i, std::string event) {
     ChoiceState& st = (*states)[i];
     if (!st.first) return event;
     st.first = false;
-    ChatDelta role;
-    role.role = true;
-    role.content = "";
-    return sse_event(with_choice_index(
-               chat_chunk_json(meta, role, std::nullopt, {}, nullptr, token_ids ? &gens[i]->er->prompt : nullptr), i)) +
-           event;
+    return std::move(role_event(i)) + event;
   };
   StreamFns fns;
   fns.chunk = [gens, meta, with_role, states, want_logprobs, token_ids](size_t i, const Piece& p) {
@@ -119,6 +130,7 @@ void handle_chat(ServeContext& ctx, const http::Request& req, ResponderPtr res) 
     return out + std::string(kSseDone);
   };
   run_to_stream(ctx, gens, res, std::move(fns));
+  for (size_t i = 0; i < gens.size(); ++i) role_event(i);
 }
 
 // ---- /v1/completions -----------------------------------------------------------------------
