@@ -17,7 +17,9 @@ namespace sparkserve::cli {
 namespace {
 
 // Sequence with n generated tokens -> script[n], then EOS; one row per chunk that asks for logits
-// (the chosen id gets logit 30, every other 0: greedy and sampled requests alike take it).
+// (the chosen id gets logit 30, every other 0: greedy and sampled requests alike take it). A greedy
+// row the engine needs only the choice of (argmax_vocab, nothing excluded, no draw) comes back as
+// that id alone, as the model runners send it back, so the host does not sample a full row.
 class ScriptedRunner final : public ModelRunner {
  public:
   ScriptedRunner(std::vector<int32_t> script, int32_t eos, int64_t vocab, CacheGeometry g)
@@ -25,17 +27,31 @@ class ScriptedRunner final : public ModelRunner {
   CacheGeometry geometry() const override { return geometry_; }
   Expected<StepOutput> execute(const StepPlan& plan) override {
     StepOutput out;
-    out.logits.vocab = vocab_;
+    Logits& l = out.logits;
+    l.vocab = vocab_;
+    bool any_argmax_only = false;
+    int64_t value_rows = 0;
     for (const ScheduledChunk& c : plan.chunks) {
       for (int64_t r = 0; r < c.num_logits; ++r) {
         // Row r predicts the token after position start_pos + tokens.size() - num_logits + r.
         const int64_t generated = c.start_pos + static_cast<int64_t>(c.tokens.size()) - c.num_logits + r + 1 -
                                   c.seq->prompt_len;
         const int32_t next = generated < static_cast<int64_t>(script_.size()) ? script_[static_cast<size_t>(generated)] : eos_;
-        out.logits.data.resize(out.logits.data.size() + static_cast<size_t>(vocab_), 0.0f);
-        out.logits.data[out.logits.data.size() - static_cast<size_t>(vocab_) + static_cast<size_t>(next)] = 30.0f;
-        ++out.logits.rows;
+        const bool argmax_only =
+            next < c.argmax_vocab && c.argmax_excluded.empty() && c.draw.temperature == 0.0f;
+        any_argmax_only = any_argmax_only || argmax_only;
+        l.argmax.push_back(RowArgmax{next, -1});
+        l.data_row.push_back(argmax_only ? -1 : value_rows);
+        ++l.rows;
+        if (argmax_only) continue;
+        ++value_rows;
+        l.data.resize(l.data.size() + static_cast<size_t>(vocab_), 0.0f);
+        l.data[l.data.size() - static_cast<size_t>(vocab_) + static_cast<size_t>(next)] = 30.0f;
       }
+    }
+    if (!any_argmax_only) {  // every row whole: the plain form
+      l.argmax.clear();
+      l.data_row.clear();
     }
     return out;
   }
