@@ -425,53 +425,57 @@ int run_bench(const BenchOptions& o) {
   // cached tokens (--prefill-after; A > 0: a later turn of a conversation whose earlier turns are in
   // the KV cache and GDN state — a prefill of A random tokens, untimed, then the timed one).
   say("\n%-14s %12s %14s\n", "prefill tokens", "TTFT ms", "tokens/s");
-  bool after_header = false;
-  for (const int A : *afters)
-  for (const int L : *lens) {
-    if (A > 0 && !after_header && (after_header = true))
+  // --prefill-after is sorted: the cases after cached tokens come last, under a header with that column.
+  bool after_header_said = false;
+  for (const int A : *afters) {
+    if (A > 0 && !after_header_said) {
       say("\n%-14s %8s %12s %14s\n", "prefill tokens", "after", "TTFT ms", "tokens/s");
-    const double pred = predict_prefill_s(L) + predict_prefill_s(A);
-    const double need = static_cast<double>(blocks_for(A + L)) * lim.block_size * bytes.kv_bytes_per_token +
-                        bytes.gdn_bytes_per_seq + activation_bytes(c, std::min(std::max(A, L), o.prefill_chunk));
-    std::string skip;
-    if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
-    else if (over_budget(pred)) skip = "--time-budget-s spent";
-    else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
-    if (!skip.empty()) {
-      j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"skipped", skip}});
-      say("%-14d %s\n", L, ("skipped: " + skip).c_str());
-      continue;
+      after_header_said = true;
     }
-    lim.max_sequences = 1;
-    lim.num_kv_blocks = blocks_for(A + L);
-    lim.num_snapshots = o.prefill_saves;
-    DirectState st(be, c, lim);
-    lim.num_snapshots = 0;
-    // Each length is timed on its second run: the first loads the kernels its shapes pick (CUDA
-    // loads a kernel on its first launch; cuBLASLt chooses per token-count bucket), as a served
-    // model has done at start-up (serve's warm-up).
-    for (int rep = 0; rep < 2; ++rep) {
-      auto seq = st.open_sequence();
-      if (!seq) return fail(seq.message());
-      if (A > 0) {
-        auto cached = prefill(st, *seq, A);
-        if (!cached) return fail(cached.message());
+    for (const int L : *lens) {
+      const double pred = predict_prefill_s(L) + predict_prefill_s(A);
+      const double need = static_cast<double>(blocks_for(A + L)) * lim.block_size * bytes.kv_bytes_per_token +
+                          bytes.gdn_bytes_per_seq + activation_bytes(c, std::min(std::max(A, L), o.prefill_chunk));
+      std::string skip;
+      if (pred > o.max_case_s) skip = "predicted " + std::to_string(static_cast<int>(pred)) + " s > --max-case-s";
+      else if (over_budget(pred)) skip = "--time-budget-s spent";
+      else if (!fits(need)) skip = "needs ~" + std::to_string(static_cast<int>(need / 1e9)) + " GB of free device memory";
+      if (!skip.empty()) {
+        j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"skipped", skip}});
+        say("%-14d %s\n", L, ("skipped: " + skip).c_str());
+        continue;
       }
-      be.synchronize();
-      auto t0 = Clock::now();
-      auto l = prefill(st, *seq, L, o.prefill_saves);
-      if (!l) return fail(l.message());
-      const double s = seconds_since(t0);
-      check(*l, "prefill");
-      st.close_sequence(*seq);
-      if (rep == 1) {
-        j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
+      lim.max_sequences = 1;
+      lim.num_kv_blocks = blocks_for(A + L);
+      lim.num_snapshots = o.prefill_saves;
+      DirectState st(be, c, lim);
+      lim.num_snapshots = 0;
+      // Each length is timed on its second run: the first loads the kernels its shapes pick (CUDA
+      // loads a kernel on its first launch; cuBLASLt chooses per token-count bucket), as a served
+      // model has done at start-up (serve's warm-up).
+      for (int rep = 0; rep < 2; ++rep) {
+        auto seq = st.open_sequence();
+        if (!seq) return fail(seq.message());
         if (A > 0) {
-          say("%-14d %8d %12.2f %14.1f\n", L, A, s * 1e3, L / s);
-        } else {
-          say("%-14d %12.2f %14.1f\n", L, s * 1e3, L / s);
-          rate_tokens = L;
-          rate_s = s;
+          auto cached = prefill(st, *seq, A);
+          if (!cached) return fail(cached.message());
+        }
+        be.synchronize();
+        auto t0 = Clock::now();
+        auto l = prefill(st, *seq, L, o.prefill_saves);
+        if (!l) return fail(l.message());
+        const double s = seconds_since(t0);
+        check(*l, "prefill");
+        st.close_sequence(*seq);
+        if (rep == 1) {
+          j["prefill"].push_back({{"prompt_tokens", L}, {"after", A}, {"ttft_ms", s * 1e3}, {"tokens_per_s", L / s}});
+          if (A > 0) {
+            say("%-14d %8d %12.2f %14.1f\n", L, A, s * 1e3, L / s);
+          } else {
+            say("%-14d %12.2f %14.1f\n", L, s * 1e3, L / s);
+            rate_tokens = L;
+            rate_s = s;
+          }
         }
       }
     }
