@@ -142,6 +142,12 @@ void bench_prefill_cases(Backend& g, const std::vector<Pf>& cases) {
       const double ms0 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
       attention_prefill_force(-1);
       std::printf(" %12.3f %10.1f", ms0, flops / (ms0 * 1e-3) / 1e12);
+      for (int k : {2, 3}) {
+        if (!attention_prefill_force(k)) continue;
+        const double ms2 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
+        attention_prefill_force(-1);
+        std::printf("  %s %8.3f %7.1f", k == 2 ? "db48" : "n96", ms2, flops / (ms2 * 1e-3) / 1e12);
+      }
     }
     std::printf("\n");
   }

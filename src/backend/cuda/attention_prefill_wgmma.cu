@@ -22,30 +22,85 @@ namespace {
 
 constexpr int HD = 256;
 constexpr int kThreads = 256;               // 2 warpgroups
-constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
+constexpr int kRows = 128;                  // query rows per CTA
 constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
-constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
-constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
+
+// NK keys per tile; kDb: K and V double-buffered (the next tile's copies issued a whole tile ahead,
+// one CTA barrier per tile) instead of one buffer each (two barriers per tile).
+template <int NK, bool kDb>
+struct TileCfg {
+  static constexpr int kBufs = kDb ? 2 : 1;
+  static constexpr int kKvBytes = NK * HD * 2;  // one K or V tile
+  static constexpr int kSmem = 2 * kQBytes + 2 * kBufs * kKvBytes + 2 * kBufs * NK * 4 + 1024;
+};
 
 template <int NR>
 struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
+#ifdef SPARKSERVE_HAS_WGMMA
+// sacc += Q·Kᵀ for the warpgroup's 64 rows and the tile's NK keys, Q as lo then hi.
+template <int NK>
+__device__ __forceinline__ void qk_wgmma(float (&sacc)[NK / 8][4], const uint8_t* qh_base, const uint8_t* ql_base,
+                                         const uint8_t* k_base) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
+    const uint64_t dk = sw128_desc(k_base + (kk / 4) * NK * 128 + off);
+    const uint64_t dl = sw128_desc(ql_base + (kk / 4) * kRows * 128 + off);
+    const uint64_t dh = sw128_desc(qh_base + (kk / 4) * kRows * 128 + off);
+    if constexpr (NK == 64) {
+      wgmma_m64n64k16_ss_bf16(sacc, dl, dk);
+      wgmma_m64n64k16_ss_bf16(sacc, dh, dk);
+    } else if constexpr (NK == 96) {
+      wgmma_m64n96k16_ss_bf16(sacc, dl, dk);
+      wgmma_m64n96k16_ss_bf16(sacc, dh, dk);
+    } else {
+      static_assert(NK == 48, "key tiles of 48, 64 or 96");
+      wgmma_m64n48k16_ss_bf16(sacc, dl, dk);
+      wgmma_m64n48k16_ss_bf16(sacc, dh, dk);
+    }
+  }
+}
+
+// o += P·V for the tile's NK keys, P as lo then hi (fp8: each probability times its row's V scale).
+template <int NK>
+__device__ __forceinline__ void pv_wgmma(float (&o)[HD / 8][4], const float (&sacc)[NK / 8][4], const float* v_sc,
+                                         const uint8_t* v_base, int lane) {
+  uint32_t ph[NK / 16][4], pl[NK / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < NK / 16; ++kk) p_fragments<NK>(sacc, v_sc, kk, lane, ph[kk], pl[kk]);
+  wgmma_fence_operand(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < NK / 16; ++kk) {
+    const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, NK * 128);
+    wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+    wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
+  }
+  wgmma_commit();
+}
+#endif
+
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <bool kFp8>
+template <bool kFp8, int NK, bool kDb>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
+  using C = TileCfg<NK, kDb>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
   uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
-  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
-  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kKvBytes);
-  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 2 * kKvBytes);
-  float* v_sc = k_sc + kKeys;
+  // Buffer b of K at kv + b * kKvBytes, of V at kv + (kBufs + b) * kKvBytes; scales likewise.
+  uint8_t* kv = smem + 2 * kQBytes;
+  float* scales = reinterpret_cast<float*>(kv + 2 * C::kBufs * C::kKvBytes);
+  auto k_buf = [&](int b) { return reinterpret_cast<uint16_t*>(kv + b * C::kKvBytes); };
+  auto v_buf = [&](int b) { return reinterpret_cast<uint16_t*>(kv + (C::kBufs + b) * C::kKvBytes); };
+  auto k_scl = [&](int b) { return scales + b * NK; };
+  auto v_scl = [&](int b) { return scales + (C::kBufs + b) * NK; };
 
   const DeviceLayout& L = a.L;
   const int G = a.group, h = blockIdx.y;
@@ -80,75 +135,91 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // The warpgroup's Q rows within each 64-column block (K-major operand A).
   const uint8_t* qh_base = reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128;
   const uint8_t* ql_base = reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128;
-  const uint8_t* k_base = reinterpret_cast<const uint8_t*>(k_tile);
-  const uint8_t* v_base = reinterpret_cast<const uint8_t*>(v_tile);
 
   // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
-  const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
+  const int n_tiles = static_cast<int>((kv_len + NK - 1) / NK);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
-  // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
-  __shared__ int64_t key_rows[2][kKeys];
-  kv_tile_rows<kKeys>(key_rows[t_begin % 2], L, s, static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h);
-  __syncthreads();
-  if (t_begin < t_end)
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
-  cp_async_commit();
-  for (int kt = t_begin; kt < t_end; ++kt) {
-    const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
-
-    // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi; V's copy is issued while it runs.
-    // (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact no-op
-    // that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
-    float sacc[kKeys / 8][4];
+  // Pool rows of the keys of tile kt in key_rows[kt % 2], written (by NK threads) a barrier before
+  // the copies that read them.
+  __shared__ int32_t key_rows[2][NK];  // pool rows < 2^31 (kv_view checks)
+  auto tile_rows = [&](int kt) {
+    kv_tile_rows<NK>(key_rows[kt % 2], L, s, static_cast<int64_t>(kt) * NK, kv_len, bs, kvh, h);
+  };
+  auto copy_k = [&](int kt, int b) {
+    load_kv_tile<HD, NK, kThreads, kFp8>(k_buf(b), k_scl(b), a.kv.k, a.kv.k_scale, key_rows[kt % 2], SwChunk<NK>{});
+  };
+  auto copy_v = [&](int kt, int b) {
+    load_kv_tile<HD, NK, kThreads, kFp8>(v_buf(b), v_scl(b), a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<NK>{});
+  };
+  // S for the tile's keys, then its softmax (a warpgroup whose rows see none of the tile's keys runs
+  // S too, fully masked: an exact no-op that keeps every wgmma on a uniform path, which ptxas needs
+  // to leave them asynchronous). `during` runs while the MMAs do.
+  auto scores = [&](float (&sacc)[NK / 8][4], int kt, int b, auto during) {
+    const int64_t key0 = static_cast<int64_t>(kt) * NK;
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+    for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
     wgmma_fence_operand(sacc);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
-      const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
-      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
-      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
-    }
+    qk_wgmma<NK>(sacc, qh_base, ql_base, reinterpret_cast<const uint8_t*>(k_buf(b)));
     wgmma_commit();
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
-    cp_async_commit();
-    if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
+    during();
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
-    softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
-                                lane);
+    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_scl(b) : nullptr, key0, key0 + NK > wg_first, limit,
+                             lane);
+  };
 
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // V tile kt in place; every warpgroup is done with K
-
-    // O += P V, P as lo then hi (fp8: each probability times its row's V scale); the next K's copy
-    // is issued while it runs.
-    uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
-    wgmma_fence_operand(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
-      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-      wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-    }
-    wgmma_commit();
-    if (kt + 1 < t_end)
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
-                                              SwChunk<kKeys>{});
+  if constexpr (!kDb) {
+    // One K and one V buffer: V's copy overlaps S and the softmax, the next K's copy overlaps P·V.
+    tile_rows(t_begin);
+    __syncthreads();
+    if (t_begin < t_end) copy_k(t_begin, 0);
     cp_async_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(o);
+    for (int kt = t_begin; kt < t_end; ++kt) {
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
+      float sacc[NK / 8][4];
+      scores(sacc, kt, 0, [&] {
+        copy_v(kt, 0);
+        cp_async_commit();
+        // Tile kt + 1's rows go to the other table (its last reader was tile kt - 1's V copy).
+        if (kt + 1 < t_end) tile_rows(kt + 1);
+      });
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads();  // V tile kt in place; every warpgroup is done with K
+      pv_wgmma<NK>(o, sacc, kFp8 ? v_scl(0) : nullptr, reinterpret_cast<const uint8_t*>(v_buf(0)), lane);
+      if (kt + 1 < t_end) copy_k(kt + 1, 0);
+      cp_async_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+    }
+  } else {
+    // K and V of tile kt in buffers kt % 2; tile kt + 1's copies are issued behind tile kt's S.
+    tile_rows(t_begin);
+    if (t_begin + 1 < t_end) tile_rows(t_begin + 1);
+    __syncthreads();
+    if (t_begin < t_end) copy_k(t_begin, t_begin % 2), copy_v(t_begin, t_begin % 2);
+    cp_async_commit();
+    for (int kt = t_begin; kt < t_end; ++kt) {
+      const int b = kt % 2;
+      cp_async_wait_all();
+      fence_proxy_async();
+      // Tile kt in place (and Q on the first pass); every warpgroup is done with tile kt - 1's
+      // buffers, and every copy of tile kt (the last reader of key_rows[b]) has been issued.
+      __syncthreads();
+      float sacc[NK / 8][4];
+      scores(sacc, kt, b, [&] {
+        if (kt + 1 < t_end) copy_k(kt + 1, b ^ 1), copy_v(kt + 1, b ^ 1);
+        cp_async_commit();
+        if (kt + 2 < t_end) tile_rows(kt + 2);
+      });
+      pv_wgmma<NK>(o, sacc, kFp8 ? v_scl(b) : nullptr, reinterpret_cast<const uint8_t*>(v_buf(b)), lane);
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+    }
   }
 
   finish_row_sums(l);
@@ -218,9 +289,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
 // turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
 // the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
 constexpr int kMaxSplits = 16;
-int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
+int prefill_splits(int64_t ctas, int64_t max_len, int sms, int nk) {
   if (ctas >= sms) return 1;
-  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
+  const double tiles = static_cast<double>((max_len + nk - 1) / nk);
   int best = 1;
   double best_t = tiles + 2.0;
   for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
@@ -231,23 +302,47 @@ int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
   return best;
 }
 
+// The opt-in shared memory of one block (less the kernel's static key-row table).
+int64_t smem_optin() {
+  static const int64_t v = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<int64_t>(optin) - 2 * 96 * 4;
+  }();
+  return v;
+}
+
+// A/B (gpu_ops): 0 = 64-key tiles, one K and one V buffer; 1 = 48-key tiles double-buffered;
+// 2 = 96-key tiles, one buffer each.
+int g_variant = 0;
+
 }  // namespace
 
 bool attention_prefill_wgmma_available() {
-  static const bool ok = sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>)) &&
-                         kSmem <= smem_budget();
+  static const bool ok =
+      sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, 64, false>)) &&
+      TileCfg<64, false>::kSmem <= smem_budget();
   return ok;
 }
 
+bool attention_prefill_wgmma_variant(int v) {
+  if (v == 1 && TileCfg<48, true>::kSmem > smem_optin()) return false;
+  if (v == 2 && TileCfg<96, false>::kSmem > smem_optin()) return false;
+  g_variant = v;
+  return true;
+}
+
 namespace {
-template <bool kFp8>
+template <bool kFp8, int NK, bool kDb>
 void launch(CudaBackend& be, const AttentionArgs& a) {
   static int64_t allowed = 0;
-  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  constexpr int kSmem = TileCfg<NK, kDb>::kSmem;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8, NK, kDb>;
   allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
-  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), NK);
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
     kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
@@ -268,7 +363,9 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  fp8 ? launch<true>(be, a) : launch<false>(be, a);
+  if (g_variant == 1) return fp8 ? launch<true, 48, true>(be, a) : launch<false, 48, true>(be, a);
+  if (g_variant == 2) return fp8 ? launch<true, 96, false>(be, a) : launch<false, 96, false>(be, a);
+  fp8 ? launch<true, 64, false>(be, a) : launch<false, 64, false>(be, a);
 }
 
 }  // namespace sparkserve
