@@ -39,6 +39,23 @@ struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
+// A bf16 K or V tile of NK keys (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async:
+// thread t copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart
+// (the swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
+// (load_kv_tile's general loop spends ~45 instructions on each).
+template <int NK>
+__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
+  static_assert(kThreads == 256 && HD == 256 && NK % 8 == 0, "32 chunks per key row, 8 keys per pass");
+  const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
+  uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
+  const uint16_t* src = pool + c * 8;
+#pragma unroll
+  for (int i = 0; i < NK / 8; ++i) {
+    const int32_t row = rows[k0 + 8 * i];
+    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
+  }
+}
+
 #ifdef SPARKSERVE_HAS_WGMMA
 // sacc += Q·Kᵀ for the warpgroup's 64 rows and the tile's NK keys, Q as lo then hi.
 template <int NK>
@@ -118,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int i0 = tile * kRows;
   const int64_t kv_len = start + (min(i0 + kRows, rows) - 1) / G + 1;  // keys the CTA's last row sees
   const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+  const int32_t* table = L.table(s);
 
   load_q_split<HD, kRows, kThreads>(q_hi, q_lo, a, rb, h, i0, rows, SwChunk<kRows>{});
 
@@ -144,13 +162,19 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // the copies that read them.
   __shared__ int32_t key_rows[2][NK];  // pool rows < 2^31 (kv_view checks)
   auto tile_rows = [&](int kt) {
-    kv_tile_rows<NK>(key_rows[kt % 2], L, s, static_cast<int64_t>(kt) * NK, kv_len, bs, kvh, h);
+    kv_tile_rows<NK>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * NK, kv_len, bs, kvh, h);
   };
   auto copy_k = [&](int kt, int b) {
-    load_kv_tile<HD, NK, kThreads, kFp8>(k_buf(b), k_scl(b), a.kv.k, a.kv.k_scale, key_rows[kt % 2], SwChunk<NK>{});
+    if constexpr (kFp8)
+      load_kv_tile<HD, NK, kThreads, true>(k_buf(b), k_scl(b), a.kv.k, a.kv.k_scale, key_rows[kt % 2], SwChunk<NK>{});
+    else
+      copy_tile_bf16<NK>(k_buf(b), static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2]);
   };
   auto copy_v = [&](int kt, int b) {
-    load_kv_tile<HD, NK, kThreads, kFp8>(v_buf(b), v_scl(b), a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<NK>{});
+    if constexpr (kFp8)
+      load_kv_tile<HD, NK, kThreads, true>(v_buf(b), v_scl(b), a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<NK>{});
+    else
+      copy_tile_bf16<NK>(v_buf(b), static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2]);
   };
   // S for the tile's keys, then its softmax (a warpgroup whose rows see none of the tile's keys runs
   // S too, fully masked: an exact no-op that keeps every wgmma on a uniform path, which ptxas needs
