@@ -17,6 +17,7 @@
 //  - attn_model: the BF16 fixtures with bf16 / fp8 KV on CUDA vs the CPU backend with the same KV
 //                dtype: teacher-forced logits, cached decode steps (recorded as CUDA graphs after
 //                the first), batched decode. Bound kKvRounding.
+#include <cstdlib>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -239,13 +240,15 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   // the mma.sync prefill kernel that the other targets take, forced, against the same reference.
   const bool both = s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
   attention_prefill_force(-1);
-  for (int kernel : {-1, 0, 2, 3}) {
+  for (int kernel : {-1, 0, 2, 3, 4}) {
     if (kernel != -1 && !both) break;
+    if (kernel == 4 && std::getenv("ATTN4_NO_PP")) continue;  // A/B round only
     if (!attention_prefill_force(kernel)) continue;
     h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
     h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
     attention_prefill_force(-1);
-    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : kernel == 2 ? " [prefill wgmma db48]" : kernel == 3 ? " [prefill wgmma n96]" : "";
+    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : kernel == 2 ? " [prefill wgmma db48]" : kernel == 3 ? " [prefill wgmma n96]"
+                            : kernel == 4 ? " [prefill wgmma pp48]" : "";
     record(group, name + tag, h.err(o), bound);
     record(group, name + " gated" + tag, h.err(og), bound);
   }

@@ -25,11 +25,13 @@ constexpr int kThreads = 256;               // 2 warpgroups
 constexpr int kRows = 128;                  // query rows per CTA
 constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
 
-// NK keys per tile; kDb: K and V double-buffered (the next tile's copies issued a whole tile ahead,
-// one CTA barrier per tile) instead of one buffer each (two barriers per tile).
-template <int NK, bool kDb>
+// NK keys per tile; kMode 0: one K and one V buffer (two CTA barriers per tile); 1: K and V
+// double-buffered (the next tile's copies issued a whole tile ahead, one CTA barrier per tile);
+// 2: double-buffered ping-pong (warpgroup 0 copies K, warpgroup 1 V, completing on mbarriers; the
+// warpgroups take turns issuing S, no CTA barrier in the loop).
+template <int NK, int kMode>
 struct TileCfg {
-  static constexpr int kBufs = kDb ? 2 : 1;
+  static constexpr int kBufs = kMode ? 2 : 1;
   static constexpr int kKvBytes = NK * HD * 2;  // one K or V tile
   static constexpr int kSmem = 2 * kQBytes + 2 * kBufs * kKvBytes + 2 * kBufs * NK * 4 + 1024;
 };
@@ -39,22 +41,54 @@ struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
-// A bf16 K or V tile of NK keys (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async:
-// thread t copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart
-// (the swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
-// (load_kv_tile's general loop spends ~45 instructions on each).
-template <int NK>
-__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
-  static_assert(kThreads == 256 && HD == 256 && NK % 8 == 0, "32 chunks per key row, 8 keys per pass");
-  const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
-  uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
-  const uint16_t* src = pool + c * 8;
+// A bf16 K or V tile of NK keys (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async
+// from NT threads (t: this thread's index among them): thread t copies 16-byte chunk c = t % 32 of
+// keys t / 32 + (NT / 32) j + 8 i, whose destinations are 1 KB apart in i (the swizzle depends on
+// key % 8 only), so a copy is a row lookup, an address and the cp.async (load_kv_tile's general loop
+// spends ~45 instructions on each).
+template <int NK, int NT>
+__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows, int t) {
+  static_assert(HD == 256 && NK % 8 == 0 && (NT == 128 || NT == 256), "32 chunks per key row, 4 or 8 keys per pass");
+  const int c = t % 32;
 #pragma unroll
-  for (int i = 0; i < NK / 8; ++i) {
-    const int32_t row = rows[k0 + 8 * i];
-    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
+  for (int j = 0; j < 256 / NT; ++j) {
+    const int k0 = t / 32 + (NT / 32) * j;
+    uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
+    const uint16_t* src = pool + c * 8;
+#pragma unroll
+    for (int i = 0; i < NK / 8; ++i) {
+      const int32_t row = rows[k0 + 8 * i];
+      cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
+    }
   }
 }
+
+#ifdef SPARKSERVE_HAS_WGMMA
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// An arrival on `bar` once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+#endif
 
 #ifdef SPARKSERVE_HAS_WGMMA
 // sacc += Q·Kᵀ for the warpgroup's 64 rows and the tile's NK keys, Q as lo then hi.
@@ -102,11 +136,11 @@ __device__ __forceinline__ void pv_wgmma(float (&o)[HD / 8][4], const float (&sa
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <bool kFp8, int NK, bool kDb>
+template <bool kFp8, int NK, int kMode>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  using C = TileCfg<NK, kDb>;
+  using C = TileCfg<NK, kMode>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
@@ -168,13 +202,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     if constexpr (kFp8)
       load_kv_tile<HD, NK, kThreads, true>(k_buf(b), k_scl(b), a.kv.k, a.kv.k_scale, key_rows[kt % 2], SwChunk<NK>{});
     else
-      copy_tile_bf16<NK>(k_buf(b), static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2]);
+      copy_tile_bf16<NK, kThreads>(k_buf(b), static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2], threadIdx.x);
   };
   auto copy_v = [&](int kt, int b) {
     if constexpr (kFp8)
       load_kv_tile<HD, NK, kThreads, true>(v_buf(b), v_scl(b), a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<NK>{});
     else
-      copy_tile_bf16<NK>(v_buf(b), static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2]);
+      copy_tile_bf16<NK, kThreads>(v_buf(b), static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2], threadIdx.x);
   };
   // S for the tile's keys, then its softmax (a warpgroup whose rows see none of the tile's keys runs
   // S too, fully masked: an exact no-op that keeps every wgmma on a uniform path, which ptxas needs
@@ -194,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
                              lane);
   };
 
-  if constexpr (!kDb) {
+  if constexpr (kMode == 0) {
     // One K and one V buffer: V's copy overlaps S and the softmax, the next K's copy overlaps P·V.
     tile_rows(t_begin);
     __syncthreads();
@@ -220,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       wgmma_wait<0>();
       wgmma_fence_operand(o);
     }
-  } else {
+  } else if constexpr (kMode == 1) {
     // K and V of tile kt in buffers kt % 2; tile kt + 1's copies are issued behind tile kt's S.
     tile_rows(t_begin);
     if (t_begin + 1 < t_end) tile_rows(t_begin + 1);
@@ -243,6 +277,79 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       pv_wgmma<NK>(o, sacc, kFp8 ? v_scl(b) : nullptr, reinterpret_cast<const uint8_t*>(v_buf(b)), lane);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
+    }
+  } else {
+    static_assert(!kFp8 && kMode == 2, "ping-pong: bf16 pools");
+    // Warpgroup 0 copies the K tiles, warpgroup 1 the V tiles, each completing on the buffer's full
+    // mbarrier (cp.async arrive); the buffer's empty mbarrier says the other warpgroup is done with it
+    // (K: warpgroup 1's S, V: warpgroup 0's P·V). Row tables in 3 slots per warpgroup: tile kt + 2's
+    // are looked up at the start of iteration kt, published by the warpgroup's named barrier right
+    // before its copies (a slot's previous reader, tile kt - 1's copies, is two barriers back).
+    __shared__ uint64_t bars[8];  // K full [2], V full [2], K empty [2], V empty [2]
+    __shared__ int32_t rows3[2][3][NK];
+    const uint32_t kfull = static_cast<uint32_t>(__cvta_generic_to_shared(bars)), vfull = kfull + 16,
+                   kempty = kfull + 32, vempty = kfull + 48;
+    const int lt = threadIdx.x % 128;
+    if (threadIdx.x == 0)
+      for (int i = 0; i < 8; ++i) mbar_init(kfull + 8 * i, 128);
+    auto rows_of = [&](int kt) {
+      if (lt < NK) {
+        const int64_t j = static_cast<int64_t>(kt) * NK + lt;
+        const uint32_t pos = static_cast<uint32_t>(j), ubs = static_cast<uint32_t>(bs), blk = pos / ubs;
+        rows3[wg][kt % 3][lt] = static_cast<int32_t>(
+            j < kv_len ? (static_cast<int64_t>(table[blk]) * bs + (pos - blk * ubs)) * kvh + h : -1);
+      }
+    };
+    auto issue = [&](int kt) {  // this warpgroup's tile of kt: K (warpgroup 0) or V (1)
+      const int b = kt % 2;
+      copy_tile_bf16<NK, 128>(wg == 0 ? k_buf(b) : v_buf(b), static_cast<const uint16_t*>(wg == 0 ? a.kv.k : a.kv.v),
+                              rows3[wg][kt % 3], lt);
+      cp_async_mbar_arrive_noinc((wg == 0 ? kfull : vfull) + 8 * b);
+    };
+    if (t_begin < t_end) rows_of(t_begin);
+    if (t_begin + 1 < t_end) rows_of(t_begin + 1);
+    fence_proxy_async();  // Q's shared stores, for the tensor cores
+    __syncthreads();      // Q, the mbarriers' init, the first row tables
+    if (t_begin < t_end) issue(t_begin);
+    if (t_begin + 1 < t_end) issue(t_begin + 1);
+    for (int kt = t_begin; kt < t_end; ++kt) {
+      const int b = kt % 2;
+      const uint32_t par = ((kt - t_begin) >> 1) & 1;
+      if (kt + 2 < t_end) rows_of(kt + 2);
+      mbar_wait(kfull + 8 * b, par);
+      fence_proxy_async();
+      // Turns: warpgroup 0 issues S of tile kt, then warpgroup 1, so one's softmax runs under the
+      // other's MMAs (named barriers 3 and 4: "warpgroup w may issue").
+      if (wg == 1 || kt != t_begin) named_bar_sync(3 + wg, 256);
+      float sacc[NK / 8][4];
+#pragma unroll
+      for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+      wgmma_fence_operand(sacc);
+      wgmma_fence();
+      qk_wgmma<NK>(sacc, qh_base, ql_base, reinterpret_cast<const uint8_t*>(k_buf(b)));
+      wgmma_commit();
+      if (wg == 0 || kt + 1 < t_end) named_bar_arrive(4 - wg, 256);
+      wgmma_wait<0>();
+      wgmma_fence_operand(sacc);
+      if (wg == 1) mbar_arrive(kempty + 8 * b);
+      const int64_t key0 = static_cast<int64_t>(kt) * NK;
+      softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, nullptr, key0, key0 + NK > wg_first, limit, lane);
+      mbar_wait(vfull + 8 * b, par);
+      fence_proxy_async();
+      pv_wgmma<NK>(o, sacc, nullptr, reinterpret_cast<const uint8_t*>(v_buf(b)), lane);
+      if (wg == 0 && kt + 2 < t_end) {
+        mbar_wait(kempty + 8 * b, par);
+        named_bar_sync(1, 128);
+        issue(kt + 2);
+      }
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (wg == 0) mbar_arrive(vempty + 8 * b);
+      if (wg == 1 && kt + 2 < t_end) {
+        mbar_wait(vempty + 8 * b, par);
+        named_bar_sync(2, 128);
+        issue(kt + 2);
+      }
     }
   }
 
@@ -338,7 +445,7 @@ int64_t smem_optin() {
 }
 
 // A/B (gpu_ops): 0 = 64-key tiles, one K and one V buffer; 1 = 48-key tiles double-buffered;
-// 2 = 96-key tiles, one buffer each.
+// 2 = 96-key tiles, one buffer each; 3 = 48-key ping-pong (bf16; fp8 takes 1).
 int g_variant = 0;
 
 }  // namespace
@@ -346,23 +453,24 @@ int g_variant = 0;
 bool attention_prefill_wgmma_available() {
   static const bool ok =
       sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, 64, false>)) &&
-      TileCfg<64, false>::kSmem <= smem_budget();
+      TileCfg<64, 0>::kSmem <= smem_budget();
   return ok;
 }
 
 bool attention_prefill_wgmma_variant(int v) {
-  if (v == 1 && TileCfg<48, true>::kSmem > smem_optin()) return false;
-  if (v == 2 && TileCfg<96, false>::kSmem > smem_optin()) return false;
+  if (v == 1 && TileCfg<48, 1>::kSmem > smem_optin()) return false;
+  if (v == 2 && TileCfg<96, 0>::kSmem > smem_optin()) return false;
+  if (v == 3 && TileCfg<48, 2>::kSmem + 8 * 8 + 2 * 3 * 48 * 4 > smem_optin() + 2 * 96 * 4) return false;
   g_variant = v;
   return true;
 }
 
 namespace {
-template <bool kFp8, int NK, bool kDb>
+template <bool kFp8, int NK, int kMode>
 void launch(CudaBackend& be, const AttentionArgs& a) {
   static int64_t allowed = 0;
-  constexpr int kSmem = TileCfg<NK, kDb>::kSmem;
-  auto kernel = attention_prefill_wgmma_kernel<kFp8, NK, kDb>;
+  constexpr int kSmem = TileCfg<NK, kMode>::kSmem;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8, NK, kMode>;
   allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
@@ -387,9 +495,10 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  if (g_variant == 1) return fp8 ? launch<true, 48, true>(be, a) : launch<false, 48, true>(be, a);
-  if (g_variant == 2) return fp8 ? launch<true, 96, false>(be, a) : launch<false, 96, false>(be, a);
-  fp8 ? launch<true, 64, false>(be, a) : launch<false, 64, false>(be, a);
+  if (g_variant == 1) return fp8 ? launch<true, 48, 1>(be, a) : launch<false, 48, 1>(be, a);
+  if (g_variant == 2) return fp8 ? launch<true, 96, 0>(be, a) : launch<false, 96, 0>(be, a);
+  if (g_variant == 3) return fp8 ? launch<true, 48, 1>(be, a) : launch<false, 48, 2>(be, a);
+  fp8 ? launch<true, 64, 0>(be, a) : launch<false, 64, 0>(be, a);
 }
 
 }  // namespace sparkserve
