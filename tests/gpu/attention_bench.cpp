@@ -9,7 +9,6 @@
 //    other targets take is timed beside it.
 //  - decode: B = 1 / 16 / 64 sequences at contexts 0 / 8K / 32K / 128K; GB/s counts the K/V bytes
 //    read. Pools of several copies (rotated per call) keep small contexts out of L2.
-#include <cstdlib>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -143,13 +142,6 @@ void bench_prefill_cases(Backend& g, const std::vector<Pf>& cases) {
       const double ms0 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
       attention_prefill_force(-1);
       std::printf(" %12.3f %10.1f", ms0, flops / (ms0 * 1e-3) / 1e12);
-      for (int k : {2, 3, 4}) {
-        if (k == 4 && std::getenv("ATTN4_NO_PP")) continue;  // A/B round only
-        if (!attention_prefill_force(k)) continue;
-        const double ms2 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
-        attention_prefill_force(-1);
-        std::printf("  %s %8.3f %7.1f", k == 2 ? "db48" : k == 3 ? "n96" : "pp48", ms2, flops / (ms2 * 1e-3) / 1e12);
-      }
     }
     std::printf("\n");
   }

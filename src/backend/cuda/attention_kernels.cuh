@@ -44,8 +44,6 @@ void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8)
 // The sm_90a warpgroup-MMA prefill kernel (attention_prefill_wgmma.cu), head_dim 256: available
 // when this build has sm_90a code, the device is compute 9.0 and its shared memory suffices.
 bool attention_prefill_wgmma_available();
-// A/B hook: 0 = the default tiles, 1 = 48-key double-buffered tiles; false when it cannot run here.
-bool attention_prefill_wgmma_variant(int v);
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8);
 void launch_attention_decode(CudaBackend& be, const AttentionArgs& a, bool fp8);
 

@@ -164,9 +164,8 @@ bool prefill_takes_wgmma(int64_t hd) {
 // host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, -1 automatic);
 // false when the forced kernel cannot run here (then nothing changes).
 bool attention_prefill_force(int kernel) {
-  if (kernel >= 1 && !attention_prefill_wgmma_available()) return false;
-  if (!attention_prefill_wgmma_variant(kernel >= 2 ? kernel - 1 : 0)) return false;
-  g_prefill_forced = kernel >= 1 ? 1 : kernel;
+  if (kernel == 1 && !attention_prefill_wgmma_available()) return false;
+  g_prefill_forced = kernel;
   return true;
 }
 

@@ -1,18 +1,23 @@
 // Flash attention for prefill on Hopper's warpgroup MMA (sm_90a, head_dim 256; the other targets and
 // head dims take attention_prefill.cu's mma.sync kernel). Same rows, masking, online softmax,
 // precision (Q and P as bf16 hi + lo, K and V exact bf16) and output as that kernel; what changes is
-// who reads the operands: S = Q·Kᵀ is m64n64k16 with Q (hi, lo) and K both read by the tensor cores
+// who reads the operands: S = Q·Kᵀ is m64n96k16 with Q (hi, lo) and K both read by the tensor cores
 // from shared memory (K-major, 128-byte swizzle), and O += P·V is m64n256k16 with P from registers
 // (the S accumulators turned into A fragments in place) and V read N-major (transposed) from shared
 // memory. No Q or K fragments go through registers, and the 64 x 256 f32 output of a warpgroup sits
 // in its accumulators.
 //
 // CTA: 2 warpgroups, 128 (token, query head) rows of one span and kv head (64 per warpgroup), keys
-// in tiles of 64: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. A launch of
-// fewer CTAs than SMs (a few hundred new tokens after a long cached prefix: an agent turn) also
-// splits the keys over CTAs (prefill_splits); each split writes its unnormalised rows with their
-// max and sum, and prefill_combine_kernel merges them in split order.
-// Shared memory: Q hi + lo 128 KB, K 32 KB, V 32 KB, fp8 row scales 512 B (+1 KB alignment).
+// in tiles of 96: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. 96-key tiles
+// (not 64) because S reads Q hi, Q lo and K from shared memory for every k16 step: at 64 keys that is
+// the whole shared-memory bandwidth at the tensor cores' rate, at 96 five sixths (and a third fewer
+// tiles, barriers and softmax passes); measured 5% faster than 64-key tiles and than 48-key tiles
+// with K and V double-buffered (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
+// new tokens after a long cached prefix: an agent turn) also splits the keys over CTAs
+// (prefill_splits); each split writes its unnormalised rows with their max and sum, and
+// prefill_combine_kernel merges them in split order.
+// Shared memory: Q hi + lo 128 KB, K 48 KB, V 48 KB, fp8 row scales 768 B, +1 KB alignment (opt-in
+// limit 227 KB on sm_90), and a 768-byte table of the tile's pool rows.
 #include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/wgmma_primitives.cuh"
@@ -22,136 +27,47 @@ namespace {
 
 constexpr int HD = 256;
 constexpr int kThreads = 256;               // 2 warpgroups
-constexpr int kRows = 128;                  // query rows per CTA
+constexpr int kRows = 128, kKeys = 96;      // query rows per CTA, keys per tile
 constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
-
-// NK keys per tile; kMode 0: one K and one V buffer (two CTA barriers per tile); 1: K and V
-// double-buffered (the next tile's copies issued a whole tile ahead, one CTA barrier per tile);
-// 2: double-buffered ping-pong (warpgroup 0 copies K, warpgroup 1 V, completing on mbarriers; the
-// warpgroups take turns issuing S, no CTA barrier in the loop).
-template <int NK, int kMode>
-struct TileCfg {
-  static constexpr int kBufs = kMode ? 2 : 1;
-  static constexpr int kKvBytes = NK * HD * 2;  // one K or V tile
-  static constexpr int kSmem = 2 * kQBytes + 2 * kBufs * kKvBytes + 2 * kBufs * NK * 4 + 1024;
-};
+constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
+constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
+constexpr int kStaticSmem = 2 * kKeys * 4;  // key_rows
 
 template <int NR>
 struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
-// A bf16 K or V tile of NK keys (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async
-// from NT threads (t: this thread's index among them): thread t copies 16-byte chunk c = t % 32 of
-// keys t / 32 + (NT / 32) j + 8 i, whose destinations are 1 KB apart in i (the swizzle depends on
-// key % 8 only), so a copy is a row lookup, an address and the cp.async (load_kv_tile's general loop
-// spends ~45 instructions on each).
-template <int NK, int NT>
-__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows, int t) {
-  static_assert(HD == 256 && NK % 8 == 0 && (NT == 128 || NT == 256), "32 chunks per key row, 4 or 8 keys per pass");
-  const int c = t % 32;
+// A bf16 K or V tile (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async: thread t
+// copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
+// swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
+// (load_kv_tile's general loop spent ~45 instructions on each, and the warps sat in it).
+__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
+  static_assert(kThreads == 256 && HD == 256 && kKeys % 8 == 0, "32 chunks per key row, 8 keys per pass");
+  const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
+  uint16_t* dst = tile + sw128_chunk<kKeys>(k0, c) * 8;
+  const uint16_t* src = pool + c * 8;
 #pragma unroll
-  for (int j = 0; j < 256 / NT; ++j) {
-    const int k0 = t / 32 + (NT / 32) * j;
-    uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
-    const uint16_t* src = pool + c * 8;
-#pragma unroll
-    for (int i = 0; i < NK / 8; ++i) {
-      const int32_t row = rows[k0 + 8 * i];
-      cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
-    }
+  for (int i = 0; i < kKeys / 8; ++i) {
+    const int32_t row = rows[k0 + 8 * i];
+    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
   }
 }
-
-#ifdef SPARKSERVE_HAS_WGMMA
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// An arrival on `bar` once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-#endif
-
-#ifdef SPARKSERVE_HAS_WGMMA
-// sacc += Q·Kᵀ for the warpgroup's 64 rows and the tile's NK keys, Q as lo then hi.
-template <int NK>
-__device__ __forceinline__ void qk_wgmma(float (&sacc)[NK / 8][4], const uint8_t* qh_base, const uint8_t* ql_base,
-                                         const uint8_t* k_base) {
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) {
-    const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
-    const uint64_t dk = sw128_desc(k_base + (kk / 4) * NK * 128 + off);
-    const uint64_t dl = sw128_desc(ql_base + (kk / 4) * kRows * 128 + off);
-    const uint64_t dh = sw128_desc(qh_base + (kk / 4) * kRows * 128 + off);
-    if constexpr (NK == 64) {
-      wgmma_m64n64k16_ss_bf16(sacc, dl, dk);
-      wgmma_m64n64k16_ss_bf16(sacc, dh, dk);
-    } else if constexpr (NK == 96) {
-      wgmma_m64n96k16_ss_bf16(sacc, dl, dk);
-      wgmma_m64n96k16_ss_bf16(sacc, dh, dk);
-    } else {
-      static_assert(NK == 48, "key tiles of 48, 64 or 96");
-      wgmma_m64n48k16_ss_bf16(sacc, dl, dk);
-      wgmma_m64n48k16_ss_bf16(sacc, dh, dk);
-    }
-  }
-}
-
-// o += P·V for the tile's NK keys, P as lo then hi (fp8: each probability times its row's V scale).
-template <int NK>
-__device__ __forceinline__ void pv_wgmma(float (&o)[HD / 8][4], const float (&sacc)[NK / 8][4], const float* v_sc,
-                                         const uint8_t* v_base, int lane) {
-  uint32_t ph[NK / 16][4], pl[NK / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < NK / 16; ++kk) p_fragments<NK>(sacc, v_sc, kk, lane, ph[kk], pl[kk]);
-  wgmma_fence_operand(o);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < NK / 16; ++kk) {
-    const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, NK * 128);
-    wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-    wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-  }
-  wgmma_commit();
-}
-#endif
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <bool kFp8, int NK, int kMode>
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  using C = TileCfg<NK, kMode>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
   uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
-  // Buffer b of K at kv + b * kKvBytes, of V at kv + (kBufs + b) * kKvBytes; scales likewise.
-  uint8_t* kv = smem + 2 * kQBytes;
-  float* scales = reinterpret_cast<float*>(kv + 2 * C::kBufs * C::kKvBytes);
-  auto k_buf = [&](int b) { return reinterpret_cast<uint16_t*>(kv + b * C::kKvBytes); };
-  auto v_buf = [&](int b) { return reinterpret_cast<uint16_t*>(kv + (C::kBufs + b) * C::kKvBytes); };
-  auto k_scl = [&](int b) { return scales + b * NK; };
-  auto v_scl = [&](int b) { return scales + (C::kBufs + b) * NK; };
+  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
+  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kKvBytes);
+  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 2 * kKvBytes);
+  float* v_sc = k_sc + kKeys;
 
   const DeviceLayout& L = a.L;
   const int G = a.group, h = blockIdx.y;
@@ -184,173 +100,87 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale2 = a.scale * kLog2e;
-  // The warpgroup's Q rows within each 64-column block (K-major operand A).
-  const uint8_t* qh_base = reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128;
-  const uint8_t* ql_base = reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128;
+  // Descriptors of the warpgroup's Q rows (K-major operand A) and of the K and V tiles. A
+  // descriptor's low 14 bits are the start address / 16 (shared addresses < 256 KB), so a step
+  // through an operand is the add of a constant.
+  const uint64_t qh_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128);
+  const uint64_t ql_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128);
+  const uint64_t k_desc = sw128_desc(k_tile), v_desc = sw128_desc(v_tile, kKeys * 128);
 
   // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
-  const int n_tiles = static_cast<int>((kv_len + NK - 1) / NK);
+  const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  // Pool rows of the keys of tile kt in key_rows[kt % 2], written (by NK threads) a barrier before
-  // the copies that read them.
-  __shared__ int32_t key_rows[2][NK];  // pool rows < 2^31 (kv_view checks)
+  // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
+  // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
+  __shared__ int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
+  static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
-    kv_tile_rows<NK>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * NK, kv_len, bs, kvh, h);
+    kv_tile_rows<kKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
   };
-  auto copy_k = [&](int kt, int b) {
+  auto copy_tile = [&](uint16_t* dst, float* sc, const void* pool, const float* pool_scale, int kt) {
     if constexpr (kFp8)
-      load_kv_tile<HD, NK, kThreads, true>(k_buf(b), k_scl(b), a.kv.k, a.kv.k_scale, key_rows[kt % 2], SwChunk<NK>{});
+      load_kv_tile<HD, kKeys, kThreads, true>(dst, sc, pool, pool_scale, key_rows[kt % 2], SwChunk<kKeys>{});
     else
-      copy_tile_bf16<NK, kThreads>(k_buf(b), static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2], threadIdx.x);
-  };
-  auto copy_v = [&](int kt, int b) {
-    if constexpr (kFp8)
-      load_kv_tile<HD, NK, kThreads, true>(v_buf(b), v_scl(b), a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<NK>{});
-    else
-      copy_tile_bf16<NK, kThreads>(v_buf(b), static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2], threadIdx.x);
-  };
-  // S for the tile's keys, then its softmax (a warpgroup whose rows see none of the tile's keys runs
-  // S too, fully masked: an exact no-op that keeps every wgmma on a uniform path, which ptxas needs
-  // to leave them asynchronous). `during` runs while the MMAs do.
-  auto scores = [&](float (&sacc)[NK / 8][4], int kt, int b, auto during) {
-    const int64_t key0 = static_cast<int64_t>(kt) * NK;
-#pragma unroll
-    for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-    wgmma_fence_operand(sacc);
-    wgmma_fence();
-    qk_wgmma<NK>(sacc, qh_base, ql_base, reinterpret_cast<const uint8_t*>(k_buf(b)));
-    wgmma_commit();
-    during();
-    wgmma_wait<0>();
-    wgmma_fence_operand(sacc);
-    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_scl(b) : nullptr, key0, key0 + NK > wg_first, limit,
-                             lane);
+      copy_tile_bf16(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
   };
 
-  if constexpr (kMode == 0) {
-    // One K and one V buffer: V's copy overlaps S and the softmax, the next K's copy overlaps P·V.
-    tile_rows(t_begin);
-    __syncthreads();
-    if (t_begin < t_end) copy_k(t_begin, 0);
-    cp_async_commit();
-    for (int kt = t_begin; kt < t_end; ++kt) {
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
-      float sacc[NK / 8][4];
-      scores(sacc, kt, 0, [&] {
-        copy_v(kt, 0);
-        cp_async_commit();
-        // Tile kt + 1's rows go to the other table (its last reader was tile kt - 1's V copy).
-        if (kt + 1 < t_end) tile_rows(kt + 1);
-      });
-      cp_async_wait_all();
-      fence_proxy_async();
-      __syncthreads();  // V tile kt in place; every warpgroup is done with K
-      pv_wgmma<NK>(o, sacc, kFp8 ? v_scl(0) : nullptr, reinterpret_cast<const uint8_t*>(v_buf(0)), lane);
-      if (kt + 1 < t_end) copy_k(kt + 1, 0);
-      cp_async_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
-    }
-  } else if constexpr (kMode == 1) {
-    // K and V of tile kt in buffers kt % 2; tile kt + 1's copies are issued behind tile kt's S.
-    tile_rows(t_begin);
-    if (t_begin + 1 < t_end) tile_rows(t_begin + 1);
-    __syncthreads();
-    if (t_begin < t_end) copy_k(t_begin, t_begin % 2), copy_v(t_begin, t_begin % 2);
-    cp_async_commit();
-    for (int kt = t_begin; kt < t_end; ++kt) {
-      const int b = kt % 2;
-      cp_async_wait_all();
-      fence_proxy_async();
-      // Tile kt in place (and Q on the first pass); every warpgroup is done with tile kt - 1's
-      // buffers, and every copy of tile kt (the last reader of key_rows[b]) has been issued.
-      __syncthreads();
-      float sacc[NK / 8][4];
-      scores(sacc, kt, b, [&] {
-        if (kt + 1 < t_end) copy_k(kt + 1, b ^ 1), copy_v(kt + 1, b ^ 1);
-        cp_async_commit();
-        if (kt + 2 < t_end) tile_rows(kt + 2);
-      });
-      pv_wgmma<NK>(o, sacc, kFp8 ? v_scl(b) : nullptr, reinterpret_cast<const uint8_t*>(v_buf(b)), lane);
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
-    }
-  } else {
-    static_assert(!kFp8 && kMode == 2, "ping-pong: bf16 pools");
-    // Warpgroup 0 copies the K tiles, warpgroup 1 the V tiles, each completing on the buffer's full
-    // mbarrier (cp.async arrive); the buffer's empty mbarrier says the other warpgroup is done with it
-    // (K: warpgroup 1's S, V: warpgroup 0's P·V). Row tables in 3 slots per warpgroup: tile kt + 2's
-    // are looked up at the start of iteration kt, published by the warpgroup's named barrier right
-    // before its copies (a slot's previous reader, tile kt - 1's copies, is two barriers back).
-    __shared__ uint64_t bars[8];  // K full [2], V full [2], K empty [2], V empty [2]
-    __shared__ int32_t rows3[2][3][NK];
-    const uint32_t kfull = static_cast<uint32_t>(__cvta_generic_to_shared(bars)), vfull = kfull + 16,
-                   kempty = kfull + 32, vempty = kfull + 48;
-    const int lt = threadIdx.x % 128;
-    if (threadIdx.x == 0)
-      for (int i = 0; i < 8; ++i) mbar_init(kfull + 8 * i, 128);
-    auto rows_of = [&](int kt) {
-      if (lt < NK) {
-        const int64_t j = static_cast<int64_t>(kt) * NK + lt;
-        const uint32_t pos = static_cast<uint32_t>(j), ubs = static_cast<uint32_t>(bs), blk = pos / ubs;
-        rows3[wg][kt % 3][lt] = static_cast<int32_t>(
-            j < kv_len ? (static_cast<int64_t>(table[blk]) * bs + (pos - blk * ubs)) * kvh + h : -1);
-      }
-    };
-    auto issue = [&](int kt) {  // this warpgroup's tile of kt: K (warpgroup 0) or V (1)
-      const int b = kt % 2;
-      copy_tile_bf16<NK, 128>(wg == 0 ? k_buf(b) : v_buf(b), static_cast<const uint16_t*>(wg == 0 ? a.kv.k : a.kv.v),
-                              rows3[wg][kt % 3], lt);
-      cp_async_mbar_arrive_noinc((wg == 0 ? kfull : vfull) + 8 * b);
-    };
-    if (t_begin < t_end) rows_of(t_begin);
-    if (t_begin + 1 < t_end) rows_of(t_begin + 1);
-    fence_proxy_async();  // Q's shared stores, for the tensor cores
-    __syncthreads();      // Q, the mbarriers' init, the first row tables
-    if (t_begin < t_end) issue(t_begin);
-    if (t_begin + 1 < t_end) issue(t_begin + 1);
-    for (int kt = t_begin; kt < t_end; ++kt) {
-      const int b = kt % 2;
-      const uint32_t par = ((kt - t_begin) >> 1) & 1;
-      if (kt + 2 < t_end) rows_of(kt + 2);
-      mbar_wait(kfull + 8 * b, par);
-      fence_proxy_async();
-      // Turns: warpgroup 0 issues S of tile kt, then warpgroup 1, so one's softmax runs under the
-      // other's MMAs (named barriers 3 and 4: "warpgroup w may issue").
-      if (wg == 1 || kt != t_begin) named_bar_sync(3 + wg, 256);
-      float sacc[NK / 8][4];
+  tile_rows(t_begin);
+  __syncthreads();
+  if (t_begin < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, t_begin);
+  cp_async_commit();
+  for (int kt = t_begin; kt < t_end; ++kt) {
+    const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
+
+    // S = Q Kᵀ for the warpgroup's 64 rows, Q as lo then hi; V's copy is issued while it runs.
+    // (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact no-op
+    // that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
+    float sacc[kKeys / 8][4];
 #pragma unroll
-      for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-      wgmma_fence_operand(sacc);
-      wgmma_fence();
-      qk_wgmma<NK>(sacc, qh_base, ql_base, reinterpret_cast<const uint8_t*>(k_buf(b)));
-      wgmma_commit();
-      if (wg == 0 || kt + 1 < t_end) named_bar_arrive(4 - wg, 256);
-      wgmma_wait<0>();
-      wgmma_fence_operand(sacc);
-      if (wg == 1) mbar_arrive(kempty + 8 * b);
-      const int64_t key0 = static_cast<int64_t>(kt) * NK;
-      softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, nullptr, key0, key0 + NK > wg_first, limit, lane);
-      mbar_wait(vfull + 8 * b, par);
-      fence_proxy_async();
-      pv_wgmma<NK>(o, sacc, nullptr, reinterpret_cast<const uint8_t*>(v_buf(b)), lane);
-      if (wg == 0 && kt + 2 < t_end) {
-        mbar_wait(kempty + 8 * b, par);
-        named_bar_sync(1, 128);
-        issue(kt + 2);
-      }
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
-      if (wg == 0) mbar_arrive(vempty + 8 * b);
-      if (wg == 1 && kt + 2 < t_end) {
-        mbar_wait(vempty + 8 * b, par);
-        named_bar_sync(2, 128);
-        issue(kt + 2);
-      }
+    for (int j = 0; j < kKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+    wgmma_fence_operand(sacc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
+      const uint64_t dk = k_desc + (((kk / 4) * kKeys * 128 + off) >> 4);
+      wgmma_m64n96k16_ss_bf16(sacc, ql_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
+      wgmma_m64n96k16_ss_bf16(sacc, qh_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
     }
+    wgmma_commit();
+    copy_tile(v_tile, v_sc, a.kv.v, a.kv.v_scale, kt);
+    cp_async_commit();
+    if (kt + 1 < t_end) tile_rows(kt + 1);
+    wgmma_wait<0>();
+    wgmma_fence_operand(sacc);
+    softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
+                                lane);
+
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K
+
+    // O += P V, P as lo then hi (fp8: each probability times its row's V scale); the next K's copy
+    // is issued while it runs.
+    uint32_t ph[kKeys / 16][4], pl[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) p_fragments<kKeys>(sacc, kFp8 ? v_sc : nullptr, kk, lane, ph[kk], pl[kk]);
+    wgmma_fence_operand(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t dv = v_desc + ((kk * 16 * 128) >> 4);
+      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+      wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
+    }
+    wgmma_commit();
+    if (kt + 1 < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, kt + 1);
+    cp_async_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(o);
   }
 
   finish_row_sums(l);
@@ -420,9 +250,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
 // turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
 // the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
 constexpr int kMaxSplits = 16;
-int prefill_splits(int64_t ctas, int64_t max_len, int sms, int nk) {
+int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
   if (ctas >= sms) return 1;
-  const double tiles = static_cast<double>((max_len + nk - 1) / nk);
+  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
   int best = 1;
   double best_t = tiles + 2.0;
   for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
@@ -433,48 +263,30 @@ int prefill_splits(int64_t ctas, int64_t max_len, int sms, int nk) {
   return best;
 }
 
-// The opt-in shared memory of one block (less the kernel's static key-row table).
-int64_t smem_optin() {
-  static const int64_t v = [] {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<int64_t>(optin) - 2 * 96 * 4;
-  }();
-  return v;
-}
-
-// A/B (gpu_ops): 0 = 64-key tiles, one K and one V buffer; 1 = 48-key tiles double-buffered;
-// 2 = 96-key tiles, one buffer each; 3 = 48-key ping-pong (bf16; fp8 takes 1).
-int g_variant = 0;
-
 }  // namespace
 
 bool attention_prefill_wgmma_available() {
-  static const bool ok =
-      sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, 64, false>)) &&
-      TileCfg<64, 0>::kSmem <= smem_budget();
+  // The kernel needs more than smem_budget()'s 200 KB: the device's opt-in limit itself (227 KB on
+  // sm_90).
+  static const bool ok = [] {
+    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>))) return false;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return kSmem + kStaticSmem <= optin;
+  }();
   return ok;
 }
 
-bool attention_prefill_wgmma_variant(int v) {
-  if (v == 1 && TileCfg<48, 1>::kSmem > smem_optin()) return false;
-  if (v == 2 && TileCfg<96, 0>::kSmem > smem_optin()) return false;
-  if (v == 3 && TileCfg<48, 2>::kSmem + 8 * 8 + 2 * 3 * 48 * 4 > smem_optin() + 2 * 96 * 4) return false;
-  g_variant = v;
-  return true;
-}
-
 namespace {
-template <bool kFp8, int NK, int kMode>
+template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a) {
   static int64_t allowed = 0;
-  constexpr int kSmem = TileCfg<NK, kMode>::kSmem;
-  auto kernel = attention_prefill_wgmma_kernel<kFp8, NK, kMode>;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
   allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
-  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), NK);
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
     kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
@@ -495,10 +307,7 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
 
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  if (g_variant == 1) return fp8 ? launch<true, 48, 1>(be, a) : launch<false, 48, 1>(be, a);
-  if (g_variant == 2) return fp8 ? launch<true, 96, 0>(be, a) : launch<false, 96, 0>(be, a);
-  if (g_variant == 3) return fp8 ? launch<true, 48, 1>(be, a) : launch<false, 48, 2>(be, a);
-  fp8 ? launch<true, 64, 0>(be, a) : launch<false, 64, 0>(be, a);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
 }
 
 }  // namespace sparkserve
