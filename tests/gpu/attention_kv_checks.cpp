@@ -283,6 +283,10 @@ void check_tensor_core(Harness& h) {
                   "attn_tc");
   check_attention(h, kShapes[2], DType::kF8E4M3, {"chunks 40/97 after 300/7, blocks of 5", {{300, 40}, {7, 97}}, 5},
                   "attn_tc");
+  // The wgmma kernel's 96-key tiles over blocks that do not divide them, with key splits (26 and 38
+  // CTAs: groups of 8 and 16 query heads) and the causal edge inside a tile.
+  check_attention(h, kShapes[1], DType::kBF16, {"chunk 200 after 4100, blocks of 40", {{4100, 200}}, 40}, "attn_tc");
+  check_attention(h, kShapes[0], DType::kF8E4M3, {"chunk 150 after 2000, blocks of 7", {{2000, 150}}, 7}, "attn_tc");
   // The SIMT path: f32 pools (exact fp32) and head dims the tensor-core kernels do not take.
   check_attention(h, kShapes[0], DType::kF32, kLayouts[2], "attn_simt");
   check_attention(h, kShapes[0], DType::kF32, kLayouts[3], "attn_simt");

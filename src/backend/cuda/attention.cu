@@ -200,6 +200,9 @@ KvView kv_view(const KvPool& p) {
     const std::vector<int64_t> rows = {p.k.dim(0), p.k.dim(1), p.k.dim(2)};
     CHECK(p.k_scale.dtype == DType::kF32 && p.k_scale.shape == rows && p.v_scale.shape == rows);
   }
+  // The prefill kernels keep a tile's pool row indices as int32 (2^31 rows of even 32 bf16 values
+  // would be 128 GB of one pool).
+  CHECK(p.k.dim(0) * p.k.dim(1) * p.k.dim(2) < (int64_t{1} << 31));
   KvView v;
   v.k = p.k.data;
   v.v = p.v.data;

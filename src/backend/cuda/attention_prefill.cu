@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
   const int64_t kv_len = start + i_last / G + 1;     // keys the tile's last row sees
   const int64_t first_limit = start + i0 / G + 1;    // keys its first row sees
   const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+  const int32_t* table = L.table(s);
 
   // Q rows split into bf16 hi / lo (rows past the span repeat its last row; never stored).
   load_q_split<HD, kPfRows, kPfThreads>(q_hi, q_lo, a, rb, h, i0, rows, PfChunk<HD>{});
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
   // Pool rows of tile kt's keys in key_rows[kt % 2]; tile kt + 1's are looked up between the two
   // barriers of tile kt.
   __shared__ int64_t key_rows[2][kPfKeys];
-  kv_tile_rows<kPfKeys>(key_rows[0], L, s, 0, kv_len, bs, kvh, h);
+  kv_tile_rows<kPfKeys>(key_rows[0], table, 0, kv_len, bs, kvh, h);
   __syncthreads();
   load_pf_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[0]);
   cp_async_commit();
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kPfThreads) attention_prefill_kernel(Attention
     softmax_tile<kPfKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kPfKeys > first_limit,
                                   limit, lane);
 
-    if (kt + 1 < n_tiles) kv_tile_rows<kPfKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kPfKeys, kv_len, bs, kvh, h);
+    if (kt + 1 < n_tiles) kv_tile_rows<kPfKeys>(key_rows[(kt + 1) % 2], table, key0 + kPfKeys, kv_len, bs, kvh, h);
     cp_async_wait_all();
     __syncthreads();  // V tile kt in place; every warp is done with K
     if (kt + 1 < n_tiles) load_pf_tile<HD, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2]);

@@ -1,18 +1,23 @@
 // Flash attention for prefill on Hopper's warpgroup MMA (sm_90a, head_dim 256; the other targets and
 // head dims take attention_prefill.cu's mma.sync kernel). Same rows, masking, online softmax,
 // precision (Q and P as bf16 hi + lo, K and V exact bf16) and output as that kernel; what changes is
-// who reads the operands: S = Q·Kᵀ is m64n64k16 with Q (hi, lo) and K both read by the tensor cores
+// who reads the operands: S = Q·Kᵀ is m64n96k16 with Q (hi, lo) and K both read by the tensor cores
 // from shared memory (K-major, 128-byte swizzle), and O += P·V is m64n256k16 with P from registers
 // (the S accumulators turned into A fragments in place) and V read N-major (transposed) from shared
 // memory. No Q or K fragments go through registers, and the 64 x 256 f32 output of a warpgroup sits
 // in its accumulators.
 //
 // CTA: 2 warpgroups, 128 (token, query head) rows of one span and kv head (64 per warpgroup), keys
-// in tiles of 64: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. A launch of
-// fewer CTAs than SMs (a few hundred new tokens after a long cached prefix: an agent turn) also
-// splits the keys over CTAs (prefill_splits); each split writes its unnormalised rows with their
-// max and sum, and prefill_combine_kernel merges them in split order.
-// Shared memory: Q hi + lo 128 KB, K 32 KB, V 32 KB, fp8 row scales 512 B (+1 KB alignment).
+// in tiles of 96: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. 96-key tiles
+// (not 64) because S reads Q hi, Q lo and K from shared memory for every k16 step: at 64 keys that is
+// the whole shared-memory bandwidth at the tensor cores' rate, at 96 five sixths (and a third fewer
+// tiles, barriers and softmax passes); measured 5% faster than 64-key tiles and than 48-key tiles
+// with K and V double-buffered (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
+// new tokens after a long cached prefix: an agent turn) also splits the keys over CTAs
+// (prefill_splits); each split writes its unnormalised rows with their max and sum, and
+// prefill_combine_kernel merges them in split order.
+// Shared memory: Q hi + lo 128 KB, K 48 KB, V 48 KB, fp8 row scales 768 B, +1 KB alignment (opt-in
+// limit 227 KB on sm_90), and a 768-byte table of the tile's pool rows.
 #include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/wgmma_primitives.cuh"
@@ -22,15 +27,32 @@ namespace {
 
 constexpr int HD = 256;
 constexpr int kThreads = 256;               // 2 warpgroups
-constexpr int kRows = 128, kKeys = 64;      // query rows per CTA, keys per tile
+constexpr int kRows = 128, kKeys = 96;      // query rows per CTA, keys per tile
 constexpr int kQBytes = kRows * HD * 2;     // one of Q hi / lo
 constexpr int kKvBytes = kKeys * HD * 2;    // one of K / V
 constexpr int kSmem = 2 * kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;
+constexpr int kStaticSmem = 2 * kKeys * 4;  // key_rows
 
 template <int NR>
 struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
+
+// A bf16 K or V tile (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async: thread t
+// copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
+// swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
+// (load_kv_tile's general loop spent ~45 instructions on each, and the warps sat in it).
+__device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
+  static_assert(kThreads == 256 && HD == 256 && kKeys % 8 == 0, "32 chunks per key row, 8 keys per pass");
+  const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
+  uint16_t* dst = tile + sw128_chunk<kKeys>(k0, c) * 8;
+  const uint16_t* src = pool + c * 8;
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) {
+    const int32_t row = rows[k0 + 8 * i];
+    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
+  }
+}
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
@@ -63,6 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int i0 = tile * kRows;
   const int64_t kv_len = start + (min(i0 + kRows, rows) - 1) / G + 1;  // keys the CTA's last row sees
   const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
+  const int32_t* table = L.table(s);
 
   load_q_split<HD, kRows, kThreads>(q_hi, q_lo, a, rb, h, i0, rows, SwChunk<kRows>{});
 
@@ -77,11 +100,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale2 = a.scale * kLog2e;
-  // The warpgroup's Q rows within each 64-column block (K-major operand A).
-  const uint8_t* qh_base = reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128;
-  const uint8_t* ql_base = reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128;
-  const uint8_t* k_base = reinterpret_cast<const uint8_t*>(k_tile);
-  const uint8_t* v_base = reinterpret_cast<const uint8_t*>(v_tile);
+  // Descriptors of the warpgroup's Q rows (K-major operand A) and of the K and V tiles. A
+  // descriptor's low 14 bits are the start address / 16 (shared addresses < 256 KB), so a step
+  // through an operand is the add of a constant.
+  const uint64_t qh_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128);
+  const uint64_t ql_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128);
+  const uint64_t k_desc = sw128_desc(k_tile), v_desc = sw128_desc(v_tile, kKeys * 128);
 
   // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
   const int n_tiles = static_cast<int>((kv_len + kKeys - 1) / kKeys);
@@ -89,11 +113,21 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
   // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
   // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
-  __shared__ int64_t key_rows[2][kKeys];
-  kv_tile_rows<kKeys>(key_rows[t_begin % 2], L, s, static_cast<int64_t>(t_begin) * kKeys, kv_len, bs, kvh, h);
+  __shared__ int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
+  static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
+  auto tile_rows = [&](int kt) {
+    kv_tile_rows<kKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
+  };
+  auto copy_tile = [&](uint16_t* dst, float* sc, const void* pool, const float* pool_scale, int kt) {
+    if constexpr (kFp8)
+      load_kv_tile<HD, kKeys, kThreads, true>(dst, sc, pool, pool_scale, key_rows[kt % 2], SwChunk<kKeys>{});
+    else
+      copy_tile_bf16(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
+  };
+
+  tile_rows(t_begin);
   __syncthreads();
-  if (t_begin < t_end)
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[t_begin % 2], SwChunk<kKeys>{});
+  if (t_begin < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, t_begin);
   cp_async_commit();
   for (int kt = t_begin; kt < t_end; ++kt) {
     const int64_t key0 = static_cast<int64_t>(kt) * kKeys;
@@ -112,14 +146,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
-      const uint64_t dk = sw128_desc(k_base + (kk / 4) * kKeys * 128 + off);
-      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(ql_base + (kk / 4) * kRows * 128 + off), dk);
-      wgmma_m64n64k16_ss_bf16(sacc, sw128_desc(qh_base + (kk / 4) * kRows * 128 + off), dk);
+      const uint64_t dk = k_desc + (((kk / 4) * kKeys * 128 + off) >> 4);
+      wgmma_m64n96k16_ss_bf16(sacc, ql_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
+      wgmma_m64n96k16_ss_bf16(sacc, qh_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
     }
     wgmma_commit();
-    load_kv_tile<HD, kKeys, kThreads, kFp8>(v_tile, v_sc, a.kv.v, a.kv.v_scale, key_rows[kt % 2], SwChunk<kKeys>{});
+    copy_tile(v_tile, v_sc, a.kv.v, a.kv.v_scale, kt);
     cp_async_commit();
-    if (kt + 1 < t_end) kv_tile_rows<kKeys>(key_rows[(kt + 1) % 2], L, s, key0 + kKeys, kv_len, bs, kvh, h);
+    if (kt + 1 < t_end) tile_rows(kt + 1);
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
     softmax_tile<kKeys, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + kKeys > wg_first, limit,
@@ -138,14 +172,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t dv = sw128_desc(v_base + kk * 16 * 128, kKeys * 128);
+      const uint64_t dv = v_desc + ((kk * 16 * 128) >> 4);
       wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
       wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
     }
     wgmma_commit();
-    if (kt + 1 < t_end)
-      load_kv_tile<HD, kKeys, kThreads, kFp8>(k_tile, k_sc, a.kv.k, a.kv.k_scale, key_rows[(kt + 1) % 2],
-                                              SwChunk<kKeys>{});
+    if (kt + 1 < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, kt + 1);
     cp_async_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(o);
@@ -234,8 +266,15 @@ int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
 }  // namespace
 
 bool attention_prefill_wgmma_available() {
-  static const bool ok = sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>)) &&
-                         kSmem <= smem_budget();
+  // The kernel needs more than smem_budget()'s 200 KB: the device's opt-in limit itself (227 KB on
+  // sm_90).
+  static const bool ok = [] {
+    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>))) return false;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return kSmem + kStaticSmem <= optin;
+  }();
   return ok;
 }
 

@@ -29,12 +29,13 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qh)[DW / 16][4], uin
 // of a tile row sits (in chunks): tile_chunk<HD> for the ldmatrix kernels, the 128-byte swizzle of
 // the wgmma kernel.
 
-// The pool rows of keys [key0, key0 + NK) of kv head `head` (-1 for keys >= len), written by threads
+// The pool rows of keys [key0, key0 + NK) of kv head `head` (-1 for keys >= len; table: the span's
+// block table, L.table(s), looked up once per kernel), written by threads
 // 0 .. NK-1 into rows[NK] (shared): one block-table lookup per key and tile, which the tile's 16-byte
 // copies then share (a lookup per copy, with its 64-bit division, cost more issue slots than the
 // tensor-core work of the tile). Visible to the block after the caller's next __syncthreads.
-template <int NK>
-__device__ __forceinline__ void kv_tile_rows(int64_t* rows, const DeviceLayout& L, int s, int64_t key0, int64_t len,
+template <int NK, class Row>
+__device__ __forceinline__ void kv_tile_rows(Row* rows, const int32_t* table, int64_t key0, int64_t len,
                                              int64_t block_size, int64_t kvh, int64_t head) {
   if (threadIdx.x < NK) {
     // Positions and block sizes fit 32 bits (DeviceLayout's int32 fields): a 32-bit division, inline
@@ -42,8 +43,8 @@ __device__ __forceinline__ void kv_tile_rows(int64_t* rows, const DeviceLayout& 
     const int64_t j = key0 + threadIdx.x;
     const uint32_t pos = static_cast<uint32_t>(j), bs = static_cast<uint32_t>(block_size);
     const uint32_t blk = pos / bs;
-    rows[threadIdx.x] =
-        j < len ? (static_cast<int64_t>(L.table(s)[blk]) * block_size + (pos - blk * bs)) * kvh + head : -1;
+    rows[threadIdx.x] = static_cast<Row>(
+        j < len ? (static_cast<int64_t>(table[blk]) * block_size + (pos - blk * bs)) * kvh + head : -1);
   }
 }
 
@@ -51,9 +52,9 @@ __device__ __forceinline__ void kv_tile_rows(int64_t* rows, const DeviceLayout& 
 // 16-byte copies (the caller commits and waits); fp8 pools: codes loaded, widened to bf16 and stored,
 // with the rows' scales in `scales` (0 past the end). Either way the tile is complete for every
 // thread after the caller's next wait + __syncthreads.
-template <int HD, int NK, int kThreads, bool kFp8, class ChunkAt>
+template <int HD, int NK, int kThreads, bool kFp8, class ChunkAt, class Row>
 __device__ __forceinline__ void load_kv_tile(uint16_t* tile, float* scales, const void* pool, const float* pool_scale,
-                                             const int64_t* rows, ChunkAt chunk_at) {
+                                             const Row* rows, ChunkAt chunk_at) {
   if constexpr (!kFp8) {
     constexpr int C = HD / 8;
 #pragma unroll 1
