@@ -8,6 +8,7 @@
 // its reference vectors and the block pool's LRU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <random>
@@ -40,6 +41,27 @@ TEST(PrefixHash, ChainsAndKeysDiffer) {
   EXPECT_FALSE(h.extend(root, a) == other.extend(root, a));             // keys matter
   EXPECT_FALSE(h.extend(h.extend(root, a), b) == h.extend(h.extend(root, b), a));  // order matters
   EXPECT_FALSE(h.extend(root, std::span(a).first(2)) == h.extend(root, a));
+}
+
+// extend reads the ids as 64-bit words and runs both keys in one pass: it must equal SipHash-2-4 (checked
+// above against the reference) of the message spelled out byte by byte, under each key pair.
+TEST(PrefixHash, ExtendIsSipHashOfTheSpelledOutMessage) {
+  std::mt19937_64 g(5);
+  const std::array<uint64_t, 4> keys = {g(), g(), g(), g()};
+  const PrefixHasher h(keys);
+  for (int n = 0; n <= 40; ++n) {
+    const PrefixHash prefix{g(), g()};
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int32_t& t : tokens) t = static_cast<int32_t>(g());  // negative ids too: the bytes of their two's complement
+    std::vector<uint8_t> msg;
+    for (uint64_t w : {prefix.lo, prefix.hi})
+      for (int i = 0; i < 8; ++i) msg.push_back(static_cast<uint8_t>(w >> (8 * i)));
+    for (int32_t t : tokens)
+      for (int i = 0; i < 4; ++i) msg.push_back(static_cast<uint8_t>(static_cast<uint32_t>(t) >> (8 * i)));
+    const PrefixHash got = h.extend(prefix, tokens);
+    EXPECT_EQ(got.lo, siphash24(keys[0], keys[1], msg)) << n;
+    EXPECT_EQ(got.hi, siphash24(keys[2], keys[3], msg)) << n;
+  }
 }
 
 TEST(KvBlockPool, CachedBlocksAreReusedLastAndFoundByHash) {
