@@ -264,6 +264,36 @@ TEST(PrefixCache, SnapshotPointsAreSavedInsideOneForward) {
   on.expect_idle();
 }
 
+// A later turn of a chat resumes at the previous turn's hint (where its generation prompt began) and
+// finds the previous turn's blocks cached a few tokens further (the re-rendered reply starts as the
+// generation prompt did). The end of that shared run is no snapshot point: it lies less than a block
+// past the resume point, so its save would cost the forward a GDN round for nothing a branch needs.
+TEST(PrefixCache, LaterTurnSavesNoStateJustPastItsResumePoint) {
+  CacheRig on(4, 64, 16, 16, true, /*budget=*/512), off(4, 64, 16, 16, false, 512);
+  const auto turn1 = ids(68, 41);  // hint at 61: the shared run reaches block boundary 64 (3 tokens on)
+  auto r1 = request(turn1, 8);
+  r1->snapshot_hints = {61};
+  on.engine->submit(r1);
+  on.run_all();
+  EXPECT_EQ(drain(*r1).tokens, run_one(off, turn1, 8).tokens);
+  const auto turn2 = cat(std::vector<int32_t>(turn1.begin(), turn1.begin() + 64), ids(47, 42));  // 111 tokens
+  auto r2 = request(turn2, 8);
+  r2->snapshot_hints = {104};
+  const int64_t saves_before = on.runner.saves_run;
+  on.engine->submit(r2);
+  on.run_all();
+  const Out got = drain(*r2);
+  EXPECT_EQ(got.tokens, run_one(off, turn2, 8).tokens);
+  EXPECT_EQ(got.cached, 61);
+  EXPECT_EQ(on.runner.saves_run - saves_before, 2);  // at the hint (104) and the prompt's end (110)
+  // A request branching at 64 resumes at 61 and recomputes 3 tokens.
+  const auto branch = cat(std::vector<int32_t>(turn1.begin(), turn1.begin() + 64), ids(20, 43));
+  const Out b = run_one(on, branch, 4);
+  EXPECT_EQ(b.tokens, run_one(off, branch, 4).tokens);
+  EXPECT_EQ(b.cached, 61);
+  on.expect_idle();
+}
+
 // Several sequences in one forward, each with its own number of saves.
 TEST(PrefixCache, SavesOfSeveralSequencesInOneForward) {
   CacheRig on(4, 64, 16, 16, true, /*budget=*/512, /*interval=*/128), off(4, 64, 16, 16, false, 512, 128);
