@@ -92,11 +92,12 @@ class Served:
 
 class RawClient:
     """The streamed requests' HTTP/1.1 client: one keep-alive socket (as an agent keeps one
-    connection), the request sent with one sendall, the chunked SSE body read as it arrives. Each
-    event is stamped when the recv() that completed it returns, before it is parsed: TTFT is the
-    time from the request's first byte sent to the first generated token received, and the
-    client's own JSON parsing and line handling (httpx's iter_lines + json.loads of the ~80 KB
-    first event of a 12K-token turn with return_token_ids: ~2.5 ms on a 2-core Xeon) is not in it."""
+    connection), the request built before the clock starts and sent with one sendall, the chunked SSE
+    body read as it arrives. Each event is stamped when the recv() that completed it returns;
+    stream() reads the whole response before it parses any event. TTFT is the time from the
+    request's first byte sent to the arrival of the first generated token's bytes, and the client's
+    own JSON parsing and line handling (httpx's iter_lines + json.loads of the ~80 KB first event of
+    a 12K-token turn with return_token_ids: ~2.5 ms on a 2-core Xeon) is not in it."""
 
     def __init__(self, url):
         hostport = url.split("://", 1)[1].split("/", 1)[0]
@@ -116,10 +117,10 @@ class RawClient:
             self.sock = socket.create_connection(self.addr)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = self.sock
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.hostport}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        request = (f"POST {path} HTTP/1.1\r\nHost: {self.hostport}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data
         t0 = time.perf_counter()
-        sock.sendall(head + data)
+        sock.sendall(request)
         buf = b""
         while True:  # the head (skipping interim 1xx responses)
             while b"\r\n\r\n" not in buf:
@@ -164,7 +165,9 @@ def stream(url, path, body, token_ids=True):
     data = json.dumps(body).encode()
     c = _CLIENTS.setdefault(url, RawClient(url))
     ttft, usage, text = None, None, ""
-    for at, event in c.post_stream(path, data):
+    # Every event is read and stamped before any is parsed: parsing the ~80 KB first event while the
+    # first token's event arrives would stamp that one late (a server may send them apart).
+    for at, event in list(c.post_stream(path, data)):
         for line in event.split("\n"):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

@@ -1,7 +1,6 @@
 #include "runtime/prefix_hash.h"
 
 #include <random>
-#include <vector>
 
 namespace sparkserve {
 namespace {
@@ -38,28 +37,34 @@ uint64_t splitmix64(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
-}  // namespace
-
-uint64_t siphash24(uint64_t k0, uint64_t k1, std::span<const uint8_t> bytes) {
-  uint64_t v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
-  uint64_t v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
-  const size_t n = bytes.size(), full = n / 8 * 8;
-  for (size_t i = 0; i < full; i += 8) {
-    const uint64_t m = load_le64(bytes.data() + i, 8);
+// SipHash-2-4's state over a message fed as little-endian 64-bit words.
+struct SipState {
+  uint64_t v0, v1, v2, v3;
+  SipState(uint64_t k0, uint64_t k1)
+      : v0(k0 ^ 0x736f6d6570736575ULL), v1(k1 ^ 0x646f72616e646f6dULL), v2(k0 ^ 0x6c7967656e657261ULL),
+        v3(k1 ^ 0x7465646279746573ULL) {}
+  void word(uint64_t m) {
     v3 ^= m;
     sip_round(v0, v1, v2, v3);
     sip_round(v0, v1, v2, v3);
     v0 ^= m;
   }
-  // Last block: the remaining bytes, the length's low byte on top.
-  const uint64_t last = load_le64(bytes.data() + full, n - full) | (static_cast<uint64_t>(n & 0xff) << 56);
-  v3 ^= last;
-  sip_round(v0, v1, v2, v3);
-  sip_round(v0, v1, v2, v3);
-  v0 ^= last;
-  v2 ^= 0xff;
-  for (int i = 0; i < 4; ++i) sip_round(v0, v1, v2, v3);
-  return v0 ^ v1 ^ v2 ^ v3;
+  // `last`: the message's remaining (< 8) bytes, its length's low byte on top.
+  uint64_t finish(uint64_t last) {
+    word(last);
+    v2 ^= 0xff;
+    for (int i = 0; i < 4; ++i) sip_round(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
+  }
+};
+
+}  // namespace
+
+uint64_t siphash24(uint64_t k0, uint64_t k1, std::span<const uint8_t> bytes) {
+  SipState st(k0, k1);
+  const size_t n = bytes.size(), full = n / 8 * 8;
+  for (size_t i = 0; i < full; i += 8) st.word(load_le64(bytes.data() + i, 8));
+  return st.finish(load_le64(bytes.data() + full, n - full) | (static_cast<uint64_t>(n & 0xff) << 56));
 }
 
 PrefixHasher::PrefixHasher() {
@@ -72,17 +77,26 @@ PrefixHasher::PrefixHasher(uint64_t seed) {
 }
 
 PrefixHash PrefixHasher::extend(const PrefixHash& prefix, std::span<const int32_t> tokens) const {
-  // Message: prefix.lo | prefix.hi | token ids, little-endian (the token count is implied by the
-  // length SipHash folds in).
-  std::vector<uint8_t> msg(16 + 4 * tokens.size());
-  for (int i = 0; i < 8; ++i) {
-    msg[static_cast<size_t>(i)] = static_cast<uint8_t>(prefix.lo >> (8 * i));
-    msg[static_cast<size_t>(8 + i)] = static_cast<uint8_t>(prefix.hi >> (8 * i));
+  // The message: prefix.lo | prefix.hi | token ids, little-endian (the token count is implied by the
+  // length SipHash folds in). Its 64-bit words are read straight from the ids (two per word), and
+  // both keys' states take each word in the same pass: the engine hashes every block of a prompt
+  // at admission (~750 for a 12K-token agent turn), so no buffer is built per block.
+  SipState a(key_[0], key_[1]), b(key_[2], key_[3]);
+  for (const uint64_t m : {prefix.lo, prefix.hi}) {
+    a.word(m);
+    b.word(m);
   }
-  for (size_t t = 0; t < tokens.size(); ++t)
-    for (int i = 0; i < 4; ++i)
-      msg[16 + 4 * t + static_cast<size_t>(i)] = static_cast<uint8_t>(static_cast<uint32_t>(tokens[t]) >> (8 * i));
-  return PrefixHash{siphash24(key_[0], key_[1], msg), siphash24(key_[2], key_[3], msg)};
+  const size_t n = tokens.size();
+  size_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const uint64_t m = static_cast<uint64_t>(static_cast<uint32_t>(tokens[t])) |
+                       static_cast<uint64_t>(static_cast<uint32_t>(tokens[t + 1])) << 32;
+    a.word(m);
+    b.word(m);
+  }
+  const uint64_t bytes = 16 + 4 * static_cast<uint64_t>(n);
+  const uint64_t last = (t < n ? static_cast<uint64_t>(static_cast<uint32_t>(tokens[t])) : 0) | ((bytes & 0xff) << 56);
+  return PrefixHash{a.finish(last), b.finish(last)};
 }
 
 }  // namespace sparkserve

@@ -9,6 +9,7 @@
 // store the keys with them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -31,12 +32,13 @@ uint64_t siphash24(uint64_t k0, uint64_t k1, std::span<const uint8_t> bytes);
 class PrefixHasher {
  public:
   PrefixHasher();                                // random keys
-  explicit PrefixHasher(uint64_t seed);                // fixed keys derived from seed (tests)
+  explicit PrefixHasher(uint64_t seed);          // fixed keys derived from seed (tests)
+  explicit PrefixHasher(const std::array<uint64_t, 4>& keys) : key_(keys) {}
   // The hash of a prefix extended by `tokens`.
   PrefixHash extend(const PrefixHash& prefix, std::span<const int32_t> tokens) const;
 
  private:
-  uint64_t key_[4];
+  std::array<uint64_t, 4> key_;
 };
 
 }  // namespace sparkserve

@@ -41,6 +41,14 @@ Status read_number(const nlohmann::json& config, const char* key, std::optional<
   return Status::Ok();
 }
 
+// The n-th output of splitmix64 started at `state`.
+uint64_t splitmix64_nth(uint64_t state, uint64_t n) {
+  uint64_t z = state + 0x9E3779B97F4A7C15ull * n;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
 
 Expected<GenerationDefaults> parse_generation_defaults(const nlohmann::json& config) {
@@ -125,13 +133,17 @@ SamplingParams resolve_sampling_params(const SamplingOptions& o, const Generatio
     p.seed = static_cast<uint64_t>(*o.seed);
   } else if (d.server_seed) {
     static std::atomic<uint64_t> drawn{0};
-    uint64_t z = *d.server_seed + 0x9E3779B97F4A7C15ull * (drawn.fetch_add(1) + 1);  // splitmix64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    p.seed = z ^ (z >> 31);
+    p.seed = splitmix64_nth(*d.server_seed, drawn.fetch_add(1) + 1);
   } else {
-    std::random_device rd;
-    p.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    // A fresh seed per request without asking the OS or the CPU's entropy source each time
+    // (std::random_device: ~20 us per request on a Xeon, in the request's path): one random base
+    // per process, then splitmix64's sequence from it (distinct seeds: it is a bijection).
+    static const uint64_t base = [] {
+      std::random_device rd;
+      return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }();
+    static std::atomic<uint64_t> fresh{0};
+    p.seed = splitmix64_nth(base, fresh.fetch_add(1) + 1);
   }
   std::optional<int64_t> asked = o.max_tokens ? o.max_tokens : d.max_new_tokens;
   p.max_tokens = std::max<int64_t>(1, asked ? std::min(*asked, max_tokens_limit) : max_tokens_limit);

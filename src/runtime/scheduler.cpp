@@ -103,7 +103,12 @@ void Scheduler::plan_snapshot_points(Sequence& s, int64_t matched_blocks) {
   add(end);
   if (s.req->snapshot_hints.empty()) add(end / bs * bs);
   for (int64_t p : s.req->snapshot_hints) add(p);
-  add(matched_blocks * bs);     // a prefix other requests share
+  // The end of a prefix other requests share (the last cached block found at admission): a request
+  // branching there resumes exactly at it. Not when it lies less than a block past the state this
+  // request resumed from: one branching there resumes from that state instead, recomputing less
+  // than a block, and every save is one more round of the GDN layers in this forward. (A later turn
+  // of a conversation finds the previous turn's blocks a few tokens past its snapshot.)
+  if (matched_blocks * bs >= from + bs) add(matched_blocks * bs);
   if (config_.snapshot_interval > 0)
     for (int64_t p = (from / config_.snapshot_interval + 1) * config_.snapshot_interval; p < end;
          p += config_.snapshot_interval)

@@ -18,7 +18,8 @@
 // prompt starts: the next turn re-renders the reply differently from there) or, without one, the
 // block boundary before len-1, every snapshot_interval tokens of a long prompt, the end of the
 // longest shared run of cached blocks found at admission (a branch point other requests
-// demonstrably share), and the end of every sequence (finished, cancelled or preempted).
+// demonstrably share) when it lies a block or more past the resumed state, and the end of every
+// sequence (finished, cancelled or preempted).
 // A request that wants prompt logprobs never resumes from the cache while some are unreported
 // (every prompt position must go through the model to give its logits row).
 // Admission resumes from the longest prefix where both exist: a snapshot at n, the blocks before

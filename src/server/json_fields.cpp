@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/json_parse.h"
+
 namespace sparkserve {
 namespace {
 
@@ -30,23 +32,30 @@ int json_nesting_depth(std::string_view s, int limit) {
 }
 
 ApiResult<RequestJson> parse_json_object_body(std::string_view body) {
-  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
+  // The fast parser takes valid bodies nested at most kMaxJsonDepth deep; nlohmann's parser the rest,
+  // which it either parses the same way or reports.
+  std::optional<RequestJson> fast = parse_json_fast(body, kMaxJsonDepth);
+  if (!fast && json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
     return bad_request("Invalid JSON body: nesting deeper than " + std::to_string(kMaxJsonDepth) +
                        " levels is not accepted.");
   RequestJson j;
-  try {
-    j = RequestJson::parse(body.begin(), body.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep "parse error at line L,
-    // column C: ...".
-    if (auto pos = what.find("] "); pos != std::string::npos && what.rfind("[json.", 0) == 0)
-      what = what.substr(pos + 2);
-    return bad_request("Invalid JSON body (byte " + std::to_string(e.byte) + "): " + what);
-  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range for a number like 1e400
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    return bad_request("Invalid JSON body: " + what);
+  if (fast) {
+    j = std::move(*fast);
+  } else {
+    try {
+      j = RequestJson::parse(body.begin(), body.end());
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string what = e.what();
+      // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep "parse error at line L,
+      // column C: ...".
+      if (auto pos = what.find("] "); pos != std::string::npos && what.rfind("[json.", 0) == 0)
+        what = what.substr(pos + 2);
+      return bad_request("Invalid JSON body (byte " + std::to_string(e.byte) + "): " + what);
+    } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range for a number like 1e400
+      std::string what = e.what();
+      if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+      return bad_request("Invalid JSON body: " + what);
+    }
   }
   if (!j.is_object())
     return bad_request("The request body must be a JSON object, got " + json_type_phrase(j) + ".");

@@ -139,11 +139,20 @@ bool all_done(const std::vector<GenerationPtr>& gens) {
 }
 
 // Registers the job and wakes it on every generation's channel, then submits.
-void submit_job(ServeContext& ctx, std::vector<GenerationPtr>& gens, ResponderPtr res, std::function<bool()> step) {
+// The engine gets the requests before anything else is set up for them: it admits them and starts
+// their prompts while this thread sends the stream head and registers the job.
+void submit_to_engine(ServeContext& ctx, std::vector<GenerationPtr>& gens) {
+  for (auto& g : gens) ctx.engine->submit(g->er);
+}
+
+// The job that steps `gens`, woken by every push to their channels. Its first step runs at once and
+// takes what the engine pushed before the job existed; with several channels, one more runs after
+// all of them wake it (a push between the first step and their set_on_push would wake nothing).
+void add_job(ServeContext& ctx, std::vector<GenerationPtr>& gens, ResponderPtr res, std::function<bool()> step) {
   auto wake = ctx.jobs->add(gens.front()->er->out, std::move(step));
   for (size_t i = 1; i < gens.size(); ++i) gens[i]->er->out.set_on_push(wake);
   res->on_wake(wake);
-  for (auto& g : gens) ctx.engine->submit(g->er);
+  if (gens.size() > 1) wake();
 }
 
 }  // namespace
@@ -329,6 +338,7 @@ UsageInfo usage_of(const std::vector<GenerationPtr>& gens, size_t choices_per_pr
 void run_to_json(ServeContext& ctx, std::vector<GenerationPtr> gens, ResponderPtr res, std::function<void()> respond,
                  ErrorSender fail) {
   if (!fail) fail = [](http::Responder& r, const ApiError& e) { send_error(r, e); };
+  submit_to_engine(ctx, gens);
   auto step = [&ctx, gens, res, respond = std::move(respond), fail = std::move(fail)]() mutable {
     if (res->gone()) {
       record_run(*res, gens);
@@ -348,11 +358,12 @@ void run_to_json(ServeContext& ctx, std::vector<GenerationPtr> gens, ResponderPt
     respond();
     return true;
   };
-  submit_job(ctx, gens, res, std::move(step));
+  add_job(ctx, gens, res, std::move(step));
 }
 
 void run_to_stream(ServeContext& ctx, std::vector<GenerationPtr> gens, ResponderPtr res, StreamFns fns) {
   if (!fns.error) fns.error = [](const ApiError& e) { return sse_error_and_done(e); };
+  submit_to_engine(ctx, gens);
   res->start_stream("text/event-stream");
   if (fns.opening) {
     const std::string open = fns.opening();
@@ -382,7 +393,7 @@ void run_to_stream(ServeContext& ctx, std::vector<GenerationPtr> gens, Responder
     res->end();
     return true;
   };
-  submit_job(ctx, gens, res, std::move(step));
+  add_job(ctx, gens, res, std::move(step));
 }
 
 }  // namespace sparkserve

@@ -8,6 +8,7 @@
 // its reference vectors and the block pool's LRU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <random>
@@ -40,6 +41,27 @@ TEST(PrefixHash, ChainsAndKeysDiffer) {
   EXPECT_FALSE(h.extend(root, a) == other.extend(root, a));             // keys matter
   EXPECT_FALSE(h.extend(h.extend(root, a), b) == h.extend(h.extend(root, b), a));  // order matters
   EXPECT_FALSE(h.extend(root, std::span(a).first(2)) == h.extend(root, a));
+}
+
+// extend reads the ids as 64-bit words and runs both keys in one pass: it must equal SipHash-2-4 (checked
+// above against the reference) of the message spelled out byte by byte, under each key pair.
+TEST(PrefixHash, ExtendIsSipHashOfTheSpelledOutMessage) {
+  std::mt19937_64 g(5);
+  const std::array<uint64_t, 4> keys = {g(), g(), g(), g()};
+  const PrefixHasher h(keys);
+  for (int n = 0; n <= 40; ++n) {
+    const PrefixHash prefix{g(), g()};
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int32_t& t : tokens) t = static_cast<int32_t>(g());  // negative ids too: the bytes of their two's complement
+    std::vector<uint8_t> msg;
+    for (uint64_t w : {prefix.lo, prefix.hi})
+      for (int i = 0; i < 8; ++i) msg.push_back(static_cast<uint8_t>(w >> (8 * i)));
+    for (int32_t t : tokens)
+      for (int i = 0; i < 4; ++i) msg.push_back(static_cast<uint8_t>(static_cast<uint32_t>(t) >> (8 * i)));
+    const PrefixHash got = h.extend(prefix, tokens);
+    EXPECT_EQ(got.lo, siphash24(keys[0], keys[1], msg)) << n;
+    EXPECT_EQ(got.hi, siphash24(keys[2], keys[3], msg)) << n;
+  }
 }
 
 TEST(KvBlockPool, CachedBlocksAreReusedLastAndFoundByHash) {
@@ -239,6 +261,36 @@ TEST(PrefixCache, SnapshotPointsAreSavedInsideOneForward) {
     EXPECT_EQ(got.tokens, run_one(off, prompt, 4).tokens) << cached;
     EXPECT_EQ(got.cached, cached);
   }
+  on.expect_idle();
+}
+
+// A later turn of a chat resumes at the previous turn's hint (where its generation prompt began) and
+// finds the previous turn's blocks cached a few tokens further (the re-rendered reply starts as the
+// generation prompt did). The end of that shared run is no snapshot point: it lies less than a block
+// past the resume point, so its save would cost the forward a GDN round for nothing a branch needs.
+TEST(PrefixCache, LaterTurnSavesNoStateJustPastItsResumePoint) {
+  CacheRig on(4, 64, 16, 16, true, /*budget=*/512), off(4, 64, 16, 16, false, 512);
+  const auto turn1 = ids(68, 41);  // hint at 61: the shared run reaches block boundary 64 (3 tokens on)
+  auto r1 = request(turn1, 8);
+  r1->snapshot_hints = {61};
+  on.engine->submit(r1);
+  on.run_all();
+  EXPECT_EQ(drain(*r1).tokens, run_one(off, turn1, 8).tokens);
+  const auto turn2 = cat(std::vector<int32_t>(turn1.begin(), turn1.begin() + 64), ids(47, 42));  // 111 tokens
+  auto r2 = request(turn2, 8);
+  r2->snapshot_hints = {104};
+  const int64_t saves_before = on.runner.saves_run;
+  on.engine->submit(r2);
+  on.run_all();
+  const Out got = drain(*r2);
+  EXPECT_EQ(got.tokens, run_one(off, turn2, 8).tokens);
+  EXPECT_EQ(got.cached, 61);
+  EXPECT_EQ(on.runner.saves_run - saves_before, 2);  // at the hint (104) and the prompt's end (110)
+  // A request branching at 64 resumes at 61 and recomputes 3 tokens.
+  const auto branch = cat(std::vector<int32_t>(turn1.begin(), turn1.begin() + 64), ids(20, 43));
+  const Out b = run_one(on, branch, 4);
+  EXPECT_EQ(b.tokens, run_one(off, branch, 4).tokens);
+  EXPECT_EQ(b.cached, 61);
   on.expect_idle();
 }
 
