@@ -581,7 +581,7 @@ int run_bench(const BenchOptions& o) {
   if (!spec_ks.empty() && o.decode_steps > 0) {
     const bool forced = *spec_accept >= 0;
     say("\nspeculative decoding (MTP), acceptance: %s\n", forced ? ("FORCED " + std::to_string(*spec_accept) +
-                                                                      " per draft (simulation: random weights accept nothing)").c_str()
+                                                                      " per draft (simulation: random weights accept nothing; tok/step is its expectation 1 + A + .. + A^k)").c_str()
                                                                  : "the model's own (greedy)");
     say("%-6s %8s %3s %10s %9s %10s %10s %8s %11s | %9s %9s\n", "batch", "context", "k", "verify ms", "commit ms",
         "draft ms", "step ms", "tok/step", "tokens/s", "verify/dec", "speedup");
@@ -618,7 +618,8 @@ int run_bench(const BenchOptions& o) {
           nlohmann::json row = {{"batch", B}, {"context", C}, {"k", k}, {"acceptance", forced ? "forced" : "model"},
                                 {"verify_ms", r->verify_ms}, {"commit_ms", r->commit_ms}, {"propose_ms", r->propose_ms},
                                 {"step_ms", r->step_ms()},
-                                {"tokens_per_step", r->tokens_per_step}, {"tokens_per_s", tps}};
+                                {"tokens_per_step", r->tokens_per_step},
+                                {"tokens_per_step_sampled", r->sampled_tokens_per_step}, {"tokens_per_s", tps}};
           if (forced) row["forced_accept"] = *spec_accept;
           row["mtp_pass_ms"] = r->pass_ms;
           if (plain_ms > 0) {
@@ -636,7 +637,10 @@ int run_bench(const BenchOptions& o) {
                 r->commit_ms, r->propose_ms, r->step_ms(), r->tokens_per_step, tps);
           std::string passes;
           for (double ms : r->pass_ms) passes += " " + std::to_string(ms).substr(0, 6);
-          say("       MTP passes ms:%s\n", passes.c_str());
+          if (forced)
+            say("       MTP passes ms:%s   (tok/step drawn in this run: %.2f)\n", passes.c_str(), r->sampled_tokens_per_step);
+          else
+            say("       MTP passes ms:%s\n", passes.c_str());
         }
       }
     }

@@ -124,7 +124,13 @@ Expected<SpecResult> run_spec_case(Backend& be, Qwen35Model& m, StateLimits lim,
   r.commit_ms /= sc.steps;
   r.propose_ms /= sc.steps;
   for (double& ms : r.pass_ms) ms /= sc.steps;
-  r.tokens_per_step = static_cast<double>(emitted) / (static_cast<double>(sc.steps) * B);
+  r.sampled_tokens_per_step = static_cast<double>(emitted) / (static_cast<double>(sc.steps) * B);
+  r.tokens_per_step = r.sampled_tokens_per_step;
+  if (sc.forced_accept >= 0) {
+    double p = 1.0;
+    r.tokens_per_step = 0.0;
+    for (int i = 0; i <= k; ++i, p *= sc.forced_accept) r.tokens_per_step += p;
+  }
   return r;
 }
 

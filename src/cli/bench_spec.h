@@ -32,7 +32,11 @@ struct SpecResult {
   double commit_ms = 0;   // per step: the GDN commit of the accepted prefix
   double propose_ms = 0;  // per step: MTP rows + chained drafts (draft ids on the host)
   std::vector<double> pass_ms;  // per step: each MTP pass of the proposal (the first: the rows + draft 1)
-  double tokens_per_step = 0;  // per sequence: accepted drafts + 1
+  // Per sequence and step: accepted drafts + 1. Forced acceptance: the simulation's expectation
+  // 1 + A + ... + A^k (a batch-1 run of a few dozen steps draws it with a spread of ~±10%, which would
+  // swing the speedup as much); the model's own acceptance: the mean of the steps run.
+  double tokens_per_step = 0;
+  double sampled_tokens_per_step = 0;  // the mean of the steps run, either way
   double step_ms() const { return verify_ms + commit_ms + propose_ms; }
 };
 

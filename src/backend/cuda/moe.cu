@@ -6,6 +6,7 @@
 // 64-slot tile reads its expert once); then a per-token combine in ascending expert id (HF's eager
 // order, as the CPU reference).
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/moe_bf16_grouped.h"
 #include "backend/cuda/moe_decode.h"
 #include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/moe_route.cuh"
@@ -134,16 +135,103 @@ void CudaBackend::moe_route_experts(const Tensor& out, const Tensor& weights, co
   Backend::moe_route_experts(out, weights, ids, router_logits, x, gate_up, down);  // the two ops
 }
 
+namespace {
+// The float (f32 / bf16 / non-W4A4) routed experts' paths below the NVFP4 W4A4 ones.
+enum class FloatExperts { kByShape = -1, kDecodeGemv = 0, kSlotGemv = 1, kSimtGrouped = 2, kBf16Grouped = 3 };
+
+// bf16 experts are grouped on the tensor cores from 1.25 slots per expert on average (each distinct
+// expert read once per tile instead of once per slot by the fused GEMVs). Measured on the H200 at the
+// 122B MTP layer's shapes (256 experts, top-8, H 3072, I 1024; gpu_ops --bench-kernels --bench-filter
+// "bf16 experts"), op us GEMVs vs tensor-core tiles: 32 tokens (1 slot per expert) 901 vs 990, 48 tokens
+// 1561 vs 1242, 64 1850 vs 1374, 192 6387 vs 1851 (the SIMT tiles: 14,699).
+bool bf16_grouped_regime(int64_t slots, int64_t E) { return 4 * slots >= 5 * E; }
+
+// moe_experts after the W4A4 paths, the regime chosen by shape (kByShape) or forced (the kernel
+// benchmark); false when a forced regime does not take the layout.
+bool float_experts(CudaBackend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   const Linear& gate_up, const Linear& down, FloatExperts path) {
+  const int64_t T = x.dim(0), H = x.dim(1), k = ids.dim(1);
+  const int64_t I = down.in_features;
+  const int64_t slots = T * k;
+  const int64_t E = gate_up.weight.dim(0);
+  const cudaStream_t stream = b.stream();
+  const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
+  const bool bf16 = gate_up.format == WeightFormat::kBf16 && down.format == WeightFormat::kBf16;
+  const bool tc_takes = bf16 && grouped_bf16_mma_takes(gate_up.weight.data, x.ptr<const float>(), H, 2 * I) &&
+                        grouped_bf16_mma_takes(down.weight.data, x.ptr<const float>(), I, H);
+  if (path == FloatExperts::kByShape) {
+    if (tc_takes && bf16_grouped_regime(slots, E))
+      path = FloatExperts::kBf16Grouped;
+    else if (quantized || slots <= 4 * E)
+      path = FloatExperts::kDecodeGemv;
+    else
+      path = FloatExperts::kSimtGrouped;
+  }
+  if (path == FloatExperts::kBf16Grouped && !tc_takes) return false;
+  if (path == FloatExperts::kSimtGrouped && quantized) return false;
+  // Decode (and quantized experts at any T): moe_decode.cu's two fused launches.
+  if (path == FloatExperts::kDecodeGemv) {
+    if (decode_moe(b, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(), T,
+                   k, gate_up, down))
+      return true;
+    path = quantized ? FloatExperts::kSlotGemv : (slots <= 4 * E ? FloatExperts::kSlotGemv : FloatExperts::kSimtGrouped);
+  }
+  CudaBackend::Scratch gu(&b, static_cast<size_t>(slots * 2 * I) * 4), act(&b, static_cast<size_t>(slots * I) * 4),
+      y(&b, static_cast<size_t>(slots * H) * 4);
+  // Few slots per expert (decode): one GEMV per slot, 16-byte weight loads. Many (prefill): group the
+  // slots by expert so each 64-row tile reads an expert's weights once. The SIMT tiles waste most of
+  // their work on experts with 1-2 rows (measured slower than the GEMVs at batch 64 of a 256-expert
+  // model), hence the switch at 4 rows per expert on average; bf16 experts take the tensor-core tiles.
+  const bool grouped = path != FloatExperts::kSlotGemv;
+  const int64_t max_tiles = (slots + kTileRows - 1) / kTileRows + E;
+  CudaBackend::Scratch meta(&b, grouped ? static_cast<size_t>(E + slots + 3 * max_tiles + 1) * 4 : 0);
+  int32_t* counts = meta.as<int32_t>();
+  int32_t* sorted = counts + E;
+  int32_t* tile_e = sorted + slots;
+  int32_t* tile_start = tile_e + max_tiles;
+  int32_t* tile_rows = tile_start + max_tiles;
+  int32_t* num_tiles = tile_rows + max_tiles;
+  if (grouped) {
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream));
+    group_slots_kernel<<<1, 1024, 0, stream>>>(ids.ptr<const int32_t>(), slots, E, counts, sorted, tile_e, tile_start,
+                                               tile_rows, num_tiles);
+    CUDA_CHECK_LAUNCH();
+  }
+  const SlotTiles tiles{sorted, tile_e, tile_start, tile_rows, num_tiles, max_tiles};
+  // out[slot] = x[slot / x_div] W_e^T for the expert of each slot. x: [*, K] -> out: [slots, N].
+  auto expert_matmul = [&](float* o, const float* xin, int64_t x_div, const Linear& w, int64_t K, int64_t N) {
+    if (is_quantized(w.format)) {
+      b.quant_matmul(o, xin, slots, x_div, ids.ptr<const int32_t>(), w);
+      return;
+    }
+    if (path == FloatExperts::kBf16Grouped)
+      launch_grouped_bf16_mma(stream, o, xin, x_div, tiles, w.weight.data, K, N);
+    else if (grouped)
+      launch_grouped_matmul(stream, o, xin, x_div, tiles, w.weight.data, weight_is_bf16(w), K, N);
+    else
+      launch_slot_gemv(stream, o, xin, x_div, ids.ptr<const int32_t>(), slots, w.weight.data, weight_is_bf16(w), K, N,
+                       E);
+  };
+  expert_matmul(gu.as<float>(), x.ptr<const float>(), k, gate_up, H, 2 * I);
+  slot_silu_mul_kernel<<<blocks_for(slots * I, 256), 256, 0, stream>>>(act.as<float>(), gu.as<const float>(), slots,
+                                                                       I);
+  CUDA_CHECK_LAUNCH();
+  expert_matmul(y.as<float>(), act.as<const float>(), 1, down, I, H);
+  combine_kernel<<<blocks_for(T * H, 256), 256, 0, stream>>>(out.ptr<float>(), y.as<const float>(),
+                                                             ids.ptr<const int32_t>(), weights.ptr<const float>(), T,
+                                                             k, H);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+}  // namespace
+
 void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                               const Linear& gate_up, const Linear& down) {
   const int64_t T = x.dim(0), H = x.dim(1), k = ids.dim(1);
   const int64_t I = down.in_features;
   CHECK(gate_up.out_features == 2 * I && gate_up.in_features == H && down.out_features == H);
   CHECK(out.numel() == T * H && weights.numel() == T * k);
-  const int64_t slots = T * k;
-  if (slots == 0) return;
-  const int64_t E = gate_up.weight.dim(0);
-  const bool quantized = is_quantized(gate_up.format) || is_quantized(down.format);
+  if (T * k == 0) return;
   if (pair_gemv_w4a4(T) && moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(),
                                      weights.ptr<float>(), nullptr, T, k, gate_up, down))
     return;
@@ -156,55 +244,19 @@ void CudaBackend::moe_experts(const Tensor& out, const Tensor& x, const Tensor& 
   if (moe_w4a4(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr, T,
                k, gate_up, down))
     return;
-  // Decode (and quantized experts at any T): moe_decode.cu's two fused launches.
-  if ((quantized || slots <= 4 * E) &&
-      decode_moe(*this, out.ptr<float>(), x.ptr<const float>(), ids.ptr<const int32_t>(), weights.ptr<const float>(),
-                 T, k, gate_up, down))
-    return;
-  Scratch gu(this, static_cast<size_t>(slots * 2 * I) * 4), act(this, static_cast<size_t>(slots * I) * 4),
-      y(this, static_cast<size_t>(slots * H) * 4);
-  // Few slots per expert (decode): one GEMV per slot, 16-byte weight loads. Many (prefill): group the
-  // slots by expert so each 64-row tile reads an expert's weights once. The SIMT tiles waste most of
-  // their work on experts with 1-2 rows (measured slower than the GEMVs at batch 64 of a 256-expert
-  // model), hence the switch at 4 rows per expert on average.
-  const bool grouped = slots > 4 * E && !quantized;
-  const int64_t max_tiles = (slots + kTileRows - 1) / kTileRows + E;
-  Scratch meta(this, grouped ? static_cast<size_t>(E + slots + 3 * max_tiles + 1) * 4 : 0);
-  int32_t* counts = meta.as<int32_t>();
-  int32_t* sorted = counts + E;
-  int32_t* tile_e = sorted + slots;
-  int32_t* tile_start = tile_e + max_tiles;
-  int32_t* tile_rows = tile_start + max_tiles;
-  int32_t* num_tiles = tile_rows + max_tiles;
-  if (grouped) {
-    CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream_));
-    group_slots_kernel<<<1, 1024, 0, stream_>>>(ids.ptr<const int32_t>(), slots, E, counts, sorted, tile_e,
-                                                tile_start, tile_rows, num_tiles);
-    CUDA_CHECK_LAUNCH();
-  }
-  // out[slot] = x[slot / x_div] W_e^T for the expert of each slot. x: [*, K] -> out: [slots, N].
-  auto expert_matmul = [&](float* o, const float* xin, int64_t x_div, const Linear& w, int64_t K, int64_t N) {
-    if (is_quantized(w.format)) {
-      quant_matmul(o, xin, slots, x_div, ids.ptr<const int32_t>(), w);
-      return;
-    }
-    const bool bf16 = weight_is_bf16(w);
-    if (grouped)
-      launch_grouped_matmul(stream_, o, xin, x_div,
-                            SlotTiles{sorted, tile_e, tile_start, tile_rows, num_tiles, max_tiles}, w.weight.data,
-                            bf16, K, N);
-    else
-      launch_slot_gemv(stream_, o, xin, x_div, ids.ptr<const int32_t>(), slots, w.weight.data, bf16, K, N, E);
-  };
-  expert_matmul(gu.as<float>(), x.ptr<const float>(), k, gate_up, H, 2 * I);
-  slot_silu_mul_kernel<<<blocks_for(slots * I, 256), 256, 0, stream_>>>(act.as<float>(), gu.as<const float>(),
-                                                                        slots, I);
-  CUDA_CHECK_LAUNCH();
-  expert_matmul(y.as<float>(), act.as<const float>(), 1, down, I, H);
-  combine_kernel<<<blocks_for(T * H, 256), 256, 0, stream_>>>(out.ptr<float>(), y.as<const float>(),
-                                                              ids.ptr<const int32_t>(), weights.ptr<const float>(),
-                                                              T, k, H);
-  CUDA_CHECK_LAUNCH();
+  CHECK(float_experts(*this, out, x, ids, weights, gate_up, down, FloatExperts::kByShape));
+}
+
+// For the kernel benchmark only (tests/gpu/moe_bf16_bench.cpp declares it: it is built without nvcc):
+// the float experts with the regime forced (0 fused decode GEMVs, 1 per-slot GEMVs, 2 SIMT grouped
+// tiles, 3 bf16 tensor-core tiles; -1 by shape); false when `b` is not the CUDA backend or the regime
+// does not take the layout.
+// x: [T, H] f32, ids: [T, k] i32, weights: [T, k] f32 -> out: [T, H] f32
+bool float_experts_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                         const Linear& gate_up, const Linear& down, int path) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c || x.dim(0) * ids.dim(1) == 0) return false;
+  return float_experts(*c, out, x, ids, weights, gate_up, down, static_cast<FloatExperts>(path));
 }
 
 }  // namespace sparkserve
