@@ -292,6 +292,7 @@ GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
 
 // The plan's work pairs for a GEMM.
 void set_pairs(GroupGemmArgs& g, const PlanArgs& pa, int64_t max_pairs) {
+  g.num_experts = pa.E;
   g.pair_e = pa.pair_e;
   g.pair_start = pa.pair_start;
   g.pair_rows = pa.pair_rows;

@@ -46,6 +46,7 @@ struct GroupGemmArgs {
   const float* w_global = nullptr;
   const float* in_scale = nullptr;
   int P = 1;
+  int64_t num_experts = 1;  // E
   bool modelopt = false;
   int64_t M = 0, K = 0;
   const __half* xq = nullptr;  // [rows, P, K] prepared activations
