@@ -251,7 +251,7 @@ void profile_grouped_agent(Backend& gpu) {
 }
 
 const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
-const RegisterKernelBench kAgentProfile("grouped agent profile", profile_grouped_agent);
+const RegisterKernelBench kAgentProfile("moe agent profile", profile_grouped_agent);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
 const RegisterKernelBench kAgent("grouped agent", bench_grouped_agent);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
