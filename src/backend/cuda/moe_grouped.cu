@@ -285,8 +285,11 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
-// The MoE's small-N regime: the streamed kernel where both projections' shapes fit it on this device.
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
+// The MoE's small-N regime at `per_expert` rows per expert: the K-sliced kernel from kMoeSliceMinRows,
+// else the streamed one, where both projections' shapes fit it on this device, else kSmallN.
+constexpr double kMoeSliceMinRows = 6.0;
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
+  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
   return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
 }
 
@@ -336,10 +339,10 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   const int64_t slots = T * k;
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
-  const GroupTile tile =
-      force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeStreamMaxRows,
-                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
+  const double per_expert = static_cast<double>(slots) / static_cast<double>(E);
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                                         : pick_tile(per_expert, kMoeStreamMaxRows, kMoeMediumMaxRows,
+                                                     moe_small_tile(gate_up, down, per_expert), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();

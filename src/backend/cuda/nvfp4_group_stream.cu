@@ -18,8 +18,6 @@
 // item's end the parts' sums meet over the consumed stage and are added in part order (deterministic)
 // by the warps that run the epilogues.
 // Shared memory of a stage: [rows][K/2] payload, then [rows][K/16] block scales (as in global memory).
-#include <cuda.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,51 +55,9 @@ struct StreamShape {
   int items_per_pair;   // weight row groups of a matrix
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared by the copy engine, counted
-// on bar; the weights are read once per call, so they are the first out of L2.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-// Programmatic dependent launch (PTX griddepcontrol, sm_90+; no-ops for launches that did not ask for
-// it): launch_dependents lets the stream's next kernel be scheduled onto SMs this grid frees (the down
-// GEMM's weight stream starts under the gate_up GEMM's tail); wait blocks until the previous kernel has
-// completed and its writes are visible. Only the consumers wait: the producer reads the work pairs
-// (written before the previous kernel started) and the weights.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
 // The consumer warps only (named barrier 1; the producer does not take part).
 template <int kWarps>
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
 
 // The next item of a CTA's range: row group mg of work pair `pair` (items run row-group-fastest, so a
 // pair's list entries are read once per pair).
@@ -120,8 +76,7 @@ struct ItemCursor {
 // plain its rows and their block scales (each a contiguous run in global memory).
 __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShape& sh, uint8_t* ring, uint64_t* full,
                                         uint64_t* empty, int first, int last) {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t policy = evict_first_policy();
   ItemCursor cur{first / sh.items_per_pair, first % sh.items_per_pair};
   int64_t e = first < last ? work_pair(a, cur.pair, kPairRows).e : 0;
   uint32_t seq = 0, slot = 0, phase = 0;
@@ -149,17 +104,6 @@ __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShap
     }
     if (cur.advance(sh.items_per_pair) && item + 1 < last) e = work_pair(a, cur.pair, kPairRows).e;
   }
-}
-
-// This lane's operands of one 128-k chunk of its m16 tile: 16 payload bytes of rows g (q0) and g + 8
-// (q1) and their two block scales (s0, s1).
-struct ChunkOps {
-  uint4 q0, q1;
-  uint32_t s0, s1;
-};
-__device__ __forceinline__ ChunkOps load_chunk(const uint8_t* w, int w8, const uint8_t* sc, int s8) {
-  return {*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + w8),
-          *reinterpret_cast<const unsigned short*>(sc), *reinterpret_cast<const unsigned short*>(sc + s8)};
 }
 
 // One chunk against the n8 column tiles 0 .. kN - 1: x[j] + koff is this lane's 32 activation values of
@@ -322,220 +266,6 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, min_blocks(kWarps))
   }
 }
 
-// ---- K-sliced variant (DIAGNOSTIC round A): an item is a work pair x 128 gate rows + their 128 up rows
-// (plain: 256 rows), a stage one 256-k slice of the item's rows (2-D TMA boxes), each warp owns two m16
-// tiles (gate + matching up, or two consecutive) over the whole K: accumulators live across the item's
-// stages, no cross-warp reduction, no consumer barrier; the two tiles share their activation loads.
-constexpr int kSliceK = 256, kSliceBytes = kSliceK / 2, kSliceScales = kSliceK / 16;
-constexpr int kSliceWarps = 8, kSliceRows = kSliceWarps * 32;  // 256 weight rows per item and stage
-constexpr int kSliceStageBytes = kSliceRows * (kSliceBytes + kSliceScales);  // 36,864
-
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                            uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3}], [%4], %5;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
-struct SliceShape {
-  int num_stages, slices, items_per_pair;
-};
-
-// Producer: per item and slice, the payload boxes (gate_up: 128 gate rows, 128 up rows; plain 256 rows)
-// of 128 bytes and their scale boxes of 16 bytes.
-template <bool kGateUp>
-__device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const SliceShape& sh, const CUtensorMap* wmap,
-                                              const CUtensorMap* smap, uint8_t* ring, uint64_t* full, uint64_t* empty,
-                                              int first, int last) {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  uint32_t seq = 0, slot = 0, phase = 0;
-  for (int item = first; item < last; ++item) {
-    const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
-    const int64_t e = work_pair(a, pair, kPairRows).e;
-    for (int s = 0; s < sh.slices; ++s, ++seq) {
-      if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
-      uint8_t* st = ring + slot * kSliceStageBytes;
-      uint64_t* bar = &full[slot];
-      mbar_arrive_expect_tx(bar, kSliceStageBytes);
-      if (kGateUp) {
-        const int gate = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * (kSliceRows / 2));
-        const int up = gate + static_cast<int>(a.M / 2);
-        tma_load_2d(st, wmap, s * kSliceBytes, gate, bar, policy);
-        tma_load_2d(st + (kSliceRows / 2) * kSliceBytes, wmap, s * kSliceBytes, up, bar, policy);
-        tma_load_2d(st + kSliceRows * kSliceBytes, smap, s * kSliceScales, gate, bar, policy);
-        tma_load_2d(st + kSliceRows * kSliceBytes + (kSliceRows / 2) * kSliceScales, smap, s * kSliceScales, up, bar,
-                    policy);
-      } else {
-        const int row = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * kSliceRows);
-        tma_load_2d(st, wmap, s * kSliceBytes, row, bar, policy);
-        tma_load_2d(st + kSliceRows * kSliceBytes, smap, s * kSliceScales, row, bar, policy);
-      }
-      if (++slot == static_cast<uint32_t>(sh.num_stages)) {
-        slot = 0;
-        phase ^= 1u;
-      }
-    }
-  }
-}
-
-// One 128-k chunk of both of a warp's tiles (A operands from the stage, rows 16 tile + g and + 8) against
-// kN n8 column tiles; xa / xb: tile 0's / tile 1's activation pointers (equal when they share them).
-template <int kN>
-__device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t* w0, const uint8_t* w1,
-                                            const uint8_t* s0p, const uint8_t* s1p, const __half* const (&xa)[kColTiles],
-                                            const __half* const (&xb)[kColTiles], bool shared_x, int koff) {
-  const ChunkOps o0 = load_chunk(w0, 8 * kSliceBytes, s0p, 8 * kSliceScales);
-  const ChunkOps o1 = load_chunk(w1, 8 * kSliceBytes, s1p, 8 * kSliceScales);
-  const __half2 h00 = e4m3x2_to_half2(o0.s0 & 0xffu, o0.s0 >> 8), h01 = e4m3x2_to_half2(o0.s1 & 0xffu, o0.s1 >> 8);
-  const __half2 h10 = e4m3x2_to_half2(o1.s0 & 0xffu, o1.s0 >> 8), h11 = e4m3x2_to_half2(o1.s1 & 0xffu, o1.s1 >> 8);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint4 ba[kN], bb[kN];
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + i);
-      bb[j] = shared_x ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + i);
-    }
-    const __half2 sa0 = i / 2 ? __high2half2(h00) : __low2half2(h00), sa1 = i / 2 ? __high2half2(h01) : __low2half2(h01);
-    const __half2 sb0 = i / 2 ? __high2half2(h10) : __low2half2(h10), sb1 = i / 2 ? __high2half2(h11) : __low2half2(h11);
-    uint32_t fa[4], fb[4];
-    decode_a<0>(word(o0.q0, i), word(o0.q1, i), sa0, sa1, fa);
-    decode_a<0>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      mma16816(acc[0][j], fa, ba[j].x, ba[j].y);
-      mma16816(acc[1][j], fb, bb[j].x, bb[j].y);
-    }
-    decode_a<1>(word(o0.q0, i), word(o0.q1, i), sa0, sa1, fa);
-    decode_a<1>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      mma16816(acc[0][j], fa, ba[j].z, ba[j].w);
-      mma16816(acc[1][j], fb, bb[j].z, bb[j].w);
-    }
-  }
-}
-
-template <bool kGateUp, int kN>
-__device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceShape& sh, uint8_t* ring, uint64_t* full,
-                                           uint64_t* empty, uint32_t& slot, uint32_t& phase,
-                                           const __half* const (&xa)[kColTiles], const __half* const (&xb)[kColTiles],
-                                           bool shared_x, int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  // Stage rows of this warp's tiles: gate_up 16 warp + g (gate) and 128 + 16 warp + g (up); plain 32 warp + g, + 16.
-  const int r0 = 16 * (kGateUp ? warp : 2 * warp) + g, r1 = kGateUp ? kSliceRows / 2 + 16 * warp + g : r0 + 16;
-  for (int s = 0; s < sh.slices; ++s) {
-    mbar_wait(&full[slot], phase);
-    const uint8_t* st = ring + slot * kSliceStageBytes;
-    const uint8_t* sc = st + kSliceRows * kSliceBytes;
-#pragma unroll
-    for (int c = 0; c < kSliceK / kChunk; ++c)
-      slice_chunk<kN>(acc, st + r0 * kSliceBytes + 64 * c + 16 * t, st + r1 * kSliceBytes + 64 * c + 16 * t,
-                      sc + r0 * kSliceScales + 8 * c + 2 * t, sc + r1 * kSliceScales + 8 * c + 2 * t, xa, xb, shared_x,
-                      s * kSliceK + c * kChunk);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[slot]);
-    if (++slot == static_cast<uint32_t>(sh.num_stages)) {
-      slot = 0;
-      phase ^= 1u;
-    }
-  }
-}
-
-template <bool kGateUp>
-__device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
-                                              uint64_t* full, uint64_t* empty, int first, int last, int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const int64_t K = a.K, M = a.M;
-  const int Mp = static_cast<int>(M / a.P);
-  pdl_wait();
-  uint32_t slot = 0, phase = 0;
-  for (int item = first; item < last; ++item) {
-    const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
-    const WorkPair wp = work_pair(a, pair, kPairRows);
-    const int64_t e = wp.e, start = wp.start;
-    const int rows = wp.rows, nt = (rows + 7) / 8;
-    // Weight rows of the warp's tiles (tile 0: gate / first; tile 1: up / second) and their activation partitions.
-    const int64_t row0 = kGateUp ? static_cast<int64_t>(mg) * (kSliceRows / 2) + 16 * warp
-                                 : static_cast<int64_t>(mg) * kSliceRows + 32 * warp;
-    const int rpa = read_partition(a.in_scale, e, a.P, kGateUp ? 0 : static_cast<int>(row0 / Mp));
-    const int rpb = read_partition(a.in_scale, e, a.P, kGateUp ? a.P - 1 : static_cast<int>((row0 + 16) / Mp));
-    const __half *xa[kColTiles], *xb[kColTiles];
-#pragma unroll
-    for (int j = 0; j < kColTiles; ++j) {
-      const int64_t r = start + min(8 * j + g, rows - 1);
-      xa[j] = a.xq + (r * a.P + rpa) * K + 32 * t;
-      xb[j] = a.xq + (r * a.P + rpb) * K + 32 * t;
-    }
-    float acc[2][2][4] = {};
-    if (nt == 1)
-      slice_item<kGateUp, 1>(acc, sh, ring, full, empty, slot, phase, xa, xb, rpa == rpb, warp, lane);
-    else
-      slice_item<kGateUp, 2>(acc, sh, ring, full, empty, slot, phase, xa, xb, rpa == rpb, warp, lane);
-    if constexpr (kGateUp) {
-      const float d_in = a.act_in_scale[e];
-      const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
-      const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
-      store_gate_up<2>(acc[0], acc[1], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, row0, 0, rows,
-                       g, t);
-    } else {
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile) {
-        const int64_t r = row0 + 16 * tile;
-        const int p = static_cast<int>(r / Mp);
-        const float f = global_factor(a.w_global[e * a.P + p], a.in_scale[e * a.P + p], a.modelopt);
-        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, g, t);
-      }
-    }
-  }
-}
-
-template <bool kGateUp>
-__global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
-    group_slice_kernel(const GroupGemmArgs a, const SliceShape sh, const __grid_constant__ CUtensorMap wmap,
-                       const __grid_constant__ CUtensorMap smap) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + kMaxStages;
-  uint8_t* ring = smem + kRingOffset;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  pdl_launch_dependents();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < sh.num_stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kSliceWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;
-  const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
-  const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
-  if (warp == kSliceWarps) {
-    if (lane == 0) slice_produce<kGateUp>(a, sh, &wmap, &smap, ring, full, empty, first, last);
-  } else {
-    slice_consume<kGateUp>(a, sh, ring, full, empty, first, last, warp, lane);
-  }
-}
-
-struct SmemLimits {
-  int64_t optin, per_sm, reserved;  // per block (opt-in), per SM, reserved per block
-};
-const SmemLimits& smem_limits() {
-  static const SmemLimits v = [] {
-    int dev = 0, optin = 0, per_sm = 0, reserved = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    return SmemLimits{optin, per_sm, reserved};
-  }();
-  return v;
-}
-
 // The stage (one item: its rows over the whole K, at least the partial sums' bytes) and the ring of
 // `warps` consumer warps per CTA: (8 warps) 2 CTAs per SM where each gets 2 stages or more (sm_90: stages
 // up to ~56 KB), else 1 CTA with the whole shared memory; (16 warps) 1 CTA. At most max_stages stages.
@@ -562,12 +292,12 @@ StreamShape stream_shape(int64_t M, int64_t K, bool gate_up, int warps, int max_
 
 // DIAGNOSTIC (round A only, to be removed): SPARKSERVE_DIAG_STREAM="warps,stages" (e.g. "16,2").
 struct StreamDiag {
-  int warps = 8, stages = kMaxStages, sliced = 0;
+  int warps = 8, stages = kMaxStages;
 };
 const StreamDiag& stream_diag() {
   static const StreamDiag d = [] {
     StreamDiag v;
-    if (const char* e = std::getenv("SPARKSERVE_DIAG_STREAM")) std::sscanf(e, "%d,%d,%d", &v.warps, &v.stages, &v.sliced);
+    if (const char* e = std::getenv("SPARKSERVE_DIAG_STREAM")) std::sscanf(e, "%d,%d", &v.warps, &v.stages);
     return v;
   }();
   return d;
@@ -584,85 +314,7 @@ void launch(CudaBackend& b, const GroupGemmArgs& a, const StreamShape& sh) {
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
   const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{sh.blocks_per_sm} * b.sm_count());
   if (grid <= 0) return;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3((kWarps + 1) * 32);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = b.stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the kernel waits (pdl_wait)
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, sh));
-  CUDA_CHECK_LAUNCH();
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-// Bytes [rows, cols] (row stride cols) in boxes of [box_rows, box_cols].
-CUtensorMap byte_map(const void* p, int64_t rows, int64_t cols, int box_rows, int box_cols) {
-  CUtensorMap m{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p), dims, strides, box,
-                                    elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CHECK_MSG(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed");
-  return m;
-}
-
-bool slice_takes(int64_t M, int64_t K, int64_t P, bool gate_up) {
-  if (!encode_tiled() || K % kSliceK != 0) return false;
-  if (gate_up ? (M / 2) % (kSliceRows / 2) != 0 : (M % kSliceRows != 0 || (M / P) % 32 != 0)) return false;
-  const SmemLimits& l = smem_limits();
-  return std::min(l.optin, l.per_sm / 2 - l.reserved) - kRingOffset >= 2 * kSliceStageBytes;
-}
-
-template <bool kGateUp>
-void launch_slice(CudaBackend& b, const GroupGemmArgs& a, int max_stages, int64_t E) {
-  const SmemLimits& l = smem_limits();
-  SliceShape sh{};
-  sh.num_stages = static_cast<int>(std::min<int64_t>(
-      std::min(max_stages, kMaxStages), (std::min(l.optin, l.per_sm / 2 - l.reserved) - kRingOffset) / kSliceStageBytes));
-  sh.slices = static_cast<int>(a.K / kSliceK);
-  sh.items_per_pair = static_cast<int>(kGateUp ? (a.M / 2) / (kSliceRows / 2) : a.M / kSliceRows);
-  const int box_rows = kGateUp ? kSliceRows / 2 : kSliceRows;
-  const CUtensorMap wmap = byte_map(a.w, E * a.M, a.K / 2, box_rows, kSliceBytes);
-  const CUtensorMap smap = byte_map(a.ws, E * a.M, a.K / 16, box_rows, kSliceScales);
-  auto kern = group_slice_kernel<kGateUp>;
-  const int64_t smem = kRingOffset + static_cast<int64_t>(sh.num_stages) * kSliceStageBytes;
-  static int64_t allowed = 0;
-  allow_smem(kern, smem, allowed);
-  const int64_t grid = std::min<int64_t>(a.max_pairs * sh.items_per_pair, int64_t{2} * b.sm_count());
-  if (grid <= 0) return;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3((kSliceWarps + 1) * 32);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = b.stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, sh, wmap, smap));
-  CUDA_CHECK_LAUNCH();
+  launch_with_pdl(kern, static_cast<unsigned>(grid), (kWarps + 1) * 32, smem, b.stream(), a, sh);
 }
 
 bool shape_takes(int64_t M, int64_t K, int64_t P, bool gate_up, int warps) {
@@ -683,10 +335,6 @@ bool group_stream_takes(const Linear& w, bool gate_up) {
 
 void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a) {
   const StreamDiag& d = stream_diag();
-  if (d.sliced && a.pair_e && slice_takes(a.M, a.K, a.P, a.gate_up)) {
-    a.gate_up ? launch_slice<true>(b, a, d.stages, a.num_experts) : launch_slice<false>(b, a, d.stages, a.num_experts);
-    return;
-  }
   const bool wide = d.warps == 16 && shape_takes(a.M, a.K, a.P, a.gate_up, 16);
   const StreamShape sh = stream_shape(a.M, a.K, a.gate_up, wide ? 16 : 8, d.stages);
   if (a.gate_up)
