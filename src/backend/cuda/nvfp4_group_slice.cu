@@ -75,11 +75,11 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
 }
 
 // One 128-k chunk of both of a warp's tiles (A operands from the stage, rows 16 tile + g and + 8) against
-// kN n8 column tiles; xa / xb: tile 0's / tile 1's activation pointers (equal when they share them).
-template <int kN>
+// kN n8 column tiles; xa / xb: tile 0's / tile 1's activation pointers (kShared: both read xa).
+template <int kN, bool kShared>
 __device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t* w0, const uint8_t* w1,
                                             const uint8_t* s0p, const uint8_t* s1p, const __half* const (&xa)[kColTiles],
-                                            const __half* const (&xb)[kColTiles], bool shared_x, int koff) {
+                                            const __half* const (&xb)[kColTiles], int koff) {
   const ChunkOps o0 = load_chunk(w0, 8 * kSliceBytes, s0p, 8 * kSliceScales);
   const ChunkOps o1 = load_chunk(w1, 8 * kSliceBytes, s1p, 8 * kSliceScales);
   const __half2 h00 = e4m3x2_to_half2(o0.s0 & 0xffu, o0.s0 >> 8), h01 = e4m3x2_to_half2(o0.s1 & 0xffu, o0.s1 >> 8);
@@ -90,7 +90,7 @@ __device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
       ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + i);
-      bb[j] = shared_x ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + i);
+      bb[j] = kShared ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + i);
     }
     const __half2 sa0 = i / 2 ? __high2half2(h00) : __low2half2(h00), sa1 = i / 2 ? __high2half2(h01) : __low2half2(h01);
     const __half2 sb0 = i / 2 ? __high2half2(h10) : __low2half2(h10), sb1 = i / 2 ? __high2half2(h11) : __low2half2(h11);
@@ -112,11 +112,11 @@ __device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t
   }
 }
 
-template <bool kGateUp, int kN>
+template <bool kGateUp, int kN, bool kShared>
 __device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceShape& sh, uint8_t* ring, uint64_t* full,
                                            uint64_t* empty, uint32_t& slot, uint32_t& phase,
                                            const __half* const (&xa)[kColTiles], const __half* const (&xb)[kColTiles],
-                                           bool shared_x, int warp, int lane) {
+                                           int warp, int lane) {
   const int g = lane / 4, t = lane % 4;
   // Stage rows of this warp's tiles: gate_up 16 warp + g (gate) and 128 + 16 warp + g (up); plain 32 warp + g, + 16.
   const int r0 = 16 * (kGateUp ? warp : 2 * warp) + g, r1 = kGateUp ? kSliceRows / 2 + 16 * warp + g : r0 + 16;
@@ -126,9 +126,9 @@ __device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceSha
     const uint8_t* sc = st + kSliceRows * kSliceBytes;
 #pragma unroll
     for (int c = 0; c < kSliceK / kChunk; ++c)
-      slice_chunk<kN>(acc, st + r0 * kSliceBytes + 64 * c + 16 * t, st + r1 * kSliceBytes + 64 * c + 16 * t,
-                      sc + r0 * kSliceScales + 8 * c + 2 * t, sc + r1 * kSliceScales + 8 * c + 2 * t, xa, xb, shared_x,
-                      s * kSliceK + c * kChunk);
+      slice_chunk<kN, kShared>(acc, st + r0 * kSliceBytes + 64 * c + 16 * t, st + r1 * kSliceBytes + 64 * c + 16 * t,
+                               sc + r0 * kSliceScales + 8 * c + 2 * t, sc + r1 * kSliceScales + 8 * c + 2 * t, xa, xb,
+                               s * kSliceK + c * kChunk);
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[slot]);
     if (++slot == static_cast<uint32_t>(sh.num_stages)) {
@@ -164,10 +164,15 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
       xb[j] = a.xq + (r * a.P + rpb) * K + 32 * t;
     }
     float acc[2][2][4] = {};
-    if (nt == 1)
-      slice_item<kGateUp, 1>(acc, sh, ring, full, empty, slot, phase, xa, xb, rpa == rpb, warp, lane);
+    const bool shared = rpa == rpb;
+    if (nt == 1 && shared)
+      slice_item<kGateUp, 1, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    else if (nt == 1)
+      slice_item<kGateUp, 1, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    else if (shared)
+      slice_item<kGateUp, 2, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
     else
-      slice_item<kGateUp, 2>(acc, sh, ring, full, empty, slot, phase, xa, xb, rpa == rpb, warp, lane);
+      slice_item<kGateUp, 2, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
     if constexpr (kGateUp) {
       const float d_in = a.act_in_scale[e];
       const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
