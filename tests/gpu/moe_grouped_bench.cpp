@@ -64,7 +64,7 @@ bool tile_timed(int tile, int64_t T) {
     case 1: return T >= 512;  // slower than small-N below (measured: 1.8x at T = 64)
     case 2: return T >= 256;
     case 3: return T >= 64 && T <= 2048;  // 1.5-1.9x the small-N kernel at 2-4 rows per expert (measured)
-    case 5: return T >= 64 && T <= 512;
+    case 5: return T >= 16 && T <= 512;
     default: return T <= 512;
   }
 }

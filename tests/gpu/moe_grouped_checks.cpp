@@ -331,8 +331,9 @@ void check_decode_model_shapes(Harness& h) {
   }
 }
 
-// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 96/97 of 64
-// experts: 12 / 12.1 rows per expert, stream / medium tile) and the streamed kernel's (pairs of at most
+// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 32/33 of 64
+// experts: 4 / 4.1 rows per expert, stream / sliced tile; 96/97: 12 / 12.1, sliced / medium tile) and
+// the streamed kernels' (pairs of at most
 // 16 rows: 16/17, 32/33, 64/65; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
 // list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
@@ -346,7 +347,9 @@ void test_moe_grouped_decode(Harness& h) {
                                                {ct, "nvfp4", 65, 64, 8, 512, 256, 2, true},
                                                {ct, "nvfp4", 96, 64, 8, 256, 256, 2},
                                                {mo, "nvfp4-mo", 97, 64, 8, 256, 256, 2},
-                                               {ct, "nvfp4", 128, 256, 8, 256, 256, 2}})
+                                               {ct, "nvfp4", 128, 256, 8, 256, 256, 2},
+                                               {ct, "nvfp4", 32, 64, 8, 256, 256, 2},
+                                               {mo, "nvfp4-mo", 33, 64, 8, 256, 256, 2, true}})
     check_moe_experts(h, c);
   check_decode_model_shapes(h);
 }

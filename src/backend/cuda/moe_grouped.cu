@@ -19,9 +19,11 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/nvfp4_group_common.cuh"
 #include "backend/cuda/nvfp4_group_gemm.h"
 #include "backend/cuda/quant_math.cuh"
 
@@ -166,6 +168,7 @@ struct PrepareArgs {
   int P;
   const float* in_scale;   // [E, P]
   bool modelopt;
+  bool chunk_major;        // the chunk-major layout (nvfp4_group_common.cuh: GroupTile::kSliceN reads it)
   // MoE (null for dense: token t -> row t, expert 0): slot s = t * k + j goes to row
   // offsets[e] + chunk_base[s / 1024, e] + rank[s] of its expert e = ids[s]; slot_of[row] = s.
   const int32_t* ids;
@@ -218,7 +221,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs 
         // even lane: (x0,x4), (x1,x5); odd lane: (x2,x6), (x3,x7)
         const uint2 out = odd ? make_uint2(__byte_perm(phi, hi, 0x5410), __byte_perm(phi, hi, 0x7632))
                               : make_uint2(__byte_perm(lo, plo, 0x5410), __byte_perm(lo, plo, 0x7632));
-        if (i < K) *reinterpret_cast<uint2*>(o + (i & ~int64_t{7}) + (odd ? 4 : 0)) = out;
+        const int64_t group = a.chunk_major ? chunk_major_group(i / 8) : i / 8;
+        if (i < K) *reinterpret_cast<uint2*>(o + 8 * group + (odd ? 4 : 0)) = out;
       }
     }
   }
@@ -287,9 +291,17 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
 
 // The MoE's small-N regime at `per_expert` rows per expert: the K-sliced kernel from kMoeSliceMinRows,
 // else the streamed one, where both projections' shapes fit it on this device, else kSmallN.
-constexpr double kMoeSliceMinRows = 6.0;
+constexpr double kMoeSliceMinRows = 4.0;
+// DIAGNOSTIC (round B only, to be removed): SPARKSERVE_DIAG_SLICE_MIN_ROWS overrides kMoeSliceMinRows.
+double slice_min_rows() {
+  static const double v = [] {
+    const char* e = std::getenv("SPARKSERVE_DIAG_SLICE_MIN_ROWS");
+    return e ? std::atof(e) : kMoeSliceMinRows;
+  }();
+  return v;
+}
 GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
-  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
+  if (per_expert > slice_min_rows() && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
   return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
 }
 
@@ -392,6 +404,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.slot_of = slot_of;
   pr.E = E;
   pr.spb = slots <= 4096 ? 1 : k;
+  pr.chunk_major = tile == GroupTile::kSliceN;
   for (int i = 0; i < times(1); ++i) {
     prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), kPrepThreads, 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
@@ -437,7 +450,8 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
   if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);
-  const PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
+  PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
+  pr.chunk_major = tile == GroupTile::kSliceN;
   prepare_rows_kernel<<<static_cast<unsigned>(T), kPrepThreads, 0, b.stream()>>>(pr);
   CUDA_CHECK_LAUNCH();
   GroupGemmArgs g = gemm_args(w, xq.as<__half>());

@@ -113,6 +113,15 @@ __device__ __forceinline__ float global_factor(float w_global, float in_scale, b
 // Slot of value i (0..7) of an 8-group in the prepared layout (0,4,1,5,2,6,3,7).
 __device__ __forceinline__ int prepared_slot(int i) { return 2 * (i % 4) + i / 4; }
 
+// The chunk-major variant of the prepared layout (GroupTile::kSliceN): within each 128-k chunk the
+// sixteen 8-groups, numbered 4t + i (lane t of a quad takes groups 4t .. 4t + 3 of a chunk, one per
+// step i), are stored in the order 4i + t, so the four lanes of a quad read 64 contiguous bytes of a row
+// per step instead of four 16-byte pieces 64 bytes apart: half the 32-byte sectors per load. Position
+// of 8-group `group` of a row:
+__host__ __device__ __forceinline__ int64_t chunk_major_group(int64_t group) {
+  return (group & ~int64_t{15}) | ((group & 3) << 2) | ((group >> 2) & 3);
+}
+
 // The activation partition a GEMM reads for weight partition p of expert e: a partition whose input
 // scale equals partition 0's quantizes x identically, so the prepare step wrote only partition 0's
 // copy. (gate_proj and up_proj read the same x, so calibrated checkpoints usually give them one scale.)
@@ -124,8 +133,8 @@ __device__ __forceinline__ int read_partition(const float* in_scale, int64_t e, 
 // column tiles from column n0; columns >= rows are padding): the down input silu(gate·fg)·(up·fu)
 // quantized with the down expert's input scale (quantize direction gs) into act[start + column,
 // i_base ..] as fp16 e2m1·sf in the prepared layout. Its 16-blocks run along i: the tile's rows g and
-// g+8 of one column, held by the 8 lanes of one t.
-template <int kNT>
+// g+8 of one column, held by the 8 lanes of one t. kChunkMajor: act in the chunk-major layout.
+template <int kNT, bool kChunkMajor = false>
 __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const float (&up)[kNT][4], float fg,
                                               float fu, float gs, __half* act, int64_t I, int64_t start,
                                               int64_t i_base, int n0, int rows, int g, int t) {
@@ -144,11 +153,12 @@ __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const
       nvfp4_block_scales(amax, gs, sf, out_scale);
       const int col = n0 + nt * 8 + 2 * t + c;
       if (col >= rows) continue;
-      __half* arow = act + (start + col) * I + i_base + prepared_slot(g);
+      __half* arow = act + (start + col) * I + prepared_slot(g);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const uint32_t code = f32_to_e2m1(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
-        arow[8 * rr] = __float2half_rn(e2m1_value(code) * sf);
+        const int64_t group = i_base / 8 + rr;
+        arow[8 * (kChunkMajor ? chunk_major_group(group) : group)] = __float2half_rn(e2m1_value(code) * sf);
       }
     }
   }

@@ -11,7 +11,8 @@
 // K: its accumulators live across the item's stages, so no warp waits for another (no partial sums, no
 // barrier; a stage is released by each warp's arrival), the epilogue runs from registers, the two
 // tiles share their activation loads where they read one partition, and all warps of a CTA read the
-// same 256-k slice of the pair's activations at a time (L1 reuse).
+// same 256-k slice of the pair's activations at a time (L1 reuse). The activations (and the down
+// input this kernel's gate_up writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh).
 // Shared memory of a stage: [rows][128] payload bytes, then [rows][16] block scales.
 #include <algorithm>
 
@@ -24,7 +25,10 @@ namespace sparkserve {
 namespace {
 
 constexpr int kChunk = 128;      // k per chunk: 64 payload bytes and 8 block scales per row
-constexpr int kMaxStages = 4;
+// Ring stages per CTA: 2 (of 36 KB; 2 CTAs per SM leave ~100 KB of L1 for the activations). Measured at
+// the 35B T = 338 (H200): 3 stages made the op 7% slower (341 vs 318 us; gate/up input scales differing:
+// 401 vs 375), the L1 then holding ~28 KB.
+constexpr int kStages = 2;
 constexpr int kPairRows = 16;    // activation rows per work pair (group_tile_n): 2 n8 column tiles
 constexpr int kColTiles = kPairRows / 8;
 constexpr int kRingOffset = 128;  // the mbarriers first
@@ -34,7 +38,7 @@ constexpr int kSliceWarps = 8, kSliceRows = kSliceWarps * 32;  // 256 weight row
 constexpr int kSliceStageBytes = kSliceRows * (kSliceBytes + kSliceScales);  // 36,864
 
 struct SliceShape {
-  int num_stages, slices, items_per_pair;
+  int slices, items_per_pair;
 };
 
 // Producer: per item and slice, the payload boxes (gate_up: 128 gate rows, 128 up rows; plain 256 rows)
@@ -49,7 +53,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
     const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
     const int64_t e = work_pair(a, pair, kPairRows).e;
     for (int s = 0; s < sh.slices; ++s, ++seq) {
-      if (seq >= static_cast<uint32_t>(sh.num_stages)) mbar_wait(&empty[slot], phase ^ 1u);
+      if (seq >= static_cast<uint32_t>(kStages)) mbar_wait(&empty[slot], phase ^ 1u);
       uint8_t* st = ring + slot * kSliceStageBytes;
       uint64_t* bar = &full[slot];
       mbar_arrive_expect_tx(bar, kSliceStageBytes);
@@ -66,7 +70,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
         tma_load_2d(st, wmap, s * kSliceBytes, row, bar, policy);
         tma_load_2d(st + kSliceRows * kSliceBytes, smap, s * kSliceScales, row, bar, policy);
       }
-      if (++slot == static_cast<uint32_t>(sh.num_stages)) {
+      if (++slot == static_cast<uint32_t>(kStages)) {
         slot = 0;
         phase ^= 1u;
       }
@@ -89,8 +93,8 @@ __device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t
     uint4 ba[kN], bb[kN];
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + i);
-      bb[j] = kShared ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + i);
+      ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + 4 * i);
+      bb[j] = kShared ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + 4 * i);
     }
     const __half2 sa0 = i / 2 ? __high2half2(h00) : __low2half2(h00), sa1 = i / 2 ? __high2half2(h01) : __low2half2(h01);
     const __half2 sb0 = i / 2 ? __high2half2(h10) : __low2half2(h10), sb1 = i / 2 ? __high2half2(h11) : __low2half2(h11);
@@ -131,7 +135,7 @@ __device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceSha
                                s * kSliceK + c * kChunk);
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[slot]);
-    if (++slot == static_cast<uint32_t>(sh.num_stages)) {
+    if (++slot == static_cast<uint32_t>(kStages)) {
       slot = 0;
       phase ^= 1u;
     }
@@ -160,8 +164,8 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
 #pragma unroll
     for (int j = 0; j < kColTiles; ++j) {
       const int64_t r = start + min(8 * j + g, rows - 1);
-      xa[j] = a.xq + (r * a.P + rpa) * K + 32 * t;
-      xb[j] = a.xq + (r * a.P + rpb) * K + 32 * t;
+      xa[j] = a.xq + (r * a.P + rpa) * K + 8 * t;  // chunk-major: step i of lane t at 8t + 32i
+      xb[j] = a.xq + (r * a.P + rpb) * K + 8 * t;
     }
     float acc[2][2][4] = {};
     const bool shared = rpa == rpb;
@@ -177,7 +181,7 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
       const float d_in = a.act_in_scale[e];
       const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
       const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
-      store_gate_up<2>(acc[0], acc[1], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, row0, 0, rows,
+      store_gate_up<2, true>(acc[0], acc[1], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, row0, 0, rows,
                        g, t);
     } else {
 #pragma unroll
@@ -197,12 +201,12 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
                        const __grid_constant__ CUtensorMap smap) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + kMaxStages;
+  uint64_t* empty = full + kStages;
   uint8_t* ring = smem + kRingOffset;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_launch_dependents();
   if (threadIdx.x == 0) {
-    for (int s = 0; s < sh.num_stages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kSliceWarps);
     }
@@ -219,28 +223,28 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
   }
 }
 
-// The ring: 2 CTAs per SM, each as many stages as fit (at most kMaxStages); 0 where 2 do not.
-int slice_stages() {
+// Whether two CTAs' rings fit in an SM's shared memory.
+bool slice_ring_fits() {
   const SmemLimits& l = smem_limits();
-  const int64_t ring = std::min(l.optin, l.per_sm / 2 - l.reserved) - kRingOffset;
-  const int64_t n = std::min<int64_t>(kMaxStages, ring / kSliceStageBytes);
-  return n >= 2 ? static_cast<int>(n) : 0;
+  return std::min(l.optin, l.per_sm / 2 - l.reserved) >= kRingOffset + kStages * kSliceStageBytes;
 }
 
 template <bool kGateUp>
 void launch(CudaBackend& b, const GroupGemmArgs& a) {
   SliceShape sh{};
-  sh.num_stages = slice_stages();
   sh.slices = static_cast<int>(a.K / kSliceK);
   sh.items_per_pair = static_cast<int>(kGateUp ? (a.M / 2) / (kSliceRows / 2) : a.M / kSliceRows);
-  // Payload [E·M rows, K/2 bytes] in boxes of 128 bytes, block scales [E·M, K/16] in boxes of 16.
+  // Payload [E·M rows, K/2 bytes] in boxes of 128 bytes, block scales [E·M, K/16] in boxes of 16, with no
+  // L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB from DRAM for its 302 MB
+  // (the promoted halves, marked evict-first like the rest, were gone before the next slice's copy).
   const int box_rows = kGateUp ? kSliceRows / 2 : kSliceRows;
   const CUtensorMap wmap = tensor_map_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 2, a.K / 2,
-                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_NONE);
-  const CUtensorMap smap = tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16,
-                                         a.K / 16, box_rows, kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  const CUtensorMap smap =
+      tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16, a.K / 16, box_rows,
+                    kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
   auto kern = group_slice_kernel<kGateUp>;
-  const int64_t smem = kRingOffset + static_cast<int64_t>(sh.num_stages) * kSliceStageBytes;
+  const int64_t smem = kRingOffset + int64_t{kStages} * kSliceStageBytes;
   static int64_t allowed = 0;
   allow_smem(kern, smem, allowed);
   const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kPairRows - 1) / kPairRows;
@@ -254,7 +258,7 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 
 bool group_slice_takes(const Linear& w, bool gate_up) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
-  if (!tensor_maps_available() || slice_stages() == 0 || K % kSliceK != 0 || P < 1 || M % P != 0) return false;
+  if (!tensor_maps_available() || !slice_ring_fits() || K % kSliceK != 0 || P < 1 || M % P != 0) return false;
   // 16-byte aligned payload and scales (the tensor maps' rule; their rows, K/2 and K/16 bytes, are too).
   if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0 || (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) != 0)
     return false;

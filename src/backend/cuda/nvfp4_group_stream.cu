@@ -19,8 +19,6 @@
 // by the warps that run the epilogues.
 // Shared memory of a stage: [rows][K/2] payload, then [rows][K/16] block scales (as in global memory).
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/nvfp4_group_common.cuh"
@@ -29,24 +27,21 @@
 namespace sparkserve {
 namespace {
 
+constexpr int kConsumerWarps = 8, kThreads = (kConsumerWarps + 1) * 32;  // + the producer warp
+constexpr int kMinBlocks = 2;        // CTAs per SM where two rings of 2 stages fit (96 registers)
 constexpr int kChunk = 128;          // k per chunk: 64 payload bytes and 8 block scales per row
 constexpr int kMaxStages = 4;
 constexpr int kMaxWarpChunks = 8;    // chunks per warp per item at most (gate_up K <= 4096, plain K <= 2048)
 constexpr int kPairRows = 16;        // activation rows per work pair: 2 n8 column tiles
 constexpr int kColTiles = kPairRows / 8;
-// K parts per item: the warps split an item's K into 4 (gate_up) / 2 (plain) parts, and each part's
-// warps hold kWarps / parts m16 tiles: gate_up half gate tiles, half the matching up tiles (8 warps:
-// 16 gate rows, one 16-block of the down input), plain consecutive rows (8 warps: 64 rows).
-constexpr int kGateUpParts = 4, kPlainParts = 2;
-constexpr int kRingOffset = 128;     // the mbarriers first
+// m16 tiles per item: gate_up 2 (16 gate rows and their up rows: one 16-block of the down input),
+// plain 4 (64 rows); the 8 warps split K into 4 / 2 parts.
+constexpr int kGateUpTiles = 2, kPlainTiles = 4;
 // The K parts' sums, written over the consumed stage: [warp][column tile][register][lane].
-constexpr int partial_bytes(int warps) { return warps * kColTiles * 4 * 32 * 4; }
-// Consumer warps per CTA and CTAs per SM: 8 warps in 2 CTAs (96 registers), or 16 in one (120 registers,
-// one pair's activations shared by all 16 warps in L1).
-constexpr int min_blocks(int warps) { return warps == 8 ? 2 : 1; }
+constexpr int kPartialBytes = kConsumerWarps * kColTiles * 4 * 32 * 4;
+constexpr int kRingOffset = 128;     // the mbarriers first
 
 struct StreamShape {
-  int warps;            // consumer warps per CTA (8 or 16)
   int blocks_per_sm;
   int rows;             // weight rows per item (= per stage)
   int rb, sb;           // payload / block-scale bytes per row: K/2, K/16
@@ -56,8 +51,7 @@ struct StreamShape {
 };
 
 // The consumer warps only (named barrier 1; the producer does not take part).
-template <int kWarps>
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
 
 // The next item of a CTA's range: row group mg of work pair `pair` (items run row-group-fastest, so a
 // pair's list entries are read once per pair).
@@ -149,10 +143,10 @@ __device__ __forceinline__ void item_chunks(float (&acc)[2][4], const uint8_t* w
 // the matching up rows) and the chunks w / kNT, w / kNT + kParts, ... of its K. At the item's end the
 // warps' sums meet over the consumed stage and are added in part order (deterministic) by the warps
 // that run the epilogues, then the stage is released.
-template <bool kGateUp, int kWarps>
+template <bool kGateUp, int kNT>
 __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShape& sh, uint8_t* ring, uint64_t* full,
                                         uint64_t* empty, int first, int last, int warp, int lane) {
-  constexpr int kParts = kGateUp ? kGateUpParts : kPlainParts, kNT = kWarps / kParts, kHalf = kNT / 2;
+  constexpr int kParts = kConsumerWarps / kNT;
   const int g = lane / 4, t = lane % 4, mt = warp % kNT, part = warp / kNT;
   const int64_t K = a.K, M = a.M;
   const int Mp = static_cast<int>(M / a.P), chunks = static_cast<int>(K / kChunk);
@@ -167,9 +161,9 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
     const int mg = cur.mg, rows = wp.rows, nt = (rows + 7) / 8;
     const int64_t e = wp.e, start = wp.start;
     // This warp's tile: its first weight row and the activation partition its B operand reads.
-    const int64_t row0 = kGateUp ? (mt < kHalf ? 0 : M / 2) + static_cast<int64_t>(mg) * (sh.rows / 2) + 16 * (mt % kHalf)
+    const int64_t row0 = kGateUp ? (mt == 0 ? 0 : M / 2) + static_cast<int64_t>(mg) * 16
                                  : static_cast<int64_t>(mg) * sh.rows + 16 * mt;
-    const int wpart = kGateUp ? (mt < kHalf ? 0 : a.P - 1) : static_cast<int>(row0) / Mp;
+    const int wpart = kGateUp ? (mt == 0 ? 0 : a.P - 1) : static_cast<int>(row0) / Mp;
     const int rp = read_partition(a.in_scale, e, a.P, wpart);
     // Column 8j + g's activation row (padding columns repeat the last row; their outputs are dropped).
     const __half* x[kColTiles];
@@ -185,14 +179,14 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
       item_chunks<kParts, 1>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part);
     else
       item_chunks<kParts, 2>(acc, st + w_off, w8, st + s_off, s8, x, chunks, part);
-    consumer_sync<kWarps>();  // every warp is done with the stage's weights
+    consumer_sync();  // every warp is done with the stage's weights
     float* partial = reinterpret_cast<float*>(st);
 #pragma unroll
     for (int j = 0; j < kColTiles; ++j)
       if (j < nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) partial[((warp * kColTiles + j) * 4 + r) * 32 + lane] = acc[j][r];
-    consumer_sync<kWarps>();
+    consumer_sync();
     // The epilogue jobs (gate_up: per column tile; plain: per m16 tile and column tile), dealt to the
     // warps in an order that rotates with the item. The K parts of a tile are added in part order.
     auto sum_parts = [&](int tile, int j, float (&out)[1][4]) {
@@ -204,19 +198,18 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
         out[0][r] = v;
       }
     };
-    const int jobs = (kGateUp ? kHalf : kNT) * nt;
-    const int job = (warp + kWarps - item % kWarps) % kWarps;
+    const int jobs = (kGateUp ? 1 : kNT) * nt;
+    const int job = (warp + kConsumerWarps - item % kConsumerWarps) % kConsumerWarps;
     if (job < jobs) {
       if constexpr (kGateUp) {
-        const int tile = job % kHalf, j = job / kHalf;
         float gate[1][4], up[1][4];
-        sum_parts(tile, j, gate);
-        sum_parts(tile + kHalf, j, up);
+        sum_parts(0, job, gate);
+        sum_parts(1, job, up);
         const float d_in = a.act_in_scale[e];
         const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
         const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
         store_gate_up<1>(gate, up, fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start,
-                         static_cast<int64_t>(mg) * (sh.rows / 2) + 16 * tile, 8 * j, rows, g, t);
+                         static_cast<int64_t>(mg) * 16, 8 * job, rows, g, t);
       } else {
         const int tile = job % kNT, j = job / kNT;
         float v[1][4];
@@ -239,9 +232,8 @@ __device__ __forceinline__ void consume(const GroupGemmArgs& a, const StreamShap
   }
 }
 
-template <bool kGateUp, int kWarps>
-__global__ void __launch_bounds__((kWarps + 1) * 32, min_blocks(kWarps))
-    group_stream_kernel(const GroupGemmArgs a, const StreamShape sh) {
+template <bool kGateUp, int kNT>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) group_stream_kernel(const GroupGemmArgs a, const StreamShape sh) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kMaxStages;
@@ -251,7 +243,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, min_blocks(kWarps))
   if (threadIdx.x == 0) {
     for (int s = 0; s < sh.num_stages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kWarps);
+      mbar_init(&empty[s], kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -259,30 +251,27 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, min_blocks(kWarps))
   const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;  // < 2^31: launch() checks
   const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
   const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
-  if (warp == kWarps) {
+  if (warp == kConsumerWarps) {
     if (lane == 0) produce(a, sh, ring, full, empty, first, last);
   } else {
-    consume<kGateUp, kWarps>(a, sh, ring, full, empty, first, last, warp, lane);
+    consume<kGateUp, kNT>(a, sh, ring, full, empty, first, last, warp, lane);
   }
 }
 
-// The stage (one item: its rows over the whole K, at least the partial sums' bytes) and the ring of
-// `warps` consumer warps per CTA: (8 warps) 2 CTAs per SM where each gets 2 stages or more (sm_90: stages
-// up to ~56 KB), else 1 CTA with the whole shared memory; (16 warps) 1 CTA. At most max_stages stages.
-// blocks_per_sm 0: no ring of 2 stages fits (not taken).
-StreamShape stream_shape(int64_t M, int64_t K, bool gate_up, int warps, int max_stages) {
+// The stage (one item: its rows over the whole K, at least the partial sums' bytes) and the ring: 2 CTAs
+// per SM where each gets 2 stages or more (sm_90: stages up to ~56 KB), else 1 CTA with the whole
+// shared memory. blocks_per_sm 0: no ring of 2 stages fits (not taken).
+StreamShape stream_shape(int64_t M, int64_t K, bool gate_up) {
   StreamShape sh{};
-  sh.warps = warps;
-  sh.rows = 16 * warps / (gate_up ? kGateUpParts : kPlainParts);
+  sh.rows = 16 * (gate_up ? kGateUpTiles : kPlainTiles);
   sh.rb = static_cast<int>(K / 2);
   sh.sb = static_cast<int>(K / 16);
   sh.items_per_pair = static_cast<int>(M / sh.rows);
-  sh.stage_bytes =
-      static_cast<int>((std::max<int64_t>(sh.rows * (sh.rb + sh.sb), partial_bytes(warps)) + 127) / 128 * 128);
+  sh.stage_bytes = static_cast<int>((std::max<int64_t>(sh.rows * (sh.rb + sh.sb), kPartialBytes) + 127) / 128 * 128);
   const SmemLimits& l = smem_limits();
-  for (int blocks = min_blocks(warps); blocks >= 1; --blocks) {
+  for (int blocks = kMinBlocks; blocks >= 1; --blocks) {
     const int64_t ring = std::min(l.optin, l.per_sm / blocks - l.reserved) - kRingOffset;
-    sh.num_stages = static_cast<int>(std::min<int64_t>(max_stages, ring / sh.stage_bytes));
+    sh.num_stages = static_cast<int>(std::min<int64_t>(kMaxStages, ring / sh.stage_bytes));
     sh.blocks_per_sm = blocks;
     if (sh.num_stages >= 2) return sh;
   }
@@ -290,23 +279,11 @@ StreamShape stream_shape(int64_t M, int64_t K, bool gate_up, int warps, int max_
   return sh;
 }
 
-// DIAGNOSTIC (round A only, to be removed): SPARKSERVE_DIAG_STREAM="warps,stages" (e.g. "16,2").
-struct StreamDiag {
-  int warps = 8, stages = kMaxStages;
-};
-const StreamDiag& stream_diag() {
-  static const StreamDiag d = [] {
-    StreamDiag v;
-    if (const char* e = std::getenv("SPARKSERVE_DIAG_STREAM")) std::sscanf(e, "%d,%d", &v.warps, &v.stages);
-    return v;
-  }();
-  return d;
-}
-
-template <bool kGateUp, int kWarps>
-void launch(CudaBackend& b, const GroupGemmArgs& a, const StreamShape& sh) {
+template <bool kGateUp, int kNT>
+void launch(CudaBackend& b, const GroupGemmArgs& a) {
+  const StreamShape sh = stream_shape(a.M, a.K, kGateUp);
   CHECK_MSG(sh.blocks_per_sm > 0, "grouped NVFP4 stream kernel: shared memory too small");
-  auto kern = group_stream_kernel<kGateUp, kWarps>;
+  auto kern = group_stream_kernel<kGateUp, kNT>;
   const int64_t smem = kRingOffset + static_cast<int64_t>(sh.num_stages) * sh.stage_bytes;
   static int64_t allowed = 0;
   allow_smem(kern, smem, allowed);
@@ -314,33 +291,27 @@ void launch(CudaBackend& b, const GroupGemmArgs& a, const StreamShape& sh) {
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
   const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{sh.blocks_per_sm} * b.sm_count());
   if (grid <= 0) return;
-  launch_with_pdl(kern, static_cast<unsigned>(grid), (kWarps + 1) * 32, smem, b.stream(), a, sh);
-}
-
-bool shape_takes(int64_t M, int64_t K, int64_t P, bool gate_up, int warps) {
-  const int parts = gate_up ? kGateUpParts : kPlainParts, rows = 16 * warps / parts;
-  if (K % kChunk != 0 || K / kChunk > parts * kMaxWarpChunks) return false;
-  if (gate_up ? !(P <= 2 && (M / 2) % (rows / 2) == 0) : M % rows != 0) return false;
-  return stream_shape(M, K, gate_up, warps, kMaxStages).blocks_per_sm > 0;
+  launch_with_pdl(kern, static_cast<unsigned>(grid), kThreads, smem, b.stream(), a, sh);
 }
 
 }  // namespace
 
 bool group_stream_takes(const Linear& w, bool gate_up) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
-  if (P < 1 || M % P != 0 || (M / P) % 16 != 0 || !shape_takes(M, K, P, gate_up, 8)) return false;
+  if (K % kChunk != 0 || P < 1 || M % P != 0 || (M / P) % 16 != 0) return false;
+  const int tiles = gate_up ? kGateUpTiles : kPlainTiles;
+  if (K / kChunk > (kConsumerWarps / tiles) * kMaxWarpChunks) return false;
+  if (gate_up ? !(P <= 2 && (M / 2) % 16 == 0) : M % (16 * tiles) != 0) return false;
+  if (stream_shape(M, K, gate_up).blocks_per_sm == 0) return false;
   return (reinterpret_cast<uintptr_t>(w.weight.data) & 15u) == 0 &&
          (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) == 0;
 }
 
 void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a) {
-  const StreamDiag& d = stream_diag();
-  const bool wide = d.warps == 16 && shape_takes(a.M, a.K, a.P, a.gate_up, 16);
-  const StreamShape sh = stream_shape(a.M, a.K, a.gate_up, wide ? 16 : 8, d.stages);
   if (a.gate_up)
-    wide ? launch<true, 16>(b, a, sh) : launch<true, 8>(b, a, sh);
+    launch<true, kGateUpTiles>(b, a);
   else
-    wide ? launch<false, 16>(b, a, sh) : launch<false, 8>(b, a, sh);
+    launch<false, kPlainTiles>(b, a);
 }
 
 }  // namespace sparkserve

@@ -28,7 +28,8 @@ EncodeTiled encode_tiled() {
 bool tensor_maps_available() { return encode_tiled() != nullptr; }
 
 CUtensorMap tensor_map_2d(const void* p, CUtensorMapDataType type, int elem_bytes, int64_t rows, int64_t cols,
-                          int64_t ld, int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
+                          int64_t ld, int box_rows, int box_cols, CUtensorMapSwizzle swizzle,
+                          CUtensorMapL2promotion l2) {
   CHECK_MSG(encode_tiled(), "tensor_map_2d: the driver has no cuTensorMapEncodeTiled");
   CUtensorMap m{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
@@ -36,7 +37,7 @@ CUtensorMap tensor_map_2d(const void* p, CUtensorMapDataType type, int elem_byte
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(p), dims, strides, box, elem_strides,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   CHECK_MSG(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed");
   return m;

@@ -16,7 +16,10 @@ bool tensor_maps_available();
 // p: [rows, cols] elements of elem_bytes with row stride ld elements; rows and columns past the end
 // read as zeros. CHECK-fails if the driver refuses the layout (callers check the alignment rules:
 // p and ld·elem_bytes multiples of 16, box_cols·elem_bytes a multiple of 16, boxes of at most 256).
+// l2: how far the L2 extends each row's request (256 bytes suits boxes whose next columns the next
+// copies read soon; none, data read once in narrow boxes that L2 would otherwise fetch twice).
 CUtensorMap tensor_map_2d(const void* p, CUtensorMapDataType type, int elem_bytes, int64_t rows, int64_t cols,
-                          int64_t ld, int box_rows, int box_cols, CUtensorMapSwizzle swizzle);
+                          int64_t ld, int box_rows, int box_cols, CUtensorMapSwizzle swizzle,
+                          CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 
 }  // namespace sparkserve
