@@ -19,7 +19,6 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -265,16 +264,14 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
 // shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. The MoE's small regime is
-// the streamed kernel (kStreamN, pairs of up to 16 rows) where both projections fit it, else kSmallN
-// (sm_120's shared memory holds no 2-stage ring of the 122B's rows). Measured on the H200 at the 35B /
-// 122B expert shapes (docs/performance.md, "Decode batches"), op us: stream vs medium at 8 rows per
-// expert 334 / 846 vs 373 / 962, at 12 rows 390 / 984 vs 394 / 998, at 16 rows 505 / 1282 vs 427 /
-// 1061 (over 40% of the experts then need a second pair): hence kMoeStreamMaxRows = 12 (the 35B's
-// 330-token prefill, 10 rows per expert: 26.3 ms with the stream kernel, 27.6 with medium); kSmallN
-// was 3-43% slower than the stream kernel at every T from 4 to 512. Medium wins by 8-17% over kSmallN at
-// 10-32 rows and is within 3.5% of large at 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows
-// (the stream kernel takes plain K <= 2048 only) and take no medium tile: at T = 64 the qkv
-// projection ran 56 us on it against 51 on the large tile.
+// moe_small_tile's (pairs of up to 16 rows). Measured on the H200 at the 35B / 122B expert shapes
+// (docs/performance.md, "Decode batches" and "A later agent turn's MoE"), op us at 12 rows per expert:
+// sliced 288 / 672 vs medium 409 / 1024; at 16 rows (over 40% of the experts then need a second pair)
+// sliced 361 vs medium 445 (35B; kMoeStreamMaxRows stays at moe7's 12, set when the streamed kernel lost
+// to medium at 16 rows: 505 / 1282 vs 427 / 1061); kSmallN was 3-43% slower than the stream kernel at
+// every T from 4 to 512. Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at
+// 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes plain K <= 2048
+// only) and take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
 constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 12.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
@@ -289,19 +286,15 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
-// The MoE's small-N regime at `per_expert` rows per expert: the K-sliced kernel from kMoeSliceMinRows,
-// else the streamed one, where both projections' shapes fit it on this device, else kSmallN.
+// The MoE's small-N regime at `per_expert` rows per expert: above kMoeSliceMinRows the K-sliced kernel,
+// else the streamed one, where both projections' shapes fit it on this device, else kSmallN. Measured on
+// the H200 (docs/performance.md, "A later agent turn's MoE"), op us sliced vs streamed: 35B T = 338
+// (10.6 rows) 268 vs 370, T = 256 242 vs 333; the 35B's 338-token prefill after 10,240 cached tokens
+// 29.23 vs 30.85 ms. (Sliced was also ahead at 0.5-4 rows, e.g. 122B T = 64 405 vs 448, but the decode
+// steps there were not measured with it.)
 constexpr double kMoeSliceMinRows = 4.0;
-// DIAGNOSTIC (round B only, to be removed): SPARKSERVE_DIAG_SLICE_MIN_ROWS overrides kMoeSliceMinRows.
-double slice_min_rows() {
-  static const double v = [] {
-    const char* e = std::getenv("SPARKSERVE_DIAG_SLICE_MIN_ROWS");
-    return e ? std::atof(e) : kMoeSliceMinRows;
-  }();
-  return v;
-}
 GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
-  if (per_expert > slice_min_rows() && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
+  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
   return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
 }
 
