@@ -1,10 +1,11 @@
 // Grouped NVFP4 W4A4 GEMM, K-sliced streamed regime (nvfp4_group_gemm.h, GroupTile::kSliceN): work pairs
-// of up to 16 activation rows, as kStreamN, for the MoE at ~6-16 tokens per routed expert (a ~300-token
+// of up to 16 activation rows, as kStreamN, for the MoE above 4 tokens per routed expert (a ~300-token
 // prompt of the 35B-A3B: every expert touched, ~10 rows each).
 //
 // Why not kStreamN there: its item is a group of rows over the whole K, its 8 warps split that K into
 // parts and add the parts' sums over shared memory behind two CTA barriers per item, and a warp's
-// activation loads serve one m16 tile. Here an item is a pair x 128 gate rows + their 128 up rows
+// activation loads serve one m16 tile; measured, its activation loads (L1 traffic ~5x the weights'
+// bytes, half-used sectors) bounded it (docs/performance.md, "A later agent turn's MoE"). Here an item is a pair x 128 gate rows + their 128 up rows
 // (plain: 256 consecutive rows), and a ring stage holds one 256-k slice of the item's rows, copied by
 // the copy engine as 2-D tensor boxes (gate_up 4 copies of 36 KB in all, plain 2). Each consumer warp
 // owns two m16 tiles (gate_up: 16 gate rows and the matching up rows; plain: 32 rows) over the whole
