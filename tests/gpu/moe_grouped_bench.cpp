@@ -20,7 +20,7 @@ namespace sparkserve {
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE with each stage's
 // launch repeated when its bit of `repeat` is set (0 plan, 1 prepare, 2 gate_up, 3 down, 4 combine)
 // and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
-// wgmma, 4 small-N stream; -1 automatic); the dense path at any T.
+// wgmma, 4 small-N stream, 5 small-N sliced; -1 automatic); the dense path at any T.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
@@ -48,11 +48,14 @@ struct MoeShape {
   int64_t H, I;
   std::vector<int64_t> Ts;
   unsigned tiles = 0x1F;  // bit t: time tile regime t (where tile_timed)
+  // gate_proj and up_proj with different input scales (as synthetic checkpoints draw them): the prepared
+  // activations then hold both partitions and gate_up reads two operands.
+  bool distinct_scales = false;
 };
 
-constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
-const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
-                                        " grouped medium-N wgmma", " grouped small-N stream"};
+constexpr int kTiles = 6;  // GroupTile order (nvfp4_group_gemm.h)
+const char* const kTileNames[kTiles] = {" grouped small-N",        " grouped large-N mma.sync", " grouped large-N wgmma",
+                                        " grouped medium-N wgmma", " grouped small-N stream",    " grouped small-N sliced"};
 
 // Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
 bool tile_timed(int tile, int64_t T) {
@@ -61,6 +64,7 @@ bool tile_timed(int tile, int64_t T) {
     case 1: return T >= 512;  // slower than small-N below (measured: 1.8x at T = 64)
     case 2: return T >= 256;
     case 3: return T >= 64 && T <= 2048;  // 1.5-1.9x the small-N kernel at 2-4 rows per expert (measured)
+    case 5: return T >= 16 && T <= 512;
     default: return T <= 512;
   }
 }
@@ -69,6 +73,14 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
   const int64_t E = 256, k = 8, H = sh.H, I = sh.I;
   BenchLinear gu = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, 2 * I, H, 2);
   BenchLinear dn = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, H, I, 1);
+  if (sh.distinct_scales) {
+    std::vector<float> is(static_cast<size_t>(E * 2));
+    for (int64_t e = 0; e < E; ++e) {
+      is[static_cast<size_t>(2 * e)] = 448.0f * 6.0f / 8.0f;
+      is[static_cast<size_t>(2 * e + 1)] = 448.0f * 6.0f / 10.0f;
+    }
+    gpu.upload(gu.lin.input_scale, is.data());
+  }
   std::printf("%-46s %5s %10s %8s %9s %8s\n", sh.name, "T", "us", "TFLOP/s", "MB read", "GB/s");
   for (int64_t T : sh.Ts) {
     const int sets = T <= 64 ? 16 : (T <= 1024 ? 4 : (T <= 2048 ? 2 : 1));
@@ -100,7 +112,7 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
     }
     // Each tile regime forced, with its two GEMMs' shares (a run with that stage launched twice, minus
     // the plain run), and at 64 / 8192 tokens every stage's.
-    const bool all_stages = T == 64 || T == 8192;
+    const bool all_stages = T == 64 || T == 338 || T == 8192;
     for (int tile = 0; tile < kTiles; ++tile) {
       if (!tile_timed(tile, T) || !((sh.tiles >> tile) & 1)) continue;
       bool taken = true;
@@ -136,9 +148,16 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
 // register-streamed small-N kernels and the medium tile, where the dispatch switches between them) and
 // prefill sizes ("grouped moe").
 void bench_grouped_decode(Backend& gpu) {
-  const std::vector<int64_t> Ts = {4, 8, 16, 32, 64, 128, 192, 256, 384, 512};
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x19});
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x19});
+  const std::vector<int64_t> Ts = {4, 8, 16, 32, 64, 128, 192, 256, 338, 384, 512};
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x39});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x39});
+}
+// The later turn of an agent session (a ~300-token prompt after a cached prefix) on the 35B: the op and
+// the streamed kernel around 8-16 rows per expert, with gate and up input scales equal and distinct.
+void bench_grouped_agent(Backend& gpu) {
+  const std::vector<int64_t> Ts = {64, 256, 338, 384, 512};
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x38});
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B, gate/up scales differ)", 2048, 512, Ts, 0x38, true});
 }
 void bench_grouped_moe(Backend& gpu) {
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
@@ -210,8 +229,32 @@ void profile_grouped(Backend& gpu) {
   std::printf("profiled grouped dense qkv T=%lld\n", static_cast<long long>(T));
 }
 
+// One plain call of the 35B MoE at T = 338 (gate/up input scales distinct, as the synthetic model) for
+// Nsight Compute.
+void profile_grouped_agent(Backend& gpu) {
+  const int64_t E = 256, k = 8, H = 2048, I = 512, T = 338;
+  BenchLinear gu = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, 2 * I, H, 2);
+  BenchLinear dn = make_linear(&gpu, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, E, H, I, 1);
+  std::vector<float> is(static_cast<size_t>(E * 2));
+  for (size_t i = 0; i < is.size(); ++i) is[i] = 448.0f * 6.0f / (i % 2 ? 10.0f : 8.0f);
+  gpu.upload(gu.lin.input_scale, is.data());
+  std::vector<int32_t> iv;
+  std::vector<float> wv;
+  random_routing(T, E, k, iv, wv);
+  Buffer ids(&gpu, DType::kI32, {T, k}), wts(&gpu, DType::kF32, {T, k}), x(&gpu, DType::kF32, {T, H}),
+      out(&gpu, DType::kF32, {T, H});
+  gpu.upload(ids, iv.data());
+  gpu.upload(wts, wv.data());
+  gpu.upload(x, random_x(T * H).data());
+  gpu.moe_experts(out, x, ids, wts, gu.lin, dn.lin);
+  gpu.synchronize();
+  std::printf("profiled grouped moe 35B T=%lld\n", static_cast<long long>(T));
+}
+
 const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
+const RegisterKernelBench kAgentProfile("moe agent profile", profile_grouped_agent);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
+const RegisterKernelBench kAgent("grouped agent", bench_grouped_agent);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);
 const RegisterKernelBench kDense("grouped dense", bench_grouped_dense);

@@ -15,17 +15,17 @@ namespace sparkserve {
 
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE / dense path with the
 // tile regime forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
-// wgmma, 4 small-N stream); false when not taken here.
+// wgmma, 4 small-N stream, 5 small-N sliced); false when not taken here.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
 
 namespace {
 
-constexpr int kTiles = 5;
-const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma",
-                                        "small-N stream"};
-constexpr int kLargeMmaSync = 1, kStream = 4;
+constexpr int kTiles = 6;
+const char* const kTileNames[kTiles] = {"small-N",        "large-N mma.sync", "large-N wgmma",
+                                        "medium-N wgmma", "small-N stream",   "small-N sliced"};
+constexpr int kLargeMmaSync = 1, kStream = 4, kSliced = 5;
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted
 // sampling without replacement by exponential keys), so some experts get many tokens, several
@@ -313,16 +313,17 @@ void check_decode_model_shapes(Harness& h) {
         return;  // no large-N kernel on this device (sm_120)
       const std::vector<float> r = h.gpu_f(ref);
       const std::string name = std::string(sh.name) + " shapes vs large-N mma.sync TxExkxHxI " + sz({T, sh.E, k, sh.H, sh.I});
-      for (int which = 0; which < 2; ++which) {
+      for (int which = 0; which < 3; ++which) {
         Pair o = h.out({T, sh.H});
         h.cpu->upload(o.cpu(), r.data());
-        if (which == 0) {
-          if (!moe_grouped_probe(*h.gpu, o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin, 0, kStream)) continue;
+        if (which < 2) {
+          const int tile = which == 0 ? kStream : kSliced;
+          if (!moe_grouped_probe(*h.gpu, o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin, 0, tile)) continue;
         } else {
           h.gpu->moe_experts(o.gpu(), x.gpu(), id.gpu(), wt.gpu(), gu.gpu_lin, dn.gpu_lin);
         }
         const auto [worst, flipped] = token_errors(h, o, T, sh.H, kTensorCore);
-        const std::string what = name + (which == 0 ? " small-N stream" : " moe_experts");
+        const std::string what = name + (which < 2 ? std::string(" ") + kTileNames[which == 0 ? kStream : kSliced] : " moe_experts");
         record("moe_grouped", what + " all tokens", worst, kFlippedTokenErr);
         record("moe_grouped", what + " tokens > 1e-4", flipped, flipped_tokens_bound(T));
       }
@@ -330,8 +331,9 @@ void check_decode_model_shapes(Harness& h) {
   }
 }
 
-// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 96/97 of 64
-// experts: 12 / 12.1 rows per expert, stream / medium tile) and the streamed kernel's (pairs of at most
+// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 32/33 of 64
+// experts: 4 / 4.1 rows per expert, stream / sliced tile; 96/97: 12 / 12.1, sliced / medium tile) and
+// the streamed kernels' (pairs of at most
 // 16 rows: 16/17, 32/33, 64/65; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
 // list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
@@ -345,7 +347,9 @@ void test_moe_grouped_decode(Harness& h) {
                                                {ct, "nvfp4", 65, 64, 8, 512, 256, 2, true},
                                                {ct, "nvfp4", 96, 64, 8, 256, 256, 2},
                                                {mo, "nvfp4-mo", 97, 64, 8, 256, 256, 2},
-                                               {ct, "nvfp4", 128, 256, 8, 256, 256, 2}})
+                                               {ct, "nvfp4", 128, 256, 8, 256, 256, 2},
+                                               {ct, "nvfp4", 32, 64, 8, 256, 256, 2},
+                                               {mo, "nvfp4-mo", 33, 64, 8, 256, 256, 2, true}})
     check_moe_experts(h, c);
   check_decode_model_shapes(h);
 }

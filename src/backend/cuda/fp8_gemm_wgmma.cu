@@ -28,6 +28,7 @@
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/tc_gemm.h"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/wgmma_primitives.cuh"
 #include "core/check.h"
 
@@ -301,38 +302,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
-// A row-major [rows, cols] tensor (row stride ld elements) read in boxes of [box_rows, box_cols];
-// rows and columns past the end read as zeros.
-CUtensorMap tensor_map(const void* p, CUtensorMapDataType type, int elem_bytes, int64_t rows, int64_t cols, int64_t ld,
-                       int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
-  CUtensorMap m{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem_bytes)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(p), dims, strides, box, elem_strides,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CHECK_MSG(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed");
-  return m;
-}
-
 // The tile shapes (weight rows per unit = 128 kMT, tokens kBN) and the planner's relative MMA
 // efficiency of each, fitted with its fixed costs below to gpu_ops' "gemm fp8 tiles" sweep on the
 // H200 (122B and 35B shapes, T = 128..8192: its choice within 2.8% of the best tile and split of the
@@ -447,7 +416,7 @@ bool fp8_wgmma_available() {
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return sm90a_kernel_runs(reinterpret_cast<const void*>(fp8_wgmma_kernel<2, 128>)) && kMostSmem <= optin &&
-           encode_tiled() != nullptr;
+           tensor_maps_available();
   }();
   return ok;
 }
@@ -480,7 +449,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
-  const CUtensorMap xmap = tensor_map(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, box_rows, 64,
+  const CUtensorMap xmap = tensor_map_2d(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, box_rows, 64,
                                       CU_TENSOR_MAP_SWIZZLE_128B);
   WgmmaArgs a{};
   a.ts = scales.as<float>();
@@ -499,7 +468,7 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
     fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
                           w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr,
                           Fp8CodeOrder::kWgmma64);
-    const CUtensorMap wmap = tensor_map(wq + p * rows * K, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, K, K, bm, 64,
+    const CUtensorMap wmap = tensor_map_2d(wq + p * rows * K, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, K, K, bm, 64,
                                         CU_TENSOR_MAP_SWIZZLE_NONE);
     a.ws = ws + p * rows;
     a.out = out + p * rows;

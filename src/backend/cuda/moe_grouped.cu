@@ -22,6 +22,7 @@
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/nvfp4_group_common.cuh"
 #include "backend/cuda/nvfp4_group_gemm.h"
 #include "backend/cuda/quant_math.cuh"
 
@@ -166,6 +167,7 @@ struct PrepareArgs {
   int P;
   const float* in_scale;   // [E, P]
   bool modelopt;
+  bool chunk_major;        // the chunk-major layout (nvfp4_group_common.cuh: GroupTile::kSliceN reads it)
   // MoE (null for dense: token t -> row t, expert 0): slot s = t * k + j goes to row
   // offsets[e] + chunk_base[s / 1024, e] + rank[s] of its expert e = ids[s]; slot_of[row] = s.
   const int32_t* ids;
@@ -218,7 +220,8 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs 
         // even lane: (x0,x4), (x1,x5); odd lane: (x2,x6), (x3,x7)
         const uint2 out = odd ? make_uint2(__byte_perm(phi, hi, 0x5410), __byte_perm(phi, hi, 0x7632))
                               : make_uint2(__byte_perm(lo, plo, 0x5410), __byte_perm(lo, plo, 0x7632));
-        if (i < K) *reinterpret_cast<uint2*>(o + (i & ~int64_t{7}) + (odd ? 4 : 0)) = out;
+        const int64_t group = a.chunk_major ? chunk_major_group(i / 8) : i / 8;
+        if (i < K) *reinterpret_cast<uint2*>(o + 8 * group + (odd ? 4 : 0)) = out;
       }
     }
   }
@@ -261,16 +264,14 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
 // shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. The MoE's small regime is
-// the streamed kernel (kStreamN, pairs of up to 16 rows) where both projections fit it, else kSmallN
-// (sm_120's shared memory holds no 2-stage ring of the 122B's rows). Measured on the H200 at the 35B /
-// 122B expert shapes (docs/performance.md, "Decode batches"), op us: stream vs medium at 8 rows per
-// expert 334 / 846 vs 373 / 962, at 12 rows 390 / 984 vs 394 / 998, at 16 rows 505 / 1282 vs 427 /
-// 1061 (over 40% of the experts then need a second pair): hence kMoeStreamMaxRows = 12 (the 35B's
-// 330-token prefill, 10 rows per expert: 26.3 ms with the stream kernel, 27.6 with medium); kSmallN
-// was 3-43% slower than the stream kernel at every T from 4 to 512. Medium wins by 8-17% over kSmallN at
-// 10-32 rows and is within 3.5% of large at 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows
-// (the stream kernel takes plain K <= 2048 only) and take no medium tile: at T = 64 the qkv
-// projection ran 56 us on it against 51 on the large tile.
+// moe_small_tile's (pairs of up to 16 rows). Measured on the H200 at the 35B / 122B expert shapes
+// (docs/performance.md, "Decode batches" and "A later agent turn's MoE"), op us at 12 rows per expert:
+// sliced 288 / 672 vs medium 409 / 1024; at 16 rows (over 40% of the experts then need a second pair)
+// sliced 361 vs medium 445 (35B; kMoeStreamMaxRows stays at moe7's 12, set when the streamed kernel lost
+// to medium at 16 rows: 505 / 1282 vs 427 / 1061); kSmallN was 3-43% slower than the stream kernel at
+// every T from 4 to 512. Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at
+// 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes plain K <= 2048
+// only) and take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
 constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 12.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
@@ -285,13 +286,21 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
-// The MoE's small-N regime: the streamed kernel where both projections' shapes fit it on this device.
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
+// The MoE's small-N regime at `per_expert` rows per expert: above kMoeSliceMinRows the K-sliced kernel,
+// else the streamed one, where both projections' shapes fit it on this device, else kSmallN. Measured on
+// the H200 (docs/performance.md, "A later agent turn's MoE"), op us sliced vs streamed: 35B T = 338
+// (10.6 rows) 268 vs 370, T = 256 242 vs 333; the 35B's 338-token prefill after 10,240 cached tokens
+// 29.23 vs 30.85 ms. (Sliced was also ahead at 0.5-4 rows, e.g. 122B T = 64 405 vs 448, but the decode
+// steps there were not measured with it.)
+constexpr double kMoeSliceMinRows = 4.0;
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
+  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
   return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
 void set_pairs(GroupGemmArgs& g, const PlanArgs& pa, int64_t max_pairs) {
+  g.num_experts = pa.E;
   g.pair_e = pa.pair_e;
   g.pair_start = pa.pair_start;
   g.pair_rows = pa.pair_rows;
@@ -335,10 +344,10 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   const int64_t slots = T * k;
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
-  const GroupTile tile =
-      force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeStreamMaxRows,
-                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
+  const double per_expert = static_cast<double>(slots) / static_cast<double>(E);
+  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                                         : pick_tile(per_expert, kMoeStreamMaxRows, kMoeMediumMaxRows,
+                                                     moe_small_tile(gate_up, down, per_expert), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();
@@ -388,6 +397,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.slot_of = slot_of;
   pr.E = E;
   pr.spb = slots <= 4096 ? 1 : k;
+  pr.chunk_major = tile == GroupTile::kSliceN;
   for (int i = 0; i < times(1); ++i) {
     prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), kPrepThreads, 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
@@ -433,7 +443,8 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
   if (!group_tile_fits(tile) || !group_gemm_takes(w, tile, false)) return false;
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);
-  const PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
+  PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
+  pr.chunk_major = tile == GroupTile::kSliceN;
   prepare_rows_kernel<<<static_cast<unsigned>(T), kPrepThreads, 0, b.stream()>>>(pr);
   CUDA_CHECK_LAUNCH();
   GroupGemmArgs g = gemm_args(w, xq.as<__half>());

@@ -14,6 +14,7 @@
 // follow.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -112,6 +113,15 @@ __device__ __forceinline__ float global_factor(float w_global, float in_scale, b
 // Slot of value i (0..7) of an 8-group in the prepared layout (0,4,1,5,2,6,3,7).
 __device__ __forceinline__ int prepared_slot(int i) { return 2 * (i % 4) + i / 4; }
 
+// The chunk-major variant of the prepared layout (GroupTile::kSliceN): within each 128-k chunk the
+// sixteen 8-groups, numbered 4t + i (lane t of a quad takes groups 4t .. 4t + 3 of a chunk, one per
+// step i), are stored in the order 4i + t, so the four lanes of a quad read 64 contiguous bytes of a row
+// per step instead of four 16-byte pieces 64 bytes apart: half the 32-byte sectors per load. Position
+// of 8-group `group` of a row:
+__host__ __device__ __forceinline__ int64_t chunk_major_group(int64_t group) {
+  return (group & ~int64_t{15}) | ((group & 3) << 2) | ((group >> 2) & 3);
+}
+
 // The activation partition a GEMM reads for weight partition p of expert e: a partition whose input
 // scale equals partition 0's quantizes x identically, so the prepare step wrote only partition 0's
 // copy. (gate_proj and up_proj read the same x, so calibrated checkpoints usually give them one scale.)
@@ -123,8 +133,8 @@ __device__ __forceinline__ int read_partition(const float* in_scale, int64_t e, 
 // column tiles from column n0; columns >= rows are padding): the down input silu(gate·fg)·(up·fu)
 // quantized with the down expert's input scale (quantize direction gs) into act[start + column,
 // i_base ..] as fp16 e2m1·sf in the prepared layout. Its 16-blocks run along i: the tile's rows g and
-// g+8 of one column, held by the 8 lanes of one t.
-template <int kNT>
+// g+8 of one column, held by the 8 lanes of one t. kChunkMajor: act in the chunk-major layout.
+template <int kNT, bool kChunkMajor = false>
 __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const float (&up)[kNT][4], float fg,
                                               float fu, float gs, __half* act, int64_t I, int64_t start,
                                               int64_t i_base, int n0, int rows, int g, int t) {
@@ -143,11 +153,12 @@ __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const
       nvfp4_block_scales(amax, gs, sf, out_scale);
       const int col = n0 + nt * 8 + 2 * t + c;
       if (col >= rows) continue;
-      __half* arow = act + (start + col) * I + i_base + prepared_slot(g);
+      __half* arow = act + (start + col) * I + prepared_slot(g);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const uint32_t code = f32_to_e2m1(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
-        arow[8 * rr] = __float2half_rn(e2m1_value(code) * sf);
+        const int64_t group = i_base / 8 + rr;
+        arow[8 * (kChunkMajor ? chunk_major_group(group) : group)] = __float2half_rn(e2m1_value(code) * sf);
       }
     }
   }
@@ -168,6 +179,112 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kNT][4], float f,
       const int64_t orow = out_row ? out_row[start + col] : start + col;
       out[orow * ldo + r0 + g + (q >= 2 ? 8 : 0)] = acc[nt][q] * f;
     }
+}
+
+// ---- The copy-engine ring of the streamed kernels (nvfp4_group_stream.cu, nvfp4_group_slice.cu): a
+// producer lane fills shared-memory stages with bulk copies that complete on a `full` mbarrier; the
+// consumer warps release a stage by arriving on its `empty` mbarrier.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared by the copy engine, counted
+// on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+// Programmatic dependent launch (PTX griddepcontrol, sm_90+; no-ops for launches that did not ask for
+// it): launch_dependents lets the stream's next kernel be scheduled onto SMs this grid frees (the down
+// GEMM's weight stream starts under the gate_up GEMM's tail); wait blocks until the previous kernel has
+// completed and its writes are visible. Only the consumers wait: the producer reads the work pairs
+// (written before the previous kernel started) and the weights.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// The box at (c0 innermost, c1) of a 2-D tensor map (tensor_map.h) into shared memory, counted on bar.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+// L2 policy for the weights: each is read once per call, so they are the first out of L2.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Word i of a 16-byte load.
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// This lane's operands of one 128-k chunk of its m16 tile: 16 payload bytes of rows g (q0) and g + 8
+// (q1) and their two block scales (s0, s1).
+struct ChunkOps {
+  uint4 q0, q1;
+  uint32_t s0, s1;
+};
+__device__ __forceinline__ ChunkOps load_chunk(const uint8_t* w, int w8, const uint8_t* sc, int s8) {
+  return {*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + w8),
+          *reinterpret_cast<const unsigned short*>(sc), *reinterpret_cast<const unsigned short*>(sc + s8)};
+}
+
+// kern<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (the kernel may
+// start under the previous one's tail; its consumers pdl_wait).
+template <class Kernel, class... Args>
+void launch_with_pdl(Kernel kern, unsigned grid, unsigned block, int64_t smem, cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+  CUDA_CHECK_LAUNCH();
+}
+
+// Shared memory of this device (host side).
+struct SmemLimits {
+  int64_t optin, per_sm, reserved;  // per block (opt-in), per SM, reserved per block
+};
+inline const SmemLimits& smem_limits() {
+  static const SmemLimits v = [] {
+    int dev = 0, optin = 0, per_sm = 0, reserved = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    return SmemLimits{optin, per_sm, reserved};
+  }();
+  return v;
 }
 
 }  // namespace sparkserve

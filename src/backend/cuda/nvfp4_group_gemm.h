@@ -27,9 +27,10 @@ namespace sparkserve {
 // mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
 // warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the same kernel with 64 rows per pair and
 // 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 16 rows per pair: the MoE at decode
-// batches, up to ~12 tokens per expert; weights streamed through shared memory by the copy engine,
-// nvfp4_group_stream.cu).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kStreamN };
+// batches; weights streamed through shared memory by the copy engine, nvfp4_group_stream.cu) and
+// kSliceN (the same pairs, ~6-16 tokens per expert: a short prompt; items of 256 weight rows streamed in
+// 256-k slices, each warp over the whole K, nvfp4_group_slice.cu).
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kStreamN, kSliceN };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -46,6 +47,7 @@ struct GroupGemmArgs {
   const float* w_global = nullptr;
   const float* in_scale = nullptr;
   int P = 1;
+  int64_t num_experts = 1;  // E (the weights' first dimension)
   bool modelopt = false;
   int64_t M = 0, K = 0;
   const __half* xq = nullptr;  // [rows, P, K] prepared activations
@@ -83,5 +85,7 @@ void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
 void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a);
 bool group_stream_takes(const Linear& w, bool gate_up);
+void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a);
+bool group_slice_takes(const Linear& w, bool gate_up);
 
 }  // namespace sparkserve

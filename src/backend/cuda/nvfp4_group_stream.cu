@@ -50,50 +50,8 @@ struct StreamShape {
   int items_per_pair;   // weight row groups of a matrix
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared by the copy engine, counted
-// on bar; the weights are read once per call, so they are the first out of L2.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-// Programmatic dependent launch (PTX griddepcontrol, sm_90+; no-ops for launches that did not ask for
-// it): launch_dependents lets the stream's next kernel be scheduled onto SMs this grid frees (the down
-// GEMM's weight stream starts under the gate_up GEMM's tail); wait blocks until the previous kernel has
-// completed and its writes are visible. Only the consumers wait: the producer reads the work pairs
-// (written before the previous kernel started) and the weights.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
 // The consumer warps only (named barrier 1; the producer does not take part).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
 
 // The next item of a CTA's range: row group mg of work pair `pair` (items run row-group-fastest, so a
 // pair's list entries are read once per pair).
@@ -112,8 +70,7 @@ struct ItemCursor {
 // plain its rows and their block scales (each a contiguous run in global memory).
 __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShape& sh, uint8_t* ring, uint64_t* full,
                                         uint64_t* empty, int first, int last) {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t policy = evict_first_policy();
   ItemCursor cur{first / sh.items_per_pair, first % sh.items_per_pair};
   int64_t e = first < last ? work_pair(a, cur.pair, kPairRows).e : 0;
   uint32_t seq = 0, slot = 0, phase = 0;
@@ -141,17 +98,6 @@ __device__ __forceinline__ void produce(const GroupGemmArgs& a, const StreamShap
     }
     if (cur.advance(sh.items_per_pair) && item + 1 < last) e = work_pair(a, cur.pair, kPairRows).e;
   }
-}
-
-// This lane's operands of one 128-k chunk of its m16 tile: 16 payload bytes of rows g (q0) and g + 8
-// (q1) and their two block scales (s0, s1).
-struct ChunkOps {
-  uint4 q0, q1;
-  uint32_t s0, s1;
-};
-__device__ __forceinline__ ChunkOps load_chunk(const uint8_t* w, int w8, const uint8_t* sc, int s8) {
-  return {*reinterpret_cast<const uint4*>(w), *reinterpret_cast<const uint4*>(w + w8),
-          *reinterpret_cast<const unsigned short*>(sc), *reinterpret_cast<const unsigned short*>(sc + s8)};
 }
 
 // One chunk against the n8 column tiles 0 .. kN - 1: x[j] + koff is this lane's 32 activation values of
@@ -312,21 +258,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) group_stream_kernel(cons
   }
 }
 
-struct SmemLimits {
-  int64_t optin, per_sm, reserved;  // per block (opt-in), per SM, reserved per block
-};
-const SmemLimits& smem_limits() {
-  static const SmemLimits v = [] {
-    int dev = 0, optin = 0, per_sm = 0, reserved = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    return SmemLimits{optin, per_sm, reserved};
-  }();
-  return v;
-}
-
 // The stage (one item: its rows over the whole K, at least the partial sums' bytes) and the ring: 2 CTAs
 // per SM where each gets 2 stages or more (sm_90: stages up to ~56 KB), else 1 CTA with the whole
 // shared memory. blocks_per_sm 0: no ring of 2 stages fits (not taken).
@@ -360,18 +291,7 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
   const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{sh.blocks_per_sm} * b.sm_count());
   if (grid <= 0) return;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = b.stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the kernel waits (pdl_wait)
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, a, sh));
-  CUDA_CHECK_LAUNCH();
+  launch_with_pdl(kern, static_cast<unsigned>(grid), kThreads, smem, b.stream(), a, sh);
 }
 
 }  // namespace

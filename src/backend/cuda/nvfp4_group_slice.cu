@@ -1,0 +1,278 @@
+// Grouped NVFP4 W4A4 GEMM, K-sliced streamed regime (nvfp4_group_gemm.h, GroupTile::kSliceN): work pairs
+// of up to 16 activation rows, as kStreamN, for the MoE above 4 tokens per routed expert (a ~300-token
+// prompt of the 35B-A3B: every expert touched, ~10 rows each).
+//
+// Why not kStreamN there: its item is a group of rows over the whole K, its 8 warps split that K into
+// parts and add the parts' sums over shared memory behind two CTA barriers per item, and a warp's
+// activation loads serve one m16 tile; measured, its activation loads (L1 traffic ~5x the weights'
+// bytes, half-used sectors) bounded it (docs/performance.md, "A later agent turn's MoE"). Here an item is a pair x 128 gate rows + their 128 up rows
+// (plain: 256 consecutive rows), and a ring stage holds one 256-k slice of the item's rows, copied by
+// the copy engine as 2-D tensor boxes (gate_up 4 copies of 36 KB in all, plain 2). Each consumer warp
+// owns two m16 tiles (gate_up: 16 gate rows and the matching up rows; plain: 32 rows) over the whole
+// K: its accumulators live across the item's stages, so no warp waits for another (no partial sums, no
+// barrier; a stage is released by each warp's arrival), the epilogue runs from registers, the two
+// tiles share their activation loads where they read one partition, and all warps of a CTA read the
+// same 256-k slice of the pair's activations at a time (L1 reuse). The activations (and the down
+// input this kernel's gate_up writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh).
+// Shared memory of a stage: [rows][128] payload bytes, then [rows][16] block scales.
+#include <algorithm>
+
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/nvfp4_group_common.cuh"
+#include "backend/cuda/nvfp4_group_gemm.h"
+#include "backend/cuda/tensor_map.h"
+
+namespace sparkserve {
+namespace {
+
+constexpr int kChunk = 128;      // k per chunk: 64 payload bytes and 8 block scales per row
+// Ring stages per CTA: 2 (of 36 KB; 2 CTAs per SM leave ~100 KB of L1 for the activations). Measured at
+// the 35B T = 338 (H200): 3 stages made the op 7% slower (341 vs 318 us; gate/up input scales differing:
+// 401 vs 375), the L1 then holding ~28 KB.
+constexpr int kStages = 2;
+constexpr int kPairRows = 16;    // activation rows per work pair (group_tile_n): 2 n8 column tiles
+constexpr int kColTiles = kPairRows / 8;
+constexpr int kRingOffset = 128;  // the mbarriers first
+
+constexpr int kSliceK = 256, kSliceBytes = kSliceK / 2, kSliceScales = kSliceK / 16;
+constexpr int kSliceWarps = 8, kSliceRows = kSliceWarps * 32;  // 256 weight rows per item and stage
+constexpr int kSliceStageBytes = kSliceRows * (kSliceBytes + kSliceScales);  // 36,864
+
+struct SliceShape {
+  int slices, items_per_pair;
+};
+
+// Producer: per item and slice, the payload boxes (gate_up: 128 gate rows, 128 up rows; plain 256 rows)
+// of 128 bytes and their scale boxes of 16 bytes.
+template <bool kGateUp>
+__device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const SliceShape& sh, const CUtensorMap* wmap,
+                                              const CUtensorMap* smap, uint8_t* ring, uint64_t* full, uint64_t* empty,
+                                              int first, int last) {
+  const uint64_t policy = evict_first_policy();
+  uint32_t seq = 0, slot = 0, phase = 0;
+  for (int item = first; item < last; ++item) {
+    const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
+    const int64_t e = work_pair(a, pair, kPairRows).e;
+    for (int s = 0; s < sh.slices; ++s, ++seq) {
+      if (seq >= static_cast<uint32_t>(kStages)) mbar_wait(&empty[slot], phase ^ 1u);
+      uint8_t* st = ring + slot * kSliceStageBytes;
+      uint64_t* bar = &full[slot];
+      mbar_arrive_expect_tx(bar, kSliceStageBytes);
+      if (kGateUp) {
+        const int gate = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * (kSliceRows / 2));
+        const int up = gate + static_cast<int>(a.M / 2);
+        tma_load_2d(st, wmap, s * kSliceBytes, gate, bar, policy);
+        tma_load_2d(st + (kSliceRows / 2) * kSliceBytes, wmap, s * kSliceBytes, up, bar, policy);
+        tma_load_2d(st + kSliceRows * kSliceBytes, smap, s * kSliceScales, gate, bar, policy);
+        tma_load_2d(st + kSliceRows * kSliceBytes + (kSliceRows / 2) * kSliceScales, smap, s * kSliceScales, up, bar,
+                    policy);
+      } else {
+        const int row = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * kSliceRows);
+        tma_load_2d(st, wmap, s * kSliceBytes, row, bar, policy);
+        tma_load_2d(st + kSliceRows * kSliceBytes, smap, s * kSliceScales, row, bar, policy);
+      }
+      if (++slot == static_cast<uint32_t>(kStages)) {
+        slot = 0;
+        phase ^= 1u;
+      }
+    }
+  }
+}
+
+// One 128-k chunk of both of a warp's tiles (A operands from the stage, rows 16 tile + g and + 8) against
+// kN n8 column tiles; xa / xb: tile 0's / tile 1's activation pointers (kShared: both read xa).
+template <int kN, bool kShared>
+__device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t* w0, const uint8_t* w1,
+                                            const uint8_t* s0p, const uint8_t* s1p, const __half* const (&xa)[kColTiles],
+                                            const __half* const (&xb)[kColTiles], int koff) {
+  const ChunkOps o0 = load_chunk(w0, 8 * kSliceBytes, s0p, 8 * kSliceScales);
+  const ChunkOps o1 = load_chunk(w1, 8 * kSliceBytes, s1p, 8 * kSliceScales);
+  const __half2 h00 = e4m3x2_to_half2(o0.s0 & 0xffu, o0.s0 >> 8), h01 = e4m3x2_to_half2(o0.s1 & 0xffu, o0.s1 >> 8);
+  const __half2 h10 = e4m3x2_to_half2(o1.s0 & 0xffu, o1.s0 >> 8), h11 = e4m3x2_to_half2(o1.s1 & 0xffu, o1.s1 >> 8);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 ba[kN], bb[kN];
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + 4 * i);
+      bb[j] = kShared ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + 4 * i);
+    }
+    const __half2 sa0 = i / 2 ? __high2half2(h00) : __low2half2(h00), sa1 = i / 2 ? __high2half2(h01) : __low2half2(h01);
+    const __half2 sb0 = i / 2 ? __high2half2(h10) : __low2half2(h10), sb1 = i / 2 ? __high2half2(h11) : __low2half2(h11);
+    uint32_t fa[4], fb[4];
+    decode_a<0>(word(o0.q0, i), word(o0.q1, i), sa0, sa1, fa);
+    decode_a<0>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      mma16816(acc[0][j], fa, ba[j].x, ba[j].y);
+      mma16816(acc[1][j], fb, bb[j].x, bb[j].y);
+    }
+    decode_a<1>(word(o0.q0, i), word(o0.q1, i), sa0, sa1, fa);
+    decode_a<1>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      mma16816(acc[0][j], fa, ba[j].z, ba[j].w);
+      mma16816(acc[1][j], fb, bb[j].z, bb[j].w);
+    }
+  }
+}
+
+template <bool kGateUp, int kN, bool kShared>
+__device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceShape& sh, uint8_t* ring, uint64_t* full,
+                                           uint64_t* empty, uint32_t& slot, uint32_t& phase,
+                                           const __half* const (&xa)[kColTiles], const __half* const (&xb)[kColTiles],
+                                           int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  // Stage rows of this warp's tiles: gate_up 16 warp + g (gate) and 128 + 16 warp + g (up); plain 32 warp + g, + 16.
+  const int r0 = 16 * (kGateUp ? warp : 2 * warp) + g, r1 = kGateUp ? kSliceRows / 2 + 16 * warp + g : r0 + 16;
+  for (int s = 0; s < sh.slices; ++s) {
+    mbar_wait(&full[slot], phase);
+    const uint8_t* st = ring + slot * kSliceStageBytes;
+    const uint8_t* sc = st + kSliceRows * kSliceBytes;
+#pragma unroll
+    for (int c = 0; c < kSliceK / kChunk; ++c)
+      slice_chunk<kN, kShared>(acc, st + r0 * kSliceBytes + 64 * c + 16 * t, st + r1 * kSliceBytes + 64 * c + 16 * t,
+                               sc + r0 * kSliceScales + 8 * c + 2 * t, sc + r1 * kSliceScales + 8 * c + 2 * t, xa, xb,
+                               s * kSliceK + c * kChunk);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[slot]);
+    if (++slot == static_cast<uint32_t>(kStages)) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+template <bool kGateUp>
+__device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
+                                              uint64_t* full, uint64_t* empty, int first, int last, int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t K = a.K, M = a.M;
+  const int Mp = static_cast<int>(M / a.P);
+  pdl_wait();
+  uint32_t slot = 0, phase = 0;
+  for (int item = first; item < last; ++item) {
+    const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
+    const WorkPair wp = work_pair(a, pair, kPairRows);
+    const int64_t e = wp.e, start = wp.start;
+    const int rows = wp.rows, nt = (rows + 7) / 8;
+    // Weight rows of the warp's tiles (tile 0: gate / first; tile 1: up / second) and their activation partitions.
+    const int64_t row0 = kGateUp ? static_cast<int64_t>(mg) * (kSliceRows / 2) + 16 * warp
+                                 : static_cast<int64_t>(mg) * kSliceRows + 32 * warp;
+    const int rpa = read_partition(a.in_scale, e, a.P, kGateUp ? 0 : static_cast<int>(row0 / Mp));
+    const int rpb = read_partition(a.in_scale, e, a.P, kGateUp ? a.P - 1 : static_cast<int>((row0 + 16) / Mp));
+    const __half *xa[kColTiles], *xb[kColTiles];
+#pragma unroll
+    for (int j = 0; j < kColTiles; ++j) {
+      const int64_t r = start + min(8 * j + g, rows - 1);
+      xa[j] = a.xq + (r * a.P + rpa) * K + 8 * t;  // chunk-major: step i of lane t at 8t + 32i
+      xb[j] = a.xq + (r * a.P + rpb) * K + 8 * t;
+    }
+    float acc[2][2][4] = {};
+    const bool shared = rpa == rpb;
+    if (nt == 1 && shared)
+      slice_item<kGateUp, 1, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    else if (nt == 1)
+      slice_item<kGateUp, 1, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    else if (shared)
+      slice_item<kGateUp, 2, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    else
+      slice_item<kGateUp, 2, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    if constexpr (kGateUp) {
+      const float d_in = a.act_in_scale[e];
+      const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
+      const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
+      store_gate_up<2, true>(acc[0], acc[1], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, row0, 0, rows,
+                       g, t);
+    } else {
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        const int64_t r = row0 + 16 * tile;
+        const int p = static_cast<int>(r / Mp);
+        const float f = global_factor(a.w_global[e * a.P + p], a.in_scale[e * a.P + p], a.modelopt);
+        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, g, t);
+      }
+    }
+  }
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
+    group_slice_kernel(const GroupGemmArgs a, const SliceShape sh, const __grid_constant__ CUtensorMap wmap,
+                       const __grid_constant__ CUtensorMap smap) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + kStages;
+  uint8_t* ring = smem + kRingOffset;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl_launch_dependents();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kSliceWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;
+  const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
+  const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
+  if (warp == kSliceWarps) {
+    if (lane == 0) slice_produce<kGateUp>(a, sh, &wmap, &smap, ring, full, empty, first, last);
+  } else {
+    slice_consume<kGateUp>(a, sh, ring, full, empty, first, last, warp, lane);
+  }
+}
+
+// Whether two CTAs' rings fit in an SM's shared memory.
+bool slice_ring_fits() {
+  const SmemLimits& l = smem_limits();
+  return std::min(l.optin, l.per_sm / 2 - l.reserved) >= kRingOffset + kStages * kSliceStageBytes;
+}
+
+template <bool kGateUp>
+void launch(CudaBackend& b, const GroupGemmArgs& a) {
+  SliceShape sh{};
+  sh.slices = static_cast<int>(a.K / kSliceK);
+  sh.items_per_pair = static_cast<int>(kGateUp ? (a.M / 2) / (kSliceRows / 2) : a.M / kSliceRows);
+  // Payload [E·M rows, K/2 bytes] in boxes of 128 bytes, block scales [E·M, K/16] in boxes of 16, with no
+  // L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB from DRAM for its 302 MB
+  // (the promoted halves, marked evict-first like the rest, were gone before the next slice's copy).
+  const int box_rows = kGateUp ? kSliceRows / 2 : kSliceRows;
+  const CUtensorMap wmap = tensor_map_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 2, a.K / 2,
+                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  const CUtensorMap smap =
+      tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16, a.K / 16, box_rows,
+                    kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  auto kern = group_slice_kernel<kGateUp>;
+  const int64_t smem = kRingOffset + int64_t{kStages} * kSliceStageBytes;
+  static int64_t allowed = 0;
+  allow_smem(kern, smem, allowed);
+  const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kPairRows - 1) / kPairRows;
+  CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
+  const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{2} * b.sm_count());
+  if (grid <= 0) return;
+  launch_with_pdl(kern, static_cast<unsigned>(grid), (kSliceWarps + 1) * 32, smem, b.stream(), a, sh, wmap, smap);
+}
+
+}  // namespace
+
+bool group_slice_takes(const Linear& w, bool gate_up) {
+  const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
+  if (!tensor_maps_available() || !slice_ring_fits() || K % kSliceK != 0 || P < 1 || M % P != 0) return false;
+  // 16-byte aligned payload and scales (the tensor maps' rule; their rows, K/2 and K/16 bytes, are too).
+  if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0 || (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) != 0)
+    return false;
+  // Items of whole tiles in one partition each (gate_up: gate rows then up rows, 1 or 2 partitions).
+  if (gate_up) return P <= 2 && (M / 2) % (kSliceRows / 2) == 0;
+  return M % kSliceRows == 0 && (M / P) % 32 == 0;
+}
+
+void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a) {
+  if (a.gate_up)
+    launch<true>(b, a);
+  else
+    launch<false>(b, a);
+}
+
+}  // namespace sparkserve
