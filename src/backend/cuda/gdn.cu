@@ -122,9 +122,9 @@ void launch_conv_rows(cudaStream_t stream, float* out, const float* x, const flo
   CUDA_CHECK_LAUNCH();
 }
 
-// Each span's state slot := the last K-1 inputs of (old state, the span's rows), one thread per
-// (span, channel): block (span, kThreads channels). In place: entry j reads old entry n + j > j
-// (n >= 1 rows), so ascending j is safe.
+// Each span's state slot := the last K-1 inputs of (old state, the span's rows), and each of its
+// saves' rows := the K-1 inputs before the save's position; one thread per (span, channel): block
+// (span, kThreads channels). The old state is read whole before the slot is rewritten in place.
 __global__ void gdn_conv_state_kernel(const float* x, float* state_pool, DeviceLayout L, int64_t C, int K) {
   const int s = static_cast<int>(blockIdx.x);
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -133,10 +133,32 @@ __global__ void gdn_conv_state_kernel(const float* x, float* state_pool, DeviceL
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
   if (n == 0) return;
   float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
-  for (int j = 0; j < S; ++j) {
-    const int64_t p = n - S + j;
-    state[j] = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
+  float old[kMaxConvKernel - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel - 1; ++j) old[j] = j < S ? state[j] : 0.0f;
+  // dst := the K-1 inputs before span position t (t >= 1).
+  auto write = [&](float* dst, int64_t t) {
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+      if (j >= S) break;
+      const int64_t p = t - S + j;
+      float v = 0.0f;
+      if (p >= 0) {
+        v = x[(r0 + p) * C + c];
+      } else {
+#pragma unroll
+        for (int m = 0; m < kMaxConvKernel - 1; ++m)
+          if (m == S + p) v = old[m];
+      }
+      dst[j] = v;
+    }
+  };
+  const int saves = L.num_saves(s);
+  for (int i = 0; i < saves; ++i) {
+    const int2 v = L.save(s, i);
+    write(state_pool + (static_cast<int64_t>(v.y) * C + c) * S, v.x);
   }
+  write(state, n);
 }
 
 __global__ void gdn_gating_kernel(float* g, float* beta, const float* a, const float* b, const float* A_log,
@@ -286,6 +308,10 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
   float4 st[kRows];
   load_tile(st, S, dk, dv, c, col_ok, rg);
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
+  // The next state save (SeqSpan::saves) of the span: {tokens, row}; tokens 0 when none is left.
+  const int saves = kWrite ? L.num_saves(s) : 0;
+  int next = 0;
+  int2 save = saves > 0 ? L.save(s, 0) : make_int2(0, 0);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t row = r0 + t;
     const float* qs = qkv + row * conv_dim + static_cast<int64_t>(kh) * dk;
@@ -296,6 +322,8 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 o = delta_token(st, qn, kn, v, expf(g[row * Hv + h]), beta[row * Hv + h]);
     if (rg == 0 && col_ok) *reinterpret_cast<float4*>(out + (row * Hv + h) * dv + c) = o;
+    for (; save.x == t + 1; save = ++next < saves ? L.save(s, next) : make_int2(0, 0))
+      store_tile(st, state_pool + (static_cast<int64_t>(save.y) * Hv + h) * dk * dv, dk, dv, c, col_ok, rg);
   }
   if (kWrite) store_tile(st, S, dk, dv, c, col_ok, rg);
 }
@@ -731,7 +759,7 @@ void run_delta(CudaBackend& be, bool write, const Tensor& out, const Tensor& qkv
   CHECK_MSG(dk <= 2 * kTileMaxDk && dk % 4 == 0 && dv % 4 == 0,
             "CUDA Gated DeltaNet supports k_head_dim <= 256 and head sizes that are multiples of 4");
   CHECK(aligned16(state_pool.data) && aligned16(qkv.data) && aligned16(out.data));
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0));
+  for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, state_pool.dim(0)));
   if (batch.seqs.empty()) return;
   DeviceLayout L = be.device_layout(batch);
   const unsigned blocks = static_cast<unsigned>(batch.seqs.size() * Hv * ((dv + kTileCols - 1) / kTileCols));
@@ -769,7 +797,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
   for (const SeqSpan& s : batch.seqs) {
-    CHECK_MSG(s.num_tokens == 1, "gdn_decode_step takes single-token spans");
+    CHECK_MSG(s.num_tokens == 1 && s.num_saves == 0, "gdn_decode_step takes single-token spans without saves");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
   if (batch.seqs.empty()) return;
@@ -850,7 +878,7 @@ void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor&
   CHECK(mixed.numel() == batch.total_rows * C && out.numel() == mixed.numel());
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_conv supports kernel sizes 1..8");
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0));
+  for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, conv_state_pool.dim(0)));
   const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C, rows = batch.total_rows * C;
   if (n == 0 || rows == 0) return;
   DeviceLayout L = device_layout(batch);
@@ -886,7 +914,8 @@ void CudaBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor&
   CHECK(mixed.numel() == T * C && qkv.numel() == mixed.numel() && conv_w.dim(0) == C);
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_verify supports conv kernel sizes 1..8");
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0));
+  for (const SeqSpan& s : batch.seqs)
+    CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0) && s.num_saves == 0);
   if (batch.seqs.empty() || T == 0) return;
   DeviceLayout L = device_layout(batch);
   // The conv of every span row from the state's window and the rows before it (reads the state only).
