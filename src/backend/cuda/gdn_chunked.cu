@@ -713,16 +713,19 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
     return;
   }
   DeviceLayout L = device_layout(batch);
-  Scratch qn(this, static_cast<size_t>(R * Hk * kDk) * 2), kn(this, static_cast<size_t>(R * Hk * kDk) * 2),
-      qk(this, static_cast<size_t>(R * Hk) * 4);
+  // Normalised q, k (fp16) and q.k in one allocation (one stream-ordered alloc / free per layer).
+  const int64_t qk_elems = R * Hk * kDk;
+  Scratch norm(this, static_cast<size_t>(2 * qk_elems * 2 + R * Hk * 4));
+  __half* qn = norm.as<__half>();
+  __half* kn = qn + qk_elems;
+  float* qk = reinterpret_cast<float*>(kn + qk_elems);
   gdn_qk_norm_kernel<<<blocks_for(R * Hk * 32, 256), 256, 0, stream_>>>(
-      qn.as<__half>(), kn.as<__half>(), qk.as<float>(), qkv.ptr<const float>(), L, static_cast<int>(Hk), C,
-      1.0f / sqrtf(static_cast<float>(dk)));
+      qn, kn, qk, qkv.ptr<const float>(), L, static_cast<int>(Hk), C, 1.0f / sqrtf(static_cast<float>(dk)));
   CUDA_CHECK_LAUNCH();
 
   const int slices = static_cast<int>(dv / (16 * groups));
-  const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn.as<const __half>(), kn.as<const __half>(),
-                    qk.as<const float>(), g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
+  const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn, kn,
+                    qk, g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
                     L, static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), slices, C, 2 * Hk * dk};
   const int64_t blocks = spans * Hv * slices;
   if (groups == 4) launch_chunk<4>(a, blocks, stream_);
