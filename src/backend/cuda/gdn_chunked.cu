@@ -389,6 +389,27 @@ __device__ __forceinline__ void store_state(float* dst, const float (&st)[8][4],
   }
 }
 
+// A save after token e < 63 of the chunk, into dst (store_state's layout): sigma e^gamma_e S + the
+// update over tokens 0..e, times 1/sigma. S: the warp's tiles before the chunk's decay; f_lo / f_hi:
+// sigma e^gamma_e / rho per row; vp: V' (sigma domain); sc: the chunk's scalars. Not inlined, and
+// given copies: the chunk loop runs at the register limit, and saves are rare.
+__device__ __noinline__ void save_inside_chunk(float* dst, const float (&S)[8][4], const float (&vp)[8][4],
+                                               float f_lo, float f_hi, float is_lo, float is_hi, const float* sc,
+                                               int e, uint32_t K, uint32_t toff128, int hk, int dv) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    acc[j][0] = S[j][0] * f_lo;
+    acc[j][1] = S[j][1] * f_lo;
+    acc[j][2] = S[j][2] * f_hi;
+    acc[j][3] = S[j][3] * f_hi;
+  }
+  const float ge = sc[kScGam + e];
+  add_kv<4>(acc, vp, [&](int tk) { return tk <= e ? expf(ge - sc[kScGam + tk]) : 0.0f; }, e, K, toff128, hk, t);
+  store_state(dst, acc, is_lo, is_hi, dv, g, t);
+}
+
 // A pair of warps owns 16 state columns: warp half hk holds S^T rows' dk half [64 hk, 64 hk + 64)
 // as 8 accumulator tiles (tile j = dk 64 hk + 8j..+7; regs (row g, 2t), (g, 2t+1), (g+8, 2t),
 // (g+8, 2t+1)), scaled by rho (a power of two per row, the same in both warps). Each warp computes
@@ -601,22 +622,21 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
       }
     }
 
-    // Saves inside the chunk (before its last token), in XQ (free now): sigma e^gamma_e S + the
-    // update over tokens 0..e.
+    // Saves inside the chunk (before its last token).
     const int len = min(kChunk, n - t0);
     for (int2 save = save_at(next); save.x > 0 && save.x < t0 + len; save = save_at(++next)) {
       const int e = save.x - t0 - 1;
-      const float ge = sc[kScGam + e], ege = expf(ge);
-      const float f_lo = sig_lo * irho_lo * ege, f_hi = sig_hi * irho_hi * ege;
+      const float ege = expf(sc[kScGam + e]);
+      float Sc[8][4], Vc[8][4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        XQ[j][0] = S[j][0] * f_lo;
-        XQ[j][1] = S[j][1] * f_lo;
-        XQ[j][2] = S[j][2] * f_hi;
-        XQ[j][3] = S[j][3] * f_hi;
-      }
-      add_kv<4>(XQ, XK, [&](int tk) { return tk <= e ? expf(ge - sc[kScGam + tk]) : 0.0f; }, e, K, toff128, hk, t);
-      store_state(state_row(save.y), XQ, isig_lo, isig_hi, p.dv, g, t);
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          Sc[j][r] = S[j][r];
+          Vc[j][r] = XK[j][r];
+        }
+      save_inside_chunk(state_row(save.y), Sc, Vc, sig_lo * irho_lo * ege, sig_hi * irho_hi * ege, isig_lo, isig_hi,
+                        sc, e, K, toff128, hk, p.dv);
     }
 
     // S from the rho domain to the sigma domain, decayed over the chunk: sigma e^gamma_C S.
