@@ -64,6 +64,14 @@ struct Linear {
   int64_t partitions = 1;
 };
 
+// A copy of one sequence's GDN state taken inside a forward (a prefix-cache snapshot): once the first
+// `tokens` of its span's tokens are folded in, every GDN layer's conv and recurrent state goes to pool
+// row `row` as well as on to the rest of the span.
+struct GdnStateSave {
+  int64_t tokens = 0;  // 0 < tokens <= the span's tokens
+  int32_t row = -1;    // a pool row other than any span's slot
+};
+
 // One sequence's share of a batch: rows [row_begin, row_begin + num_tokens) of every activation
 // tensor are its new tokens, at positions start_pos, start_pos + 1, ...
 struct SeqSpan {
@@ -73,7 +81,22 @@ struct SeqSpan {
   int32_t gdn_slot = -1;       // index into the GDN state pools
   const int32_t* block_table = nullptr;  // host: KV block ids covering positions [0, start_pos + num_tokens)
   int64_t num_blocks = 0;
+  // Host: GDN state saves inside the span, ascending by tokens, into distinct rows (gdn_conv,
+  // gdn_recurrent, gdn_chunked write them; every other op ignores them, gdn_verify and the fused GDN
+  // steps take none). A save changes no output and no live state.
+  const GdnStateSave* saves = nullptr;
+  int64_t num_saves = 0;
 };
+// The span's GDN slot and save rows lie in a state pool of `rows` rows, its saves ascend inside it.
+inline bool gdn_rows_ok(const SeqSpan& s, int64_t rows) {
+  int64_t prev = 0;
+  for (int64_t i = 0; i < s.num_saves; ++i) {
+    const GdnStateSave& v = s.saves[i];
+    if (v.tokens <= prev || v.tokens > s.num_tokens || v.row < 0 || v.row >= rows || v.row == s.gdn_slot) return false;
+    prev = v.tokens;
+  }
+  return s.gdn_slot >= 0 && s.gdn_slot < rows;
+}
 struct BatchLayout {
   std::vector<SeqSpan> seqs;
   int64_t total_rows = 0;
@@ -231,7 +254,8 @@ class Backend {
 
   // ---- Gated DeltaNet (model-qwen35.md §2.4) --------------------------------------------------
   // Causal depthwise conv (kernel K, no bias) + SiLU over each span, continuing from and updating
-  // the span's conv state (the last K-1 inputs, zeros for a fresh sequence).
+  // the span's conv state (the last K-1 inputs, zeros for a fresh sequence). A save (SeqSpan::saves)
+  // after t tokens: row `row` := the state after the span's first t tokens.
   // mixed: [T, C] f32, weight: [C, K] f32, conv_state_pool: [slots, C, K-1] f32 -> out: [T, C] f32.
   virtual void gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& weight,
                         const Tensor& conv_state_pool, const BatchLayout& batch) = 0;
@@ -240,7 +264,8 @@ class Backend {
   virtual void gdn_gating(const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
                           const Tensor& A_log, const Tensor& dt_bias) = 0;
   // Delta rule, token by token (decode form): q, k L2-normalised (eps 1e-6), q scaled by dk^-0.5,
-  // per value head: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+  // per value head: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. A save after t tokens:
+  // row `row` := S after the span's t-th token.
   // qkv: [T, conv_dim] f32 (conv output: q | k | v), g, beta: [T, Hv] f32,
   // state_pool: [slots, Hv, dk, dv] f32 -> out: [T, Hv, dv] f32. Only rows of the batch's spans.
   virtual void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g,
@@ -255,7 +280,9 @@ class Backend {
   virtual void gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w,
                           const Tensor& g, const Tensor& beta, const Tensor& conv_state_pool,
                           const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) = 0;
-  // The same function in the chunked form (chunk 64, HF torch_chunk_gated_delta_rule) for prefill.
+  // The same function in the chunked form (chunk 64, HF torch_chunk_gated_delta_rule) for prefill. A
+  // save after t tokens: row `row` := the state this op leaves for the span's first t tokens alone
+  // (chunks from the span's start, the last one ending at t); the chunks of the span itself are not cut.
   virtual void gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor& g, const Tensor& beta,
                            const Tensor& state_pool, const BatchLayout& batch, const GdnDims& dims) = 0;
   // Gated RMSNorm with a PLAIN weight: out = x * rsqrt(mean(x^2) + eps) * w * silu(z).

@@ -16,15 +16,6 @@ namespace sparkserve {
 
 struct MultimodalPrompt;  // model/multimodal.h
 
-// A copy of one sequence's GDN state taken inside a forward: once the first `tokens` of its new
-// tokens are folded in, every GDN layer's conv and recurrent rows of its slot are copied to pool row
-// `row` (a prefix-cache snapshot row: one forward both runs a prompt chunk and saves the states at
-// positions inside it).
-struct GdnStateSave {
-  int64_t tokens = 0;  // 0 < tokens <= the chunk's tokens
-  int32_t row = -1;    // >= StatePools::num_slots
-};
-
 // One sequence's part of a forward batch: `tokens` continue the sequence at position start_pos.
 struct ForwardSeq {
   int32_t gdn_slot = -1;                   // row of the GDN state pools holding its state
@@ -55,7 +46,9 @@ struct ForwardSeq {
   // Qwen35Model::commit_speculative needs to advance it by the accepted prefix afterwards. Keys and
   // values are written as for any span; those past the accepted prefix are rewritten by later steps.
   bool speculative = false;
-  // State saves inside this span, ascending by `tokens` (none for a speculative span).
+  // State saves inside this span (GdnStateSave, backend/ops.h: one forward both runs a prompt chunk
+  // and saves the states at positions inside it), ascending by `tokens`, into rows >=
+  // StatePools::num_slots (none for a speculative span).
   std::span<const GdnStateSave> saves{};
 };
 

@@ -143,32 +143,18 @@ void Qwen35Model::make_layout(std::span<const ForwardSeq> batch, bool with_image
       layout.verify.seqs.push_back(span);
       for (int64_t i = 0; i < span.num_tokens; ++i) layout.verify_rows.push_back(span.row_begin + i);
     } else {
-      // Its parts between saves (Layout::save_rounds); several tokens take the chunked GDN form,
-      // one the recurrent form, as a chunk of that size would.
-      int64_t from = 0;
-      for (size_t r = 0; r <= in.saves.size(); ++r) {
-        const int64_t to = r < in.saves.size() ? in.saves[r].tokens : span.num_tokens;
-        if (r > 0 && layout.save_rounds.size() < r) layout.save_rounds.resize(r);
-        GdnSaveRound* round = r > 0 ? &layout.save_rounds[r - 1] : nullptr;
-        if (round) round->saves.emplace_back(span.gdn_slot, in.saves[r - 1].row);
-        if (to == from) continue;
-        SeqSpan part = span;
-        part.row_begin += from;
-        part.start_pos += from;
-        part.num_tokens = to - from;
-        BatchLayout& chunked = round ? round->prefill : layout.prefill;
-        BatchLayout& recurrent = round ? round->decode : layout.decode;
-        (part.num_tokens > 1 ? chunked : recurrent).seqs.push_back(part);
-        (round ? round->stateful : layout.stateful).seqs.push_back(part);
-        from = to;
-      }
+      // Several tokens take the chunked GDN form, one the recurrent form; the GDN ops write the
+      // span's saves.
+      span.saves = in.saves.data();
+      span.num_saves = static_cast<int64_t>(in.saves.size());
+      (span.num_tokens > 1 ? layout.prefill : layout.decode).seqs.push_back(span);
+      layout.stateful.seqs.push_back(span);
+      layout.saves = layout.saves || !in.saves.empty();
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size());
   for (BatchLayout* b : {&layout.all, &layout.prefill, &layout.decode, &layout.stateful, &layout.verify})
     b->total_rows = T;
-  for (GdnSaveRound& r : layout.save_rounds)
-    for (BatchLayout* b : {&r.stateful, &r.prefill, &r.decode}) b->total_rows = T;
 }
 
 void Qwen35Model::upload_positions(Layout& layout, const std::vector<int32_t>& pos, const std::vector<int32_t>& pos3) {
@@ -556,15 +542,14 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   const Tensor& rec = state.recurrent[gi];
   const Tensor& conv = state.conv[gi];
   Buffer normed = buffer({T, Hv * dv});
-  if (fused_ && layout.prefill.seqs.empty() && !verify && layout.save_rounds.empty()) {
+  if (fused_ && layout.prefill.seqs.empty() && !verify && !layout.saves) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
                              config_.rms_norm_eps, conv, rec, layout.decode, dims);
     backend_.linear(out, normed, w.out_proj);
     return;
   }
-  if (fused_ && direct && layout.prefill.seqs.empty() && layout.decode.seqs.empty() &&
-      layout.save_rounds.empty()) {
+  if (fused_ && direct && layout.prefill.seqs.empty() && layout.decode.seqs.empty()) {
     // Verify spans only (every row is a stash row): the same chain from the live state, which it
     // leaves as it is; the gates go to the stash.
     backend_.gdn_verify_step(normed, capture_->g[gi], capture_->beta[gi], h, mixed, z, w.in_proj_a, w.in_proj_b,
@@ -584,7 +569,6 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   Buffer core = buffer({T, Hv, dv});
   if (!layout.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec, layout.prefill, dims);
   if (!layout.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec, layout.decode, dims);
-  for (const GdnSaveRound& r : layout.save_rounds) gdn_save_round(qkv, core, mixed, g, beta, w.conv, conv, rec, r);
   if (verify) {
     // The decode form from the live state rows, which it leaves as they are.
     backend_.gdn_verify(core, qkv, mixed, w.conv, g, beta, conv, rec, layout.verify, dims);
@@ -598,19 +582,6 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
   backend_.linear(out, normed, w.out_proj);
-}
-
-void Qwen35Model::gdn_save_round(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
-                                 const Tensor& beta, const Tensor& conv_weight, const Tensor& conv_pool,
-                                 const Tensor& rec_pool, const GdnSaveRound& round) {
-  for (const auto& [slot, row] : round.saves) {
-    backend_.copy(conv_pool.rows(row, 1), conv_pool.rows(slot, 1));
-    backend_.copy(rec_pool.rows(row, 1), rec_pool.rows(slot, 1));
-  }
-  const GdnDims dims = gdn_dims(config_);
-  if (!round.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, conv_weight, conv_pool, round.stateful);
-  if (!round.prefill.seqs.empty()) backend_.gdn_chunked(core, qkv, g, beta, rec_pool, round.prefill, dims);
-  if (!round.decode.seqs.empty()) backend_.gdn_recurrent(core, qkv, g, beta, rec_pool, round.decode, dims);
 }
 
 void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, const Layout& layout,

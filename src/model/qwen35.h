@@ -26,7 +26,6 @@ namespace sparkserve {
 GdnDims gdn_dims(const ModelConfig& c);
 int count_layers(const ModelConfig& c, LayerType type);
 
-struct GdnSaveRound;  // model/qwen35_layout.h
 
 class Qwen35Model {
  public:
@@ -150,12 +149,6 @@ class Qwen35Model {
   // pool: this layer's paged KV pool [num_blocks, block_size, kvh, hd].
   void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, const Layout& layout,
                        const KvPool& pool, int64_t block_size);
-  // One round of in-forward state saves (GdnSaveRound): the copies, then the round's conv and
-  // delta rule. Tensors as gdn_layer's: qkv [T, conv_dim], core [T, Hv, dv], mixed [T, conv_dim],
-  // g, beta [T, Hv] f32; conv_weight [conv_dim, K]; the layer's conv and recurrent state pools.
-  void gdn_save_round(const Tensor& qkv, const Tensor& core, const Tensor& mixed, const Tensor& g,
-                      const Tensor& beta, const Tensor& conv_weight, const Tensor& conv_pool, const Tensor& rec_pool,
-                      const GdnSaveRound& round);
   // Rows, spans and positions of a batch; with_images collects the rows image embeddings replace.
   // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (what each logits row needs back): filled.
   void make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout, std::vector<int32_t>& ids,

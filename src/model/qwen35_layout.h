@@ -11,12 +11,6 @@
 
 namespace sparkserve {
 
-// One round of in-forward state saves (Qwen35Model::Layout::save_rounds).
-struct GdnSaveRound {
-  std::vector<std::pair<int32_t, int32_t>> saves;  // (live slot, snapshot row)
-  BatchLayout stateful, prefill, decode;
-};
-
 // The batch seen by the state ops: all spans, and the same spans split by which GDN form runs
 // them (chunked for prefill spans of several tokens, recurrent for single decode tokens).
 struct Qwen35Model::Layout {
@@ -26,12 +20,8 @@ struct Qwen35Model::Layout {
   // tokens in order.
   BatchLayout stateful, verify;
   std::vector<int64_t> verify_rows;
-  // State saves inside the forward (ForwardSeq::saves) cut a stateful span into parts: `stateful`,
-  // `prefill` and `decode` above hold its rows up to its first save (all of them when it saves
-  // nothing), save_rounds[r] its rows from its (r+1)-th save to the next save or its end. A round
-  // first copies the state rows of its saves (live slot -> snapshot row, every GDN layer), then runs
-  // the conv and delta rule of its parts as the first round does.
-  std::vector<GdnSaveRound> save_rounds;
+  // Some stateful span saves its state inside the forward (SeqSpan::saves, from ForwardSeq::saves).
+  bool saves = false;
   Tensor positions;  // [T] i32, device
   Buffer positions_storage;
   // Prompt chunks with images: M-RoPE positions [T, 3] (t, h, w), needed only when some token's

@@ -2,7 +2,8 @@
 // token-by-token recurrence otherwise) against the CPU backend's chunked form, on fresh random inputs.
 // Covers spans of 1..200 tokens (odd sizes, chunk multiples and +-1 around them), 8192 tokens, several
 // spans in one batch, continued state (start_pos > 0 with a random pooled state; a span split over
-// two calls against one CPU call, also as two parts of one batch), value heads sharing key heads (Hv / Hk = 1, 3, 4), dv 16..128, and
+// two calls against one CPU call, also as two parts of one batch), state saves inside spans (below),
+// value heads sharing key heads (Hv / Hk = 1, 3, 4), dv 16..128, and
 // three input regimes: HF's gating (strong decay: little state crosses a chunk boundary), weak decay
 // (g in [-0.05, 0]: the state carries across many chunks) and correlated keys (k = a shared
 // direction + noise: large k_i.k_j, T = (I + L)^-1 far from I).
@@ -118,7 +119,7 @@ void check_batch(Harness& h, const GdnDims& d, const std::vector<std::array<int6
 
 // A span of n tokens split over two GPU calls (the second continuing from the pooled state) against
 // one CPU call over all n. in_batch: each call takes all n rows, its span only its part (the other
-// rows belong to no span), as a forward's state-save rounds run it; else each call only its rows.
+// rows belong to no span); else each call only its rows.
 void check_split(Harness& h, const GdnDims& d, int64_t n, int64_t first, Regime regime, bool in_batch) {
   const int64_t Hv = d.num_v_heads, C = d.conv_dim();
   const GdnInputs in = gdn_inputs(d, n, 1, regime);
@@ -143,6 +144,68 @@ void check_split(Harness& h, const GdnDims& d, int64_t n, int64_t first, Regime 
   record("gdn_chunked", name + " state", h.err(st), kTensorCoreGdn);
 }
 
+// State saves inside spans (SeqSpan::saves; saves[i]: span i's save positions, into the pool rows
+// past the slots). One GPU call with the saves against
+//  - the same GPU call without them: outputs and live slots bit for bit (a save only adds stores);
+//  - the CPU's call with them: every row of the pool, kTensorCoreGdn;
+//  - per save, a GPU call over the span's tokens up to it from the same prior state (a forward that
+//    stops there): kSaveVsStop. That call's last chunk ends at the save, the saving call computes the
+//    same chunk's state from the full chunk's V' (the same values: V'_j depends on tokens <= j) with
+//    the same decay factors; what may differ is the power-of-two scale of the chunk's rows (their
+//    maximum over 64 tokens instead of those up to the save), exact in fp32 but able to move an fp16
+//    operand into or out of the subnormal range (below 2^-19 of its row's maximum), a change below
+//    2^-24 of the row's maximum per operand: 1e-6 leaves room for 64 such terms per entry.
+constexpr double kSaveVsStop = 1e-6;
+
+void check_saves(Harness& h, const GdnDims& d, const std::vector<std::array<int64_t, 2>>& spans,
+                 const std::vector<std::vector<int64_t>>& saves, Regime regime, const std::string& tag) {
+  const int32_t slots = static_cast<int32_t>(spans.size()) + 1;
+  BatchLayout b = gdn_spans(spans, slots);
+  std::vector<std::vector<GdnStateSave>> at(spans.size());
+  int32_t rows = slots;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (int64_t t : saves[i]) at[i].push_back({t, rows++});
+    b.seqs[i].saves = at[i].data();
+    b.seqs[i].num_saves = static_cast<int64_t>(at[i].size());
+  }
+  const int64_t T = b.total_rows, Hv = d.num_v_heads, row_n = Hv * d.k_head_dim * d.v_head_dim;
+  const GdnInputs in = gdn_inputs(d, T, rows, regime);
+  const std::vector<int64_t> pool = {rows, Hv, d.k_head_dim, d.v_head_dim};
+  Pair qkv = h.f32({T, d.conv_dim()}, in.qkv), g = h.f32({T, Hv}, in.g), beta = h.f32({T, Hv}, in.beta),
+       st = h.f32(pool, in.state), o = h.out({T, Hv, d.v_head_dim});
+  h.cpu->gdn_chunked(o.cpu(), qkv.cpu(), g.cpu(), beta.cpu(), st.cpu(), b, d);
+  h.gpu->gdn_chunked(o.gpu(), qkv.gpu(), g.gpu(), beta.gpu(), st.gpu(), b, d);
+  const std::string name = dims_name(d) + " " + regime_name(regime) + " " + tag;
+  record("gdn_chunked", name + " saves: out", h.err(o), kTensorCoreGdn);
+  record("gdn_chunked", name + " saves: pool", h.err(st), kTensorCoreGdn);
+  const std::vector<float> got = h.gpu_f(st), got_out = h.gpu_f(o);
+  auto row_of = [&](const std::vector<float>& v, int64_t r) {
+    return std::vector<float>(v.begin() + r * row_n, v.begin() + (r + 1) * row_n);
+  };
+  // Without saves.
+  BatchLayout plain = b;
+  for (SeqSpan& sp : plain.seqs) sp.num_saves = 0;
+  Pair st0 = h.f32(pool, in.state), o0 = h.out({T, Hv, d.v_head_dim});
+  h.gpu->gdn_chunked(o0.gpu(), qkv.gpu(), g.gpu(), beta.gpu(), st0.gpu(), plain, d);
+  const std::vector<float> plain_st = h.gpu_f(st0);
+  record("gdn_chunked", name + " saves: out, slots as without", std::max(rel_err(got_out, h.gpu_f(o0)),
+         rel_err(std::vector<float>(got.begin(), got.begin() + slots * row_n),
+                 std::vector<float>(plain_st.begin(), plain_st.begin() + slots * row_n))), kExact);
+  // Each save against a call that stops there.
+  double worst = 0.0;
+  for (size_t i = 0; i < spans.size(); ++i)
+    for (const GdnStateSave& v : at[i]) {
+      BatchLayout stop;
+      stop.total_rows = T;
+      stop.seqs.push_back(plain.seqs[i]);
+      stop.seqs[0].num_tokens = v.tokens;
+      Pair st1 = h.f32(pool, in.state), o1 = h.out({T, Hv, d.v_head_dim});
+      h.gpu->gdn_chunked(o1.gpu(), qkv.gpu(), g.gpu(), beta.gpu(), st1.gpu(), stop, d);
+      worst = std::max(worst, rel_err(row_of(got, v.row), row_of(h.gpu_f(st1), stop.seqs[0].gdn_slot)));
+    }
+  record("gdn_chunked", name + " saves vs calls stopping there", worst, kSaveVsStop);
+}
+
 void test_gdn_chunked(Harness& h) {
   const GdnDims small{2, 8, 128, 128, 4};
   // Every length 1..200 would take minutes of CPU reference; these hit odd sizes, the chunk
@@ -154,7 +217,16 @@ void test_gdn_chunked(Harness& h) {
     check_batch(h, small, {{0, 150}, {333, 77}, {64, 1}, {1000, 64}, {5, 129}}, r, "5 spans continued");
     check_split(h, small, 300, 131, r, /*in_batch=*/false);
     check_split(h, small, 300, 131, r, /*in_batch=*/true);
+    // A later agent turn (saves 2 and 0 tokens before its end), and saves after the first token,
+    // inside and at the end of chunks, on a single-token span, at a span's end.
+    check_saves(h, small, {{10240, 338}}, {{335, 337}}, r, "agent turn");
+    check_saves(h, small, {{0, 150}, {333, 77}, {64, 1}, {1000, 64}, {5, 129}},
+                {{1, 64, 100, 150}, {}, {1}, {63, 64}, {2, 65, 127, 128}}, r, "5 spans");
   }
+  check_saves(h, GdnDims{16, 64, 128, 128, 4}, {{0, 300}, {9, 1}}, {{127, 128, 129, 299}, {1}}, Regime::kHfGating,
+              "2 spans");
+  check_saves(h, GdnDims{2, 6, 128, 32, 4}, {{0, 257}, {3, 70}}, {{200}, {1, 69}}, Regime::kCorrelatedKeys,
+              "2 spans");
   // The 122B's heads (16 key, 64 value), several spans; other head ratios and value widths (the
   // kernel's 64-, 32- and 16-column slices).
   check_batch(h, GdnDims{16, 64, 128, 128, 4}, {{0, 300}, {517, 129}, {9, 1}, {64, 64}}, Regime::kHfGating,

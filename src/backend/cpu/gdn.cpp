@@ -2,6 +2,7 @@
 // recurrent (decode) and chunked (prefill, HF torch_chunk_gated_delta_rule) forms.
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -14,6 +15,7 @@ void CpuBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& 
   const int64_t C = weight.dim(0), K = weight.dim(1), S = K - 1;
   CHECK(mixed.numel() == batch.total_rows * C && out.numel() == mixed.numel());
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == S);
+  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, conv_state_pool.dim(0)));
   const float* x = mixed.ptr<const float>();
   const float* w = weight.ptr<const float>();
   float* o = out.ptr<float>();
@@ -30,6 +32,9 @@ void CpuBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor& 
           for (int64_t j = 0; j < K; ++j) acc += w[c * K + j] * window[static_cast<size_t>(t + j)];
           o[(sp.row_begin + t) * C + c] = cpu::silu(acc);
         }
+        // The state after t tokens: window[t, t + K-1).
+        for (const GdnStateSave& v : std::span(sp.saves, static_cast<size_t>(sp.num_saves)))
+          std::copy_n(window.begin() + v.tokens, S, conv_state_pool.ptr<float>() + (v.row * C + c) * S);
         std::copy(window.end() - S, window.end(), state);
       }
     }
@@ -89,6 +94,7 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, r = Hv / d.num_k_heads;
   CHECK(qkv.dim(1) == d.conv_dim() && state_pool.dim(1) == Hv && state_pool.dim(2) == dk &&
         state_pool.dim(3) == dv);
+  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, state_pool.dim(0)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   auto work = span_heads(batch, Hv);
   pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t b, int64_t e) {
@@ -98,6 +104,7 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
       const int64_t h = work[static_cast<size_t>(wi)].h;
       HeadIo io{qkv.ptr<const float>(), d.conv_dim(), h / r, h, &d};
       float* S = state_pool.ptr<float>() + (s.gdn_slot * Hv + h) * dk * dv;  // [dk, dv]
+      const GdnStateSave *save = s.saves, *saves_end = s.saves + s.num_saves;
       for (int64_t t = 0; t < s.num_tokens; ++t) {
         const int64_t row = s.row_begin + t;
         l2norm_scaled(q.data(), io.q(row), dk, scale);
@@ -116,6 +123,8 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
         for (int64_t j = 0; j < dv; ++j) o[j] = 0;
         for (int64_t i = 0; i < dk; ++i)
           for (int64_t j = 0; j < dv; ++j) o[j] += S[i * dv + j] * q[static_cast<size_t>(i)];
+        for (; save != saves_end && save->tokens == t + 1; ++save)
+          std::copy_n(S, dk * dv, state_pool.ptr<float>() + (save->row * Hv + h) * dk * dv);
       }
     }
   }, cpu::min_chunk_for(4 * dk * dv));  // per decode token
@@ -127,6 +136,7 @@ void CpuBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& 
   // Copies of the spans' state rows (copy i = span i), run through the decode form: the pools keep
   // the state before the spans.
   const auto n = static_cast<int64_t>(batch.seqs.size());
+  for (const SeqSpan& s : batch.seqs) CHECK_MSG(s.num_saves == 0, "gdn_verify spans save no state");
   const int64_t conv_row = conv_state_pool.numel() / conv_state_pool.dim(0);
   const int64_t rec_row = state_pool.numel() / state_pool.dim(0);
   std::vector<float> conv_copy(static_cast<size_t>(n * conv_row)), rec_copy(static_cast<size_t>(n * rec_row));
@@ -151,6 +161,7 @@ void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor&
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, r = Hv / d.num_k_heads;
   CHECK(qkv.dim(1) == d.conv_dim() && state_pool.dim(1) == Hv && state_pool.dim(2) == dk &&
         state_pool.dim(3) == dv);
+  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, state_pool.dim(0)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   auto work = span_heads(batch, Hv);
   pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t b, int64_t e) {
@@ -162,6 +173,7 @@ void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor&
       const int64_t h = work[static_cast<size_t>(wi)].h;
       HeadIo io{qkv.ptr<const float>(), d.conv_dim(), h / r, h, &d};
       float* S = state_pool.ptr<float>() + (s.gdn_slot * Hv + h) * dk * dv;  // [dk, dv]
+      const GdnStateSave *save = s.saves, *saves_end = s.saves + s.num_saves;
       for (int64_t c0 = 0; c0 < s.num_tokens; c0 += C) {
         const int64_t n = std::min(C, s.num_tokens - c0);
         // Load the chunk; rows past n are the zero padding of the HF form (g = 0, beta = 0).
@@ -231,16 +243,24 @@ void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor&
             for (int64_t x = 0; x < dv; ++x) o[x] += a * Vn[j * dv + x];
           }
         }
-        // S = e^{gc_last} S_prev + (K ⊙ e^{gc_last - gc})^T V'.
-        const float last = gc[C - 1];
-        for (int64_t y = 0; y < dk * dv; ++y) S[y] *= std::exp(last);
-        for (int64_t i = 0; i < C; ++i) {
-          const float f = std::exp(last - gc[i]);
-          for (int64_t y = 0; y < dk; ++y) {
-            const float ky = Kc[i * dk + y] * f;
-            for (int64_t x = 0; x < dv; ++x) S[y * dv + x] += ky * Vn[i * dv + x];
+        // S = e^{gc_last} S_prev + (K ⊙ e^{gc_last - gc})^T V'. A save after token e of this chunk
+        // takes the same update over rows [0, e] into its row: what a chunk ending at e leaves (its
+        // padding rows add zeros; V'_i depends on rows <= i only).
+        auto update = [&](float* dst, int64_t e) {
+          if (dst != S) std::copy_n(S, dk * dv, dst);
+          const float last = gc[e];
+          for (int64_t y = 0; y < dk * dv; ++y) dst[y] *= std::exp(last);
+          for (int64_t i = 0; i <= e; ++i) {
+            const float f = std::exp(last - gc[i]);
+            for (int64_t y = 0; y < dk; ++y) {
+              const float ky = Kc[i * dk + y] * f;
+              for (int64_t x = 0; x < dv; ++x) dst[y * dv + x] += ky * Vn[i * dv + x];
+            }
           }
-        }
+        };
+        for (; save != saves_end && save->tokens <= c0 + n; ++save)
+          update(state_pool.ptr<float>() + (save->row * Hv + h) * dk * dv, save->tokens - c0 - 1);
+        update(S, C - 1);
       }
     }
   });

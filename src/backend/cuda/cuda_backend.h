@@ -47,6 +47,16 @@ struct DeviceLayout {
   }
   __host__ __device__ int32_t num_blocks(int s) const { return base[5 * num_seqs + s]; }
   __host__ __device__ int32_t span_of_row(int r) const { return base[6 * num_seqs + r]; }
+  // GDN state saves (SeqSpan::saves): span s has num_saves(s) of them, save(s, i) = {tokens, row}
+  // in ascending order. saves_at: where their words start in base (-1: no span saves).
+  int32_t saves_at = -1;
+  __host__ __device__ int32_t num_saves(int s) const {
+    return saves_at < 0 ? 0 : base[saves_at + s + 1] - base[saves_at + s];
+  }
+  __host__ __device__ int2 save(int s, int i) const {
+    const int32_t* p = base + saves_at + num_seqs + 1 + 2 * (base[saves_at + s] + i);
+    return make_int2(p[0], p[1]);
+  }
 };
 
 class CudaBackend final : public Backend {

@@ -14,7 +14,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
-constexpr int kMaxConvKernel = 8;
+constexpr int kMaxConvKernel = 5;  // Qwen3.5 / Qwen3-Next: 4
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "gdn.cu needs sm_90 or newer (programmatic dependent launch, thread-block clusters)"
@@ -68,14 +68,16 @@ __global__ void gdn_conv_kernel(float* out, const float* x, const float* w, floa
 // Multi-token conv (the gdn_conv op): one block per (kConvRows rows of a span, kThreads channels), so
 // a long prompt spreads over the whole GPU instead of walking its tokens one by one in C threads; a
 // thread slides one window over its rows (each input loaded once, not K times). Block x is the x-th
-// row group of the spans in span order: only span rows are launched (a round of in-forward state
-// saves covers a few rows of a long batch), and a block finds its rows without a division. Inputs
-// before a span's first row come from its state slot (the K-1 previous inputs);
-// gdn_conv_state_kernel updates the slots afterwards, in stream order, so every read here sees the
-// old state.
+// row group of the spans in span order: only span rows are launched, and a block finds its rows
+// without a division. Inputs before a span's first row come from its state slot (the K-1 previous
+// inputs). state_out (null: the pools are only read, gdn_verify) gets the new conv states: the slot
+// := the last K-1 inputs of (old state, the span's rows), each save's row (SeqSpan::saves) := the K-1
+// inputs before its position. A span's first row group is the only block that reads its slot (later
+// groups start at t0 >= kConvRows >= K-1), so that block writes them, after its reads, in place.
 constexpr int kConvRows = 4;
+static_assert(kMaxConvKernel - 1 <= kConvRows, "the first row group must hold every read of the old conv state");
 __global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w, const float* state_pool,
-                                     DeviceLayout L, int64_t C, int K) {
+                                     float* state_out, DeviceLayout L, int64_t C, int K) {
   pdl_launch_dependents();  // the verify step kernel after it waits for its output
   const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   int s = 0, g = static_cast<int>(blockIdx.x), n = 0;
@@ -109,34 +111,41 @@ __global__ void gdn_conv_rows_kernel(float* out, const float* x, const float* w,
       if (j < K) acc += wt[j] * win[r + j];
     out[(r0 + t0 + r) * C + c] = silu_f(acc);
   }
+  if (state_out == nullptr || g != 0) return;
+  // dst := the K-1 inputs before span position t >= 1; win[0..S) hold the old state.
+  auto write = [&](float* dst, int t) {
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+      if (j >= S) break;
+      const int p = t - S + j;
+      float v = 0.0f;
+      if (p >= 0) {
+        v = x[(r0 + p) * C + c];
+      } else {
+#pragma unroll
+        for (int m = 0; m < kMaxConvKernel - 1; ++m)
+          if (m == S + p) v = win[m];
+      }
+      dst[j] = v;
+    }
+  };
+  const int saves = L.num_saves(s);
+  for (int i = 0; i < saves; ++i) {
+    const int2 v = L.save(s, i);
+    write(state_out + (static_cast<int64_t>(v.y) * C + c) * S, v.x);
+  }
+  write(state_out + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S, n);
 }
 
 // gdn_conv_rows_kernel over the rows of batch's spans.
 void launch_conv_rows(cudaStream_t stream, float* out, const float* x, const float* w, const float* state_pool,
-                      const DeviceLayout& L, const BatchLayout& batch, int64_t C, int64_t K) {
+                      float* state_out, const DeviceLayout& L, const BatchLayout& batch, int64_t C, int64_t K) {
   int64_t groups = 0;
   for (const SeqSpan& sp : batch.seqs) groups += (sp.num_tokens + kConvRows - 1) / kConvRows;
   if (groups == 0) return;
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((C + kThreads - 1) / kThreads));
-  gdn_conv_rows_kernel<<<grid, kThreads, 0, stream>>>(out, x, w, state_pool, L, C, static_cast<int>(K));
+  gdn_conv_rows_kernel<<<grid, kThreads, 0, stream>>>(out, x, w, state_pool, state_out, L, C, static_cast<int>(K));
   CUDA_CHECK_LAUNCH();
-}
-
-// Each span's state slot := the last K-1 inputs of (old state, the span's rows), one thread per
-// (span, channel): block (span, kThreads channels). In place: entry j reads old entry n + j > j
-// (n >= 1 rows), so ascending j is safe.
-__global__ void gdn_conv_state_kernel(const float* x, float* state_pool, DeviceLayout L, int64_t C, int K) {
-  const int s = static_cast<int>(blockIdx.x);
-  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  const int S = K - 1;
-  const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
-  if (n == 0) return;
-  float* state = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * C + c) * S;
-  for (int j = 0; j < S; ++j) {
-    const int64_t p = n - S + j;
-    state[j] = p >= 0 ? x[(r0 + p) * C + c] : state[S + p];
-  }
 }
 
 __global__ void gdn_gating_kernel(float* g, float* beta, const float* a, const float* b, const float* A_log,
@@ -286,6 +295,10 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
   float4 st[kRows];
   load_tile(st, S, dk, dv, c, col_ok, rg);
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
+  // The next state save (SeqSpan::saves) of the span: {tokens, row}; tokens 0 when none is left.
+  const int saves = kWrite ? L.num_saves(s) : 0;
+  int next = 0;
+  int2 save = saves > 0 ? L.save(s, 0) : make_int2(0, 0);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t row = r0 + t;
     const float* qs = qkv + row * conv_dim + static_cast<int64_t>(kh) * dk;
@@ -296,6 +309,8 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 o = delta_token(st, qn, kn, v, expf(g[row * Hv + h]), beta[row * Hv + h]);
     if (rg == 0 && col_ok) *reinterpret_cast<float4*>(out + (row * Hv + h) * dv + c) = o;
+    for (; save.x == t + 1; save = ++next < saves ? L.save(s, next) : make_int2(0, 0))
+      store_tile(st, state_pool + (static_cast<int64_t>(save.y) * Hv + h) * dk * dv, dk, dv, c, col_ok, rg);
   }
   if (kWrite) store_tile(st, S, dk, dv, c, col_ok, rg);
 }
@@ -685,7 +700,7 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   CudaBackend::Scratch qkv(&be, static_cast<size_t>(T * C) * sizeof(float));
   // Every span row from the state's window and the rows before it (reads the state only).
   launch_conv_rows(be.stream(), qkv.as<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(),
-                   conv_state_pool.ptr<const float>(), L, batch, C, K);
+                   conv_state_pool.ptr<const float>(), nullptr, L, batch, C, K);
   // A cluster of nc blocks per (span, value head): 4 at dv = 128, 256 blocks at batch 1 on the H200.
   const int nc = static_cast<int>((dv + kTileCols - 1) / kTileCols);
   cudaLaunchConfig_t cfg = {};
@@ -731,7 +746,7 @@ void run_delta(CudaBackend& be, bool write, const Tensor& out, const Tensor& qkv
   CHECK_MSG(dk <= 2 * kTileMaxDk && dk % 4 == 0 && dv % 4 == 0,
             "CUDA Gated DeltaNet supports k_head_dim <= 256 and head sizes that are multiples of 4");
   CHECK(aligned16(state_pool.data) && aligned16(qkv.data) && aligned16(out.data));
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0));
+  for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, state_pool.dim(0)));
   if (batch.seqs.empty()) return;
   DeviceLayout L = be.device_layout(batch);
   const unsigned blocks = static_cast<unsigned>(batch.seqs.size() * Hv * ((dv + kTileCols - 1) / kTileCols));
@@ -769,7 +784,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
   for (const SeqSpan& s : batch.seqs) {
-    CHECK_MSG(s.num_tokens == 1, "gdn_decode_step takes single-token spans");
+    CHECK_MSG(s.num_tokens == 1 && s.num_saves == 0, "gdn_decode_step takes single-token spans without saves");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
   if (batch.seqs.empty()) return;
@@ -849,18 +864,13 @@ void CudaBackend::gdn_conv(const Tensor& out, const Tensor& mixed, const Tensor&
   const int64_t C = weight.dim(0), K = weight.dim(1);
   CHECK(mixed.numel() == batch.total_rows * C && out.numel() == mixed.numel());
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
-  CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_conv supports kernel sizes 1..8");
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0));
+  CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_conv supports kernel sizes 1..5");
+  for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, conv_state_pool.dim(0)));
   const int64_t n = static_cast<int64_t>(batch.seqs.size()) * C, rows = batch.total_rows * C;
   if (n == 0 || rows == 0) return;
   DeviceLayout L = device_layout(batch);
   launch_conv_rows(stream_, out.ptr<float>(), mixed.ptr<const float>(), weight.ptr<const float>(),
-                   conv_state_pool.ptr<const float>(), L, batch, C, K);
-  if (K == 1) return;
-  const dim3 grid(static_cast<unsigned>(batch.seqs.size()), static_cast<unsigned>((C + kThreads - 1) / kThreads));
-  gdn_conv_state_kernel<<<grid, kThreads, 0, stream_>>>(mixed.ptr<const float>(), conv_state_pool.ptr<float>(), L, C,
-                                                      static_cast<int>(K));
-  CUDA_CHECK_LAUNCH();
+                   conv_state_pool.ptr<const float>(), conv_state_pool.ptr<float>(), L, batch, C, K);
 }
 
 void CudaBackend::gdn_gating(const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& b,
@@ -885,13 +895,14 @@ void CudaBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor&
   const int64_t C = d.conv_dim(), K = conv_w.dim(1), T = batch.total_rows;
   CHECK(mixed.numel() == T * C && qkv.numel() == mixed.numel() && conv_w.dim(0) == C);
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
-  CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_verify supports conv kernel sizes 1..8");
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0));
+  CHECK_MSG(K >= 1 && K <= kMaxConvKernel, "CUDA gdn_verify supports conv kernel sizes 1..5");
+  for (const SeqSpan& s : batch.seqs)
+    CHECK(s.gdn_slot >= 0 && s.gdn_slot < conv_state_pool.dim(0) && s.num_saves == 0);
   if (batch.seqs.empty() || T == 0) return;
   DeviceLayout L = device_layout(batch);
   // The conv of every span row from the state's window and the rows before it (reads the state only).
   launch_conv_rows(stream_, qkv.ptr<float>(), mixed.ptr<const float>(), conv_w.ptr<const float>(),
-                   conv_state_pool.ptr<const float>(), L, batch, C, K);
+                   conv_state_pool.ptr<const float>(), nullptr, L, batch, C, K);
   run_delta(*this, false, out, qkv, g, beta, state_pool, batch, d);
 }
 

@@ -50,9 +50,11 @@ constexpr int kKqBytes = 2 * kChunk * kDk * 2;          // one stage: K^ then Q^
 constexpr int kRawBytes = 3 * kChunk * 4;               // one stage: g, beta, q.k of the chunk's tokens
 // One prep -> state buffer: -L and P fp16 [64][64], (T_ii - I) fp16 [4][16][16], per-token scalars.
 constexpr int kLOff = 0, kPOff = kLOff + kChunk * kChunk * 2, kTdOff = kPOff + kChunk * kChunk * 2,
-              kScOff = kTdOff + 4 * 256 * 2, kBufBytes = kScOff + (4 * kChunk + 4) * 4;
-// Scalars within a buffer (floats): e^gamma, e^(gamma_C - gamma), beta, q.k, then e^gamma_C.
-constexpr int kScEg = 0, kScEd = kChunk, kScBeta = 2 * kChunk, kScQk = 3 * kChunk, kScEgC = 4 * kChunk;
+              kScOff = kTdOff + 4 * 256 * 2, kBufBytes = kScOff + (5 * kChunk + 4) * 4;
+// Scalars within a buffer (floats): e^gamma, e^(gamma_C - gamma), beta, q.k, gamma (for state saves
+// inside the chunk), then e^gamma_C.
+constexpr int kScEg = 0, kScEd = kChunk, kScBeta = 2 * kChunk, kScQk = 3 * kChunk, kScGam = 4 * kChunk,
+              kScEgC = 5 * kChunk;
 constexpr int kKqOff = 0, kRawOff = kKqOff + kKqStages * kKqBytes, kBufOff = kRawOff + kKqStages * kRawBytes,
               kLdOff = kBufOff + 2 * kBufBytes,          // prep scratch: L's diagonal blocks f32 [4][16][16]
     kGamOff = kLdOff + 4 * 256 * 4, kVOff = kGamOff + kChunk * 4;
@@ -282,6 +284,7 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int sync_count, int64
       sc[kScEd + pt] = expf(gl - gam[pt]);
       sc[kScBeta + pt] = raw[kChunk + pt];
       sc[kScQk + pt] = raw[2 * kChunk + pt];
+      sc[kScGam + pt] = gam[pt];
       if (pt == 0) sc[kScEgC] = expf(gl);
     }
     // L_ij = beta_i KK_ij e^(gamma_i - gamma_j) and P_ij = QK_ij e^(gamma_i - gamma_j) for j < i
@@ -345,20 +348,91 @@ __device__ void prep_warps(const ChunkArgs& p, char* smem, int sync_count, int64
 }
 
 // ---- state warps --------------------------------------------------------------------------------
+// acc (a warp's dk half of S^T: 8 accumulator tiles, the sigma domain) += (V' (.) f)^T K over the chunk's
+// tokens 0..last (blocks of 16 past `last` are skipped: their factors are 0), f(tk) the factor of token
+// tk; vp: V' as 8 tiles (16 state columns x 64 tokens). K: the chunk's K^ stage, toff128: the lane's
+// transposed ldmatrix offset.
+template <int kUnroll, class Factor>
+__device__ __forceinline__ void add_kv(float (&acc)[8][4], const float (&vp)[8][4], Factor f, int last, uint32_t K,
+                                       uint32_t toff128, int hk, int t) {
+#pragma unroll kUnroll
+  for (int j = 0; j < 4; ++j) {
+    if (16 * j > last) break;
+    const float e0 = f(16 * j + 2 * t), e1 = f(16 * j + 2 * t + 1);
+    const float e2 = f(16 * j + 8 + 2 * t), e3 = f(16 * j + 9 + 2 * t);
+    uint32_t a[4];
+    a[0] = pack_half2(vp[2 * j][0] * e0, vp[2 * j][1] * e1);
+    a[1] = pack_half2(vp[2 * j][2] * e0, vp[2 * j][3] * e1);
+    a[2] = pack_half2(vp[2 * j + 1][0] * e2, vp[2 * j + 1][1] * e3);
+    a[3] = pack_half2(vp[2 * j + 1][2] * e2, vp[2 * j + 1][3] * e3);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t bk[4];
+      ldsm_x4_trans(bk, K + j * 16 * 2 * kDk + (toff128 ^ ((4 * hk + q) << 5)));
+      mma(acc[2 * q], a, bk[0], bk[1]);
+      mma(acc[2 * q + 1], a, bk[2], bk[3]);
+    }
+  }
+}
+
+// A warp's tiles of S^T, times the per-row factors lo / hi, into state rows at dst (S[k][d] at
+// dst[k dv + d], the warp's first dk row and the pair's first column).
+__device__ __forceinline__ void store_state(float* dst, const float (&st)[8][4], float lo, float hi, int dv, int g,
+                                            int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int k = 8 * j + 2 * t;
+    dst[static_cast<int64_t>(k) * dv + g] = st[j][0] * lo;
+    dst[static_cast<int64_t>(k + 1) * dv + g] = st[j][1] * lo;
+    dst[static_cast<int64_t>(k) * dv + g + 8] = st[j][2] * hi;
+    dst[static_cast<int64_t>(k + 1) * dv + g + 8] = st[j][3] * hi;
+  }
+}
+
+// A save after token e < 63 of the chunk, into dst (store_state's layout): sigma e^gamma_e S + the
+// update over tokens 0..e, times 1/sigma. S: the warp's tiles before the chunk's decay; f_lo / f_hi:
+// sigma e^gamma_e / rho per row; vp: V' (sigma domain); sc: the chunk's scalars. Not inlined, and
+// given copies: the chunk loop runs at the register limit, and saves are rare.
+__device__ __noinline__ void save_inside_chunk(float* dst, const float (&S)[8][4], const float (&vp)[8][4],
+                                               float f_lo, float f_hi, float is_lo, float is_hi, const float* sc,
+                                               int e, uint32_t K, uint32_t toff128, int hk, int dv) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    acc[j][0] = S[j][0] * f_lo;
+    acc[j][1] = S[j][1] * f_lo;
+    acc[j][2] = S[j][2] * f_hi;
+    acc[j][3] = S[j][3] * f_hi;
+  }
+  const float ge = sc[kScGam + e];
+  add_kv<4>(acc, vp, [&](int tk) { return tk <= e ? expf(ge - sc[kScGam + tk]) : 0.0f; }, e, K, toff128, hk, t);
+  store_state(dst, acc, is_lo, is_hi, dv, g, t);
+}
+
 // A pair of warps owns 16 state columns: warp half hk holds S^T rows' dk half [64 hk, 64 hk + 64)
 // as 8 accumulator tiles (tile j = dk 64 hk + 8j..+7; regs (row g, 2t), (g, 2t+1), (g+8, 2t),
 // (g+8, 2t+1)), scaled by rho (a power of two per row, the same in both warps). Each warp computes
 // its dk half of X = S^T [K; Q]^T; the halves are added through shared memory (in the same order
 // in both warps, so both hold the same X_K and compute the same R, scales and V'); the pair then
 // splits the output's tokens and the state update's dk rows.
+// State saves (SeqSpan::saves) of span s: one after the chunk's last token is S after the update; one
+// after token e inside the chunk is what a chunk ending at e leaves, e^gamma_e S + sum_{j <= e}
+// k_j e^(gamma_e - gamma_j) V'_j (V'_j depends on tokens <= j only), from the same V'.
 template <int kGroups>
-__device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64_t row0, int n, int h, int slot,
+__device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64_t row0, int n, int h, int s,
                            int slice) {
   const int sw = threadIdx.x / 32 - kPrepWarps, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int grp = sw >> 1, hk = sw & 1, k0 = 64 * hk;
   const int nchunks = (n + kChunk - 1) / kChunk;
   const int d0 = (slice * kGroups + grp) * 16;  // the pair's first state column (dv index)
-  float* Sg = p.state + ((static_cast<int64_t>(slot) * p.Hv + h) * kDk + k0) * p.dv + d0;  // S[k0 + k][d0 + d]
+  // S[k0 + k][d0 + d] of pool row `row` at state_row(row)[k dv + d].
+  auto state_row = [&](int row) { return p.state + ((static_cast<int64_t>(row) * p.Hv + h) * kDk + k0) * p.dv + d0; };
+  float* Sg = state_row(p.L.gdn_slot(s));
+  // The span's saves: save_at(next) = the next one, {tokens, row}, tokens 0 when none is left.
+  const int saves = p.L.num_saves(s);
+  int next = 0;
+  auto save_at = [&](int i) { return i < saves ? p.L.save(s, i) : make_int2(0, 0); };
   char* gbase = smem + kVOff + grp * (kVBytes + kXBytes);
   float* Vs = reinterpret_cast<float*>(gbase);
   float* Xmine = reinterpret_cast<float*>(gbase + kVBytes) + hk * kXFloats * 32 + lane;
@@ -548,6 +622,23 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
       }
     }
 
+    // Saves inside the chunk (before its last token).
+    const int len = min(kChunk, n - t0);
+    for (int2 save = save_at(next); save.x > 0 && save.x < t0 + len; save = save_at(++next)) {
+      const int e = save.x - t0 - 1;
+      const float ege = expf(sc[kScGam + e]);
+      float Sc[8][4], Vc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          Sc[j][r] = S[j][r];
+          Vc[j][r] = XK[j][r];
+        }
+      save_inside_chunk(state_row(save.y), Sc, Vc, sig_lo * irho_lo * ege, sig_hi * irho_hi * ege, isig_lo, isig_hi,
+                        sc, e, K, toff128, hk, p.dv);
+    }
+
     // S from the rho domain to the sigma domain, decayed over the chunk: sigma e^gamma_C S.
     {
       const float egc = sc[kScEgC];
@@ -566,37 +657,17 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
     }
 
     // This half's S^T += (V' e^(gamma_C - gamma))^T K (sigma domain, accumulated in place).
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float e0 = sc[kScEd + 16 * j + 2 * t], e1 = sc[kScEd + 16 * j + 2 * t + 1];
-      const float e2 = sc[kScEd + 16 * j + 8 + 2 * t], e3 = sc[kScEd + 16 * j + 9 + 2 * t];
-      uint32_t a[4];
-      a[0] = pack_half2(XK[2 * j][0] * e0, XK[2 * j][1] * e1);
-      a[1] = pack_half2(XK[2 * j][2] * e0, XK[2 * j][3] * e1);
-      a[2] = pack_half2(XK[2 * j + 1][0] * e2, XK[2 * j + 1][1] * e3);
-      a[3] = pack_half2(XK[2 * j + 1][2] * e2, XK[2 * j + 1][3] * e3);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t bk[4];
-        ldsm_x4_trans(bk, K + j * 16 * 2 * kDk + (toff128 ^ ((4 * hk + q) << 5)));
-        mma(S[2 * q], a, bk[0], bk[1]);
-        mma(S[2 * q + 1], a, bk[2], bk[3]);
-      }
-    }
+    add_kv<4>(S, XK, [&](int tk) { return sc[kScEd + tk]; }, kChunk - 1, K, toff128, hk, t);
+    // A save after the chunk's last token.
+    for (int2 save = save_at(next); save.x > 0 && save.x == t0 + len; save = save_at(++next))
+      store_state(state_row(save.y), S, irho_lo, irho_hi, p.dv, g, t);
     // Both warps of the pair are done with this chunk's partials and V stage before either writes
     // the next ones.
     bar_sync(kBarPair + grp, 64);
     if (c + 2 < nchunks) bar_arrive(kBarEmpty + b, sync_count);  // buffer b and this K/Q stage are free
   }
 
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int k = 8 * j + 2 * t;
-    Sg[static_cast<int64_t>(k) * p.dv + g] = S[j][0] * irho_lo;
-    Sg[static_cast<int64_t>(k + 1) * p.dv + g] = S[j][1] * irho_lo;
-    Sg[static_cast<int64_t>(k) * p.dv + g + 8] = S[j][2] * irho_hi;
-    Sg[static_cast<int64_t>(k + 1) * p.dv + g + 8] = S[j][3] * irho_hi;
-  }
+  store_state(Sg, S, irho_lo, irho_hi, p.dv, g, t);
 }
 
 template <int kGroups>
@@ -611,7 +682,7 @@ __global__ void __launch_bounds__(32 * (kPrepWarps + 2 * kGroups), 1) gdn_chunk_
   if (threadIdx.x < kPrepThreads)
     prep_warps(p, smem, sync_count, row0, n, h, kh);
   else
-    state_warp<kGroups>(p, smem, sync_count, row0, n, h, p.L.gdn_slot(s), slice);
+    state_warp<kGroups>(p, smem, sync_count, row0, n, h, s, slice);
 }
 
 template <int kGroups>
@@ -640,7 +711,7 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
     gdn_recurrent(out, qkv, g, beta, state_pool, batch, d);
     return;
   }
-  for (const SeqSpan& s : batch.seqs) CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0));
+  for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, state_pool.dim(0)));
   if (batch.seqs.empty()) return;
   const int64_t R = batch.total_rows, spans = static_cast<int64_t>(batch.seqs.size());
   // The widest slice (least prep work repeated per head) that still gives ~every SM a block (one
@@ -662,16 +733,19 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
     return;
   }
   DeviceLayout L = device_layout(batch);
-  Scratch qn(this, static_cast<size_t>(R * Hk * kDk) * 2), kn(this, static_cast<size_t>(R * Hk * kDk) * 2),
-      qk(this, static_cast<size_t>(R * Hk) * 4);
+  // Normalised q, k (fp16) and q.k in one allocation (one stream-ordered alloc / free per layer).
+  const int64_t qk_elems = R * Hk * kDk;
+  Scratch norm(this, static_cast<size_t>(2 * qk_elems * 2 + R * Hk * 4));
+  __half* qn = norm.as<__half>();
+  __half* kn = qn + qk_elems;
+  float* qk = reinterpret_cast<float*>(kn + qk_elems);
   gdn_qk_norm_kernel<<<blocks_for(R * Hk * 32, 256), 256, 0, stream_>>>(
-      qn.as<__half>(), kn.as<__half>(), qk.as<float>(), qkv.ptr<const float>(), L, static_cast<int>(Hk), C,
-      1.0f / sqrtf(static_cast<float>(dk)));
+      qn, kn, qk, qkv.ptr<const float>(), L, static_cast<int>(Hk), C, 1.0f / sqrtf(static_cast<float>(dk)));
   CUDA_CHECK_LAUNCH();
 
   const int slices = static_cast<int>(dv / (16 * groups));
-  const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn.as<const __half>(), kn.as<const __half>(),
-                    qk.as<const float>(), g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
+  const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn, kn,
+                    qk, g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
                     L, static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), slices, C, 2 * Hk * dk};
   const int64_t blocks = spans * Hv * slices;
   if (groups == 4) launch_chunk<4>(a, blocks, stream_);

@@ -1,6 +1,7 @@
 // Device memory of the CUDA backend: stream-ordered allocations from the device's default memory
 // pool (cudaMallocAsync keeps freed blocks for reuse, so the model's per-op buffers cost no
 // cudaMalloc after the first forward), copies, the per-forward layout upload and backend creation.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,6 +167,21 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
     max_tokens = std::max<int32_t>(max_tokens, static_cast<int32_t>(sp.num_tokens));
     max_len = std::max<int32_t>(max_len, static_cast<int32_t>(sp.start_pos + sp.num_tokens));
   }
+  // GDN state saves, when a span has any: S + 1 running counts, then (tokens, row) pairs.
+  int32_t saves_at = -1;
+  if (std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const SeqSpan& sp) { return sp.num_saves > 0; })) {
+    saves_at = static_cast<int32_t>(host.size());
+    int32_t count = 0;
+    host.push_back(0);
+    for (const SeqSpan& sp : batch.seqs) host.push_back(count += static_cast<int32_t>(sp.num_saves));
+    for (const SeqSpan& sp : batch.seqs)
+      for (int64_t i = 0; i < sp.num_saves; ++i) {
+        const GdnStateSave& v = sp.saves[i];
+        CHECK(v.tokens >= 1 && v.tokens <= sp.num_tokens);
+        host.push_back(static_cast<int32_t>(v.tokens));
+        host.push_back(v.row);
+      }
+  }
   ++use_clock_;
   for (auto& c : layouts_)
     if (c.host == host) {
@@ -173,8 +189,7 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
       return c.layout;
     }
   // Replace the least recently used of a few entries: every layer of a forward asks again for its
-  // layouts (all spans, stateful, prefill, decode, verify), and each round of in-forward state saves
-  // adds up to three.
+  // layouts (all spans, stateful, prefill, decode, verify).
   constexpr size_t kCacheEntries = 8;
   CachedLayout* slot = nullptr;
   if (layouts_.size() < kCacheEntries) {
@@ -196,6 +211,7 @@ DeviceLayout CudaBackend::device_layout(const BatchLayout& batch) {
   slot->layout.total_rows = R;
   slot->layout.max_tokens = max_tokens;
   slot->layout.max_len = max_len;
+  slot->layout.saves_at = saves_at;
   return slot->layout;
 }
 

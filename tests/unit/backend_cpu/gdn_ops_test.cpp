@@ -213,6 +213,70 @@ TEST(CpuOps, GdnChunkedEqualsRecurrentInFp32) {
   expect_close(s2.f(), std::vector<double>(s1.f(), s1.f() + s1.n()), 1e-5, 2e-5, "chunked vs recurrent state");
 }
 
+// State saves (SeqSpan::saves) in gdn_conv, gdn_recurrent and gdn_chunked: the outputs and the slot
+// are bit for bit those of the call without saves, and each save's row bit for bit the slot a call
+// over the span's first `tokens` rows leaves (a chunk ending at the save; inside a chunk and at its
+// end, after the first token, at the span's end, two spans).
+TEST(CpuOps, GdnStateSavesAreTheStateOfACallEndingThere) {
+  const GdnDims d = kShapes[0];
+  const int64_t Hv = d.num_v_heads, C = d.conv_dim(), K = d.conv_kernel;
+  const std::vector<std::vector<GdnStateSave>> saves = {{{1, 2}, {40, 3}, {64, 4}, {100, 5}, {150, 6}}, {{7, 7}}};
+  BatchLayout batch = layout_of({150, 9}, {1, 0});
+  for (size_t i = 0; i < saves.size(); ++i) {
+    batch.seqs[i].saves = saves[i].data();
+    batch.seqs[i].num_saves = static_cast<int64_t>(saves[i].size());
+  }
+  const int64_t T = batch.total_rows, rows = 8;
+  HostTensor mixed = random_f32({T, C}), w = random_f32({C, K}, 0.5f), qkv = random_f32({T, C});
+  HostTensor g(DType::kF32, {T, Hv}), beta(DType::kF32, {T, Hv});
+  std::uniform_real_distribution<float> ug(-1.0f, -0.001f), ub(0.05f, 0.95f);
+  for (int64_t i = 0; i < T * Hv; ++i) {
+    g.f()[i] = ug(rng());
+    beta.f()[i] = ub(rng());
+  }
+  const HostTensor conv0 = random_f32({rows, C, K - 1}), rec0 = random_f32({rows, Hv, d.k_head_dim, d.v_head_dim}, 0.5f);
+  const int64_t conv_row = C * (K - 1), rec_row = Hv * d.k_head_dim * d.v_head_dim;
+  auto copy_of = [](const HostTensor& t) {
+    HostTensor c(DType::kF32, t.t.shape);
+    std::copy_n(t.f(), t.n(), c.f());
+    return c;
+  };
+  // One op over `b` from the initial pools: its output and pool.
+  auto run = [&](int op, const BatchLayout& b) {
+    HostTensor pool = copy_of(op == 0 ? conv0 : rec0), out(DType::kF32, op == 0 ? std::vector<int64_t>{T, C}
+                                                                                  : std::vector<int64_t>{T, Hv, d.v_head_dim});
+    std::fill_n(out.f(), out.n(), 0.0f);
+    if (op == 0) backend().gdn_conv(out, mixed, w, pool, b);
+    if (op == 1) backend().gdn_recurrent(out, qkv, g, beta, pool, b, d);
+    if (op == 2) backend().gdn_chunked(out, qkv, g, beta, pool, b, d);
+    return std::pair{std::move(out), std::move(pool)};
+  };
+  BatchLayout plain = batch;
+  for (SeqSpan& sp : plain.seqs) sp.num_saves = 0;
+  for (int op : {0, 1, 2}) {
+    const char* name = op == 0 ? "gdn_conv" : op == 1 ? "gdn_recurrent" : "gdn_chunked";
+    const int64_t row_n = op == 0 ? conv_row : rec_row;
+    auto [out, pool] = run(op, batch);
+    auto [out0, pool0] = run(op, plain);
+    EXPECT_TRUE(std::equal(out.f(), out.f() + out.n(), out0.f())) << name << ": outputs as without saves";
+    for (const SeqSpan& sp : batch.seqs) {
+      const float* live = pool.f() + sp.gdn_slot * row_n;
+      EXPECT_TRUE(std::equal(live, live + row_n, pool0.f() + sp.gdn_slot * row_n)) << name << ": live state";
+      for (int64_t i = 0; i < sp.num_saves; ++i) {
+        BatchLayout stop;
+        stop.total_rows = T;
+        stop.seqs.push_back(sp);
+        stop.seqs[0].num_tokens = sp.saves[i].tokens;
+        stop.seqs[0].num_saves = 0;
+        auto [out1, pool1] = run(op, stop);
+        const float* saved = pool.f() + sp.saves[i].row * row_n;
+        EXPECT_TRUE(std::equal(saved, saved + row_n, pool1.f() + sp.gdn_slot * row_n))
+            << name << ": the save after " << sp.saves[i].tokens << " tokens";
+      }
+    }
+  }
+}
+
 // gdn_verify (a speculative verify span) = decoding its tokens one at a time with gdn_conv and
 // gdn_recurrent from the same state, bit for bit, while the pools stay as they were.
 TEST(CpuOps, GdnVerifyIsDecodingTokenByTokenAndLeavesTheState) {
