@@ -261,8 +261,11 @@ void test_bf16(Harness& h) {
     const char* what;
   };
   // router, GDN in_proj_a, odd sizes, a tenth of lm_head at batched-decode T, and a long thin
-  // problem whose [2T, N] product exceeds one chunk (two chunks of 33 + 7 tokens).
+  // problem whose [2T, N] product exceeds one chunk (two chunks of 33 + 7 tokens); for the small-N
+  // kernel also a token tile of 2 rows, a partial n tile and a 35B in_proj_b at the later-turn T.
   const std::vector<Case> cases = {{512, 256, 3072, "router"},      {300, 64, 3072, "in_proj_a"},
+                                   {2, 256, 2048, "router"},        {338, 32, 2048, "in_proj_b"},
+                                   {17, 100, 1024, "odd"},
                                    {37, 1000, 1024, "odd"},         {17, 24832, 3072, "lm_head/10"},
                                    {64, 24832, 3072, "lm_head/10"}, {40, 1000000, 64, "chunked"}};
   for (const Case& c : cases) {
@@ -289,8 +292,9 @@ void test_bf16(Harness& h) {
     }
     const std::string shape = std::string(c.what) + " TxNxK " + sz({c.T, c.N, c.K});
     const double bound = std::ldexp(1.0, -16) + fp32_sums_bound(c.K);
-    for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kDispatch}) {
-      const char* name = path == LinearPath::kBf16Split ? "split" : "dispatch";
+    for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kBf16SmallN, LinearPath::kDispatch}) {
+      const char* name = path == LinearPath::kBf16Split ? "split" : path == LinearPath::kBf16SmallN ? "small-n" : "dispatch";
+      if (path == LinearPath::kBf16SmallN && (c.N > 256 || c.K % 32 != 0)) continue;
       h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
       if (!linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, path)) {
         record("gemm_bf16", std::string(name) + " not taken " + shape, 1.0, 0.0);
@@ -324,11 +328,13 @@ void test_router(Harness& h) {
   Weight w = make_weight(h, {E, K}, true, 1.0f / std::sqrt(static_cast<float>(K)));
   Pair x = h.f32({T, K}, randn(T * K)), lg = h.out({T, E});
   h.cpu->linear(lg.cpu(), x.cpu(), w.cpu_lin);
-  if (!linear_probe(*h.gpu, lg.gpu(), x.gpu(), w.gpu_lin, LinearPath::kBf16Split)) {
-    record("gemm_router", "split path not taken", 1.0, 0.0);
-    return;
+  const auto cl = h.cpu_f(lg);
+  for (auto [path, pname] : {std::pair{LinearPath::kBf16Split, "split"}, {LinearPath::kBf16SmallN, "small-n"}}) {
+  if (!linear_probe(*h.gpu, lg.gpu(), x.gpu(), w.gpu_lin, path)) {
+    record("gemm_router", std::string(pname) + " path not taken", 1.0, 0.0);
+    continue;
   }
-  const auto gl = h.gpu_f(lg), cl = h.cpu_f(lg);
+  const auto gl = h.gpu_f(lg);
   auto topk = [&](const std::vector<float>& logits) {
     Pair l = h.f32({T, E}, logits), wt = h.out({T, k}),
          id = h.i32({T, k}, std::vector<int32_t>(static_cast<size_t>(T * k), -1));
@@ -357,10 +363,11 @@ void test_router(Harness& h) {
   }
   std::printf("      router top-%lld: %lld of %lld tokens flip; widest flipped 8th-9th gap %.3e\n",
               static_cast<long long>(k), static_cast<long long>(flips), static_cast<long long>(T), worst_gap);
-  record("gemm_router", "top-8 flips not at near-ties T " + std::to_string(T), static_cast<double>(unexplained), kExact);
-  record("gemm_router", "top-8 flipped tokens T " + std::to_string(T), static_cast<double>(flips),
+  record("gemm_router", std::string(pname) + " top-8 flips not at near-ties T " + std::to_string(T), static_cast<double>(unexplained), kExact);
+  record("gemm_router", std::string(pname) + " top-8 flipped tokens T " + std::to_string(T), static_cast<double>(flips),
          static_cast<double>(T) / 100.0);
-  record("gemm_router", "logits max|d|/max|ref| T " + std::to_string(T), rel_err(gl, cl), kForms);
+  record("gemm_router", std::string(pname) + " logits max|d|/max|ref| T " + std::to_string(T), rel_err(gl, cl), kForms);
+  }
 }
 
 RegisterOpChecks reg_fp8("gemm_fp8", test_fp8);

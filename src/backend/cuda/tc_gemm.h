@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -89,5 +90,19 @@ bool bf16_split_linear(CudaBackend& b, float* out, const float* x, int64_t T, co
 bool bf16_split_linear_bias(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, const float* bias,
                             bool accumulate);
 inline constexpr int64_t kBf16FusedMinTokens = 1024;
+
+// bf16 weights with at most kBf16SmallNMaxRows rows (the router, GDN in_proj_a / in_proj_b), K % 32
+// == 0, kBf16SmallNMinTokens <= T <= kBf16SmallNMaxTokens: bf16_small_n.cu, one kernel with x split into
+// hi + lo in registers (the numerics of bf16_split_linear) instead of its three launches.
+bool bf16_small_n_takes(const Linear& w, int64_t T);
+// outs[i] = x ws[i]^T for up to kBf16SmallNMaxLinears such linears of one x (same K) in one launch;
+// false (nothing launched) where a weight is not taken or x is not 16-byte aligned.
+// x: [T, K] f32 (device) -> outs[i]: [T, ws[i]->out_features] f32 (device)
+bool bf16_small_n_linears(CudaBackend& b, const std::vector<float*>& outs, const float* x, int64_t T,
+                          const std::vector<const Linear*>& ws);
+inline constexpr int kBf16SmallNMaxLinears = 4;
+inline constexpr int64_t kBf16SmallNMaxRows = 256;
+inline constexpr int64_t kBf16SmallNMinTokens = 2;
+inline constexpr int64_t kBf16SmallNMaxTokens = 4096;
 
 }  // namespace sparkserve
