@@ -35,6 +35,38 @@ __device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
   return make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
                     static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
 }
+// fp8(v / s) of four values, saturating, round to nearest even: four E4M3 codes, v.x in the low byte.
+__device__ __forceinline__ uint32_t codes4(float4 v, float s) {
+  const uint32_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+// The f16 values of the codes of x's k .. k + 3 (k % 4 == 0) into a row in the k order kOrder.
+template <Fp8CodeOrder kOrder>
+__device__ __forceinline__ void store_codes4(__half* row, int64_t k, uint32_t codes) {
+  const uint2 h = f16x4_of(codes);
+  if constexpr (kOrder == Fp8CodeOrder::kNatural) {
+    *reinterpret_cast<uint2*>(row + k) = h;
+  } else {  // codes k, k+1 and k+2, k+3 are two pairs of the wgmma order
+    const int64_t p = fp8_code_pos(k);
+    *reinterpret_cast<uint32_t*>(row + p) = h.x;
+    *reinterpret_cast<uint32_t*>(row + p + 8) = h.y;
+  }
+}
+// The max of |v| over a block's threads (max is order-free: the same value whatever the split).
+__device__ float block_amax(float amax) {
+  __shared__ float red[kQuantThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+  return amax;
+}
+
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
 // conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x),
@@ -53,40 +85,48 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* va
   if (static_scale) {
     s = *static_scale;
   } else {
-    __shared__ float red[kQuantThreads / 32];
     float amax = 0.0f;
     for (int64_t k = threadIdx.x * 4; k < K; k += kQuantThreads * 4) {
       const float4 v = *reinterpret_cast<const float4*>(xr + k);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-    s = fp8_token_scale_from_amax(amax);
+    s = fp8_token_scale_from_amax(block_amax(amax));
   }
   __half* row = values + t * ld;
   for (int64_t k = threadIdx.x * 4; k < ld; k += kQuantThreads * 4) {
-    uint32_t codes = 0;  // +0 past K
-    if (k < K) {
-      const float4 v = *reinterpret_cast<const float4*>(xr + k);
-      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE,
-                                                   __NV_E4M3);
-      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
-                                                   __NV_E4M3);
-      codes = lo | (hi << 16);
-    }
-    if constexpr (kOrder == Fp8CodeOrder::kNatural) {
-      *reinterpret_cast<uint2*>(row + k) = f16x4_of(codes);
-    } else {  // codes k, k+1 and k+2, k+3 are two pairs of the wgmma order
-      const uint2 h = f16x4_of(codes);
-      const int64_t p = fp8_code_pos(k);
-      *reinterpret_cast<uint32_t*>(row + p) = h.x;
-      *reinterpret_cast<uint32_t*>(row + p + 8) = h.y;
-    }
+    // +0 past K
+    store_codes4<kOrder>(row, k, k < K ? codes4(*reinterpret_cast<const float4*>(xr + k), s) : 0u);
   }
+  if (threadIdx.x == 0) scales[t] = s;
+}
+
+// silu_mul then quantize_rows_kernel (dynamic scales, wgmma order), one block per token row. The
+// gate_up product arrives as values (splits == 1) or as fp8_wgmma_codes_linear's unscaled partial
+// sums, added as fp8_reduce_splits adds them (split order, then · (ts[t] · ws[n])), so every value,
+// the activation silu(g) · u and its code are those of the unfused ops bit for bit. The activations
+// wait in shared memory ([I] f32) for the row's amax.
+__global__ void __launch_bounds__(kQuantThreads) silu_mul_quantize_kernel(__half* values, float* scales,
+                                                                         const float* gu, int splits, int64_t T,
+                                                                         int64_t I, const float* ts, const float* ws) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // as quantize_rows_kernel
+  extern __shared__ float act[];
+  const int64_t t = blockIdx.x, N = 2 * I;
+  auto product = [&](int64_t n) {
+    if (splits == 1) return gu[t * N + n];
+    float s = 0.0f;
+    for (int k = 0; k < splits; ++k) s += gu[(k * T + t) * N + n];
+    return s * (ts[t] * ws[n]);
+  };
+  float amax = 0.0f;
+  for (int64_t c = threadIdx.x; c < I; c += kQuantThreads) {
+    const float a = silu_f(product(c)) * product(I + c);
+    act[c] = a;
+    amax = fmaxf(amax, fabsf(a));
+  }
+  const float s = fp8_token_scale_from_amax(block_amax(amax));  // its barrier orders act[]
+  __half* row = values + t * fp8_wgmma_row(I);
+  for (int64_t k = threadIdx.x * 4; k < fp8_wgmma_row(I); k += kQuantThreads * 4)
+    store_codes4<Fp8CodeOrder::kWgmma64>(row, k, k < I ? codes4(*reinterpret_cast<const float4*>(act + k), s) : 0u);
   if (threadIdx.x == 0) scales[t] = s;
 }
 
@@ -124,6 +164,15 @@ void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const 
     quantize_rows_kernel<Fp8CodeOrder::kWgmma64>
         <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, fp8_wgmma_row(K), static_scale);
   }
+  CUDA_CHECK_LAUNCH();
+}
+void fp8_silu_mul_quantize(cudaStream_t s, __half* values, float* scales, const float* gu, int splits, int64_t T,
+                           int64_t I, const float* ts, const float* ws) {
+  CHECK(I % 16 == 0 && I <= kFp8SiluQuantMaxI && T <= INT32_MAX);
+  const size_t smem = static_cast<size_t>(I) * 4;  // <= 48 KB: no opt-in
+  if (T == 0) return;
+  silu_mul_quantize_kernel<<<static_cast<unsigned>(T), kQuantThreads, smem, s>>>(values, scales, gu, splits, T, I, ts,
+                                                                                  ws);
   CUDA_CHECK_LAUNCH();
 }
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,

@@ -38,7 +38,6 @@ bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8
 // 35B batch-16 step is 0.25 ms (2.7%) faster with the mma.sync kernel at 16 tokens; at 2-8 tokens
 // the two tie alone (each ahead on some shapes by < 3 us) and the 122B batch-4 step is faster with
 // the mma.sync kernel (8.73 against 8.98 ms).
-constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
@@ -121,6 +120,12 @@ bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linea
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
   return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits);
+}
+
+int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c || !fp8_wgmma_takes_codes(w)) return 0;
+  return fp8_wgmma_splits(*c, T, w);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

@@ -29,6 +29,10 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
 // x: [T, K] f32 -> out: [T, N] f32
 bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits);
 
+// The K split fp8_gemm_wgmma.cu plans for (T, w) (its partial sums: what linear_add_rmsnorm and
+// gated_mlp add in their consumers); 0 when `b` is not the CUDA backend or the kernel would not run.
+int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w);
+
 // Whether fp8_gemm_wgmma.cu is expected to run: the CUDA backend on a compute 9.0 device (builds
 // for the H200 carry sm_90a code).
 bool fp8_wgmma_expected(Backend& b);

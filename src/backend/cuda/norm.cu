@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/tc_gemm.h"
 
 namespace sparkserve {
 namespace {
@@ -90,12 +91,32 @@ __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(float* out, const 
   write_norm(out + r * D, x + r * D, w, s, D);
 }
 
+// The delta of a row: a tensor's row, or (Splits) the partial sums of fp8_wgmma_codes_linear added as
+// fp8_reduce_splits adds them (split order, then · (ts[r] · ws[i])), so the value is the one the
+// reduction would have stored.
+struct RowDelta {
+  const float* d;
+  __device__ float operator()(int64_t r, int64_t D, int64_t i) const { return d[r * D + i]; }
+};
+struct Splits {
+  const float* part;
+  int splits;
+  int64_t R;
+  const float* ts;
+  const float* ws;
+  __device__ float operator()(int64_t r, int64_t D, int64_t i) const {
+    float s = 0.0f;
+    for (int k = 0; k < splits; ++k) s += part[(k * R + r) * D + i];
+    return s * (ts[r] * ws[i]);
+  }
+};
+
 // residual += delta, then the zero-centred norm of the new residual.
-__global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residual, float* out, const float* delta,
+template <class Delta>
+__global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residual, float* out, const Delta delta,
                                                                  const float* w, int64_t D, float eps) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * D;
-  const float* dl = delta + r * D;
   double ss = 0;
   for (int64_t base = 0; base < D; base += pass_len()) {
     float xv[kV], dv[kV];
@@ -103,7 +124,7 @@ __global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residua
     for (int v = 0; v < kV; ++v) {
       const int64_t i = elem(base, v);
       xv[v] = i < D ? x[i] : 0.0f;
-      dv[v] = i < D ? dl[i] : 0.0f;
+      dv[v] = i < D ? delta(r, D, i) : 0.0f;
     }
 #pragma unroll
     for (int v = 0; v < kV; ++v) {
@@ -216,7 +237,15 @@ void CudaBackend::add_rmsnorm(const Tensor& residual, const Tensor& out, const T
   CHECK(residual.numel() == delta.numel() && out.numel() == residual.numel() && residual.numel() == R * D);
   if (R == 0) return;
   add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(
-      residual.ptr<float>(), out.ptr<float>(), delta.ptr<const float>(), w.ptr<const float>(), D, eps);
+      residual.ptr<float>(), out.ptr<float>(), RowDelta{delta.ptr<const float>()}, w.ptr<const float>(), D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const float* part, int splits,
+                            const float* ts, const float* ws, const float* norm_w, int64_t R, int64_t D, float eps) {
+  if (R == 0) return;
+  add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, s>>>(residual, out, Splits{part, splits, R, ts, ws},
+                                                                         norm_w, D, eps);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -38,6 +38,19 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
                       int force_splits = 0);
 bool fp8_wgmma_available();
+// The same GEMM from activation codes quantized beforehand, so several linears of one input (or a
+// producer that quantizes its own output) quantize it once: w with dynamic per-token activation
+// scales (the codes do not depend on the weight then) where the kernel runs.
+bool fp8_wgmma_takes_codes(const Linear& w);
+// The K split fp8_wgmma_codes_linear makes for (T, w): 1, or the partial sums' count.
+int fp8_wgmma_splits(CudaBackend& b, int64_t T, const Linear& w);
+// xq: the codes of fp8_quantize_rows_f16(..., Fp8CodeOrder::kWgmma64) of x, ts their scales. splits ==
+// fp8_wgmma_splits(b, T, w); 1: out = x W^T (as fp8_wgmma_linear); > 1: out is not written, part gets
+// the unscaled partial sums, for fp8_reduce_splits (part, splits, T, N, ts, ws) or a consumer that adds
+// them the same way.
+// xq: [T, fp8_wgmma_row(K)] f16, ts: [T] f32 (device) -> out: [T, N] f32 | part: [splits, T, N] f32 (device)
+void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits, const __half* xq, const float* ts,
+                            int64_t T, const Linear& w);
 // out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n] for n < rows, the split-K partial sums added in split
 // order (out rows ldo apart).
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
@@ -50,6 +63,8 @@ void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* par
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
+// linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
+inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 
 // The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
 // kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
@@ -58,7 +73,7 @@ inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 // quad lane t takes byte j of its 4-byte slice of the weight row (so one 16-byte load of a weight
 // row is a lane's fragments for four k16 steps). A dot product does not depend on the k order.
 enum class Fp8CodeOrder { kNatural, kWgmma64 };
-inline int64_t fp8_wgmma_row(int64_t K) { return (K + 63) / 64 * 64; }
+__host__ __device__ inline int64_t fp8_wgmma_row(int64_t K) { return (K + 63) / 64 * 64; }
 // Where kWgmma64 stores x's k (k % 4 == 0; k + 1 follows it, k + 2 and k + 3 are 8 further on).
 __host__ __device__ inline int64_t fp8_code_pos(int64_t k) {
   return (k & ~int64_t{63}) + 16 * ((k >> 2) & 3) + 2 * ((k >> 4) & 3);
@@ -71,6 +86,20 @@ __host__ __device__ inline int64_t fp8_code_pos(int64_t k) {
 // scales: [T] f32 (device)
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
                            const float* static_scale, Fp8CodeOrder order = Fp8CodeOrder::kNatural);
+// CudaBackend::add_rmsnorm with the delta as fp8_wgmma_codes_linear's partial sums: residual += the
+// values fp8_reduce_splits would store, then out = the zero-centred norm of the residual (norm.cu).
+// part: [splits, R, D] f32, ts: [R], ws: [D], norm_w: [D] (device) -> residual, out: [R, D] f32 (device)
+void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const float* part, int splits,
+                            const float* ts, const float* ws, const float* norm_w, int64_t R, int64_t D, float eps);
+// silu_mul of a gate_up product, then fp8_quantize_rows_f16 of the result (dynamic scales, kWgmma64),
+// in one kernel; the product as values (splits == 1) or as fp8_wgmma_codes_linear's partial sums with
+// their scales. The codes and scales are bitwise those of the separate ops. I % 16 == 0, I <=
+// kFp8SiluQuantMaxI (a row of activations in shared memory).
+// gu: [T, 2I] f32 | [splits, T, 2I] f32, ts: [T], ws: [2I] (device) -> values: [T, fp8_wgmma_row(I)] f16,
+// scales: [T] f32 (device)
+void fp8_silu_mul_quantize(cudaStream_t s, __half* values, float* scales, const float* gu, int splits, int64_t T,
+                           int64_t I, const float* ts, const float* ws);
+inline constexpr int64_t kFp8SiluQuantMaxI = 12288;
 // out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
                      const float* ws);
