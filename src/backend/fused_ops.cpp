@@ -85,6 +85,17 @@ void Backend::linear_add_rmsnorm(const Tensor& residual, const Tensor& out, cons
   add_rmsnorm(residual, out, d, norm_w, eps);
 }
 
+void Backend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core,
+                                                const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
+                                                const Tensor& norm_w, float eps) {
+  const int64_t K = w.in_features, T = K == 0 ? 0 : core.numel() / K, dv = gate_norm_w.numel();
+  CHECK(core.numel() == T * K && z.numel() == T * K && dv > 0 && K % dv == 0);
+  Buffer normed(this, DType::kF32, {T, K});
+  gated_rmsnorm(normed.tensor().view({T * K / dv, dv}), core.view({T * K / dv, dv}), z.view({T * K / dv, dv}),
+                gate_norm_w, eps);
+  linear_add_rmsnorm(residual, out, normed, w, norm_w, eps);
+}
+
 void Backend::gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) {
   const int64_t T = x.dim(0), I = down.in_features;
   Buffer gu(this, DType::kF32, {T, 2 * I}), act(this, DType::kF32, {T, I});

@@ -321,6 +321,14 @@ class Backend {
   // x: [T, K] f32, residual: [T, D] f32 (+= x W^T), norm_w: [D] f32 -> out: [T, D] f32 (not aliasing x).
   virtual void linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
                                   const Tensor& norm_w, float eps);
+  // The end of a GDN block and the residual step after it:
+  //   gated_rmsnorm(normed, core, z, gate_norm_w) over rows of dv -> linear_add_rmsnorm(residual, out, normed, w,
+  //   norm_w), eps for both norms.
+  // core, z: [T, Hv, dv] f32, gate_norm_w: [dv] f32, w: [D, Hv dv], residual: [T, D] f32, norm_w: [D] f32
+  // -> out: [T, D] f32.
+  virtual void gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core,
+                                                const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
+                                                const Tensor& norm_w, float eps);
   // The gated MLP (dense layers, the MoE's shared expert):
   //   linear(gu, x, gate_up) -> silu_mul(act, gu) -> linear(out, act, down).
   // x: [T, H] f32, gate_up: [2I, H] (gate rows first), down: [H', I] -> out: [T, H'] f32.

@@ -612,6 +612,11 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
     }
   }
 
+  if (then && fused_) {  // the gated norm, out_proj and the residual step as one op
+    backend_.gated_rmsnorm_linear_add_rmsnorm(then->residual, then->h, core, z, w.norm, w.out_proj, then->norm,
+                                              config_.rms_norm_eps);
+    return;
+  }
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
   project_out(out, normed, w.out_proj, then);

@@ -71,6 +71,19 @@ void bench_dense_fused(Backend& g) {
     row("out_proj + add_rmsnorm", T, "linear_add_rmsnorm", time_graph(g, [&](int) {
           g.linear_add_rmsnorm(res, h, x2, out_proj.lin, norm, 1e-6f);
         }, iters));
+    // The GDN block's end: gated norm, out_proj, residual step.
+    {
+      Buffer core = normal(g, {T, 32, 128}, 1.0f), zz = normal(g, {T, 4096}, 1.0f), gw = normal(g, {128}, 0.5f);
+      row("gated norm + out_proj", T, "gated_rmsnorm, linear, add_rmsnorm", time_graph(g, [&](int) {
+            g.gated_rmsnorm(x2.tensor().view({T * 32, 128}), core.tensor().view({T * 32, 128}),
+                            zz.tensor().view({T * 32, 128}), gw, 1e-6f);
+            g.linear(d, x2, out_proj.lin);
+            g.add_rmsnorm(res, h, d, norm, 1e-6f);
+          }, iters));
+      row("gated norm + out_proj", T, "fused", time_graph(g, [&](int) {
+            g.gated_rmsnorm_linear_add_rmsnorm(res, h, core, zz, gw, out_proj.lin, norm, 1e-6f);
+          }, iters));
+    }
     // The shared expert.
     row("shared expert", T, "linear, silu_mul, linear", time_graph(g, [&](int) {
           g.linear(gu, x, gate_up.lin);

@@ -1,8 +1,9 @@
 // gpu_ops group "dense_fused": the dense-projection ops of backend/ops.h that the CUDA backend runs
 // with fewer launches (backend/cuda/linear_fused.cu): linears (one activation quantization for all
 // W8A8 linears of an input, the small bf16 ones in one launch), linear_add_rmsnorm (split-K sums
-// added by the add + norm kernel) and gated_mlp (silu_mul and the down input's quantization in one
-// kernel after gate_up), at the 35B-A3B shapes, on fresh random inputs.
+// added by the add + norm kernel), gated_rmsnorm_linear_add_rmsnorm (the codes made by the gated
+// norm kernel) and gated_mlp (silu_mul and the down input's quantization in one kernel after
+// gate_up), at the 35B-A3B shapes, on fresh random inputs.
 // Bounds. Against the same ops run one by one on the GPU (the compositions Backend:: defines):
 // bitwise (kExact), since the fused kernels compute the same f32 operations in the same order and
 // the codes the same quantization. Against the CPU backend: W8A8 outputs kFp32 (the codes are the
@@ -76,6 +77,30 @@ void check_linear_add_rmsnorm(Harness& h, int64_t T) {
   record("dense_fused", name + " out vs cpu", h.err(out), kFp32);
 }
 
+// The GDN block's end (35B: 32 heads of 128, out_proj 2048 x 4096) and the residual step. The
+// gated norm's values differ from the CPU's in the last bits (expf, summation order), so a code of
+// out_proj's input can take the neighbouring value: token_errors, as for re-quantized MoE inputs.
+void check_gated_norm_out(Harness& h, int64_t T) {
+  const int64_t Hv = 32, dv = 128, K = Hv * dv, D = 2048;
+  QWeight w = make_qweight(h, 1, D, K, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);
+  const auto rv = randn(T * D, 3.0f);
+  Pair core = h.f32({T, Hv, dv}, randn(T * K)), z = h.f32({T, K}, randn(T * K)), gw = h.f32({dv}, randn(dv, 0.5f));
+  Pair norm = h.f32({D}, randn(D, 0.1f));
+  Pair res = h.f32({T, D}, rv), res2 = h.f32({T, D}, rv), out = h.out({T, D}), out2 = h.out({T, D});
+  h.gpu->gated_rmsnorm_linear_add_rmsnorm(res.gpu(), out.gpu(), core.gpu(), z.gpu(), gw.gpu(), w.gpu_lin, norm.gpu(),
+                                          1e-6f);
+  h.cpu->gated_rmsnorm_linear_add_rmsnorm(res.cpu(), out.cpu(), core.cpu(), z.cpu(), gw.cpu(), w.cpu_lin, norm.cpu(),
+                                          1e-6f);
+  h.gpu->Backend::gated_rmsnorm_linear_add_rmsnorm(res2.gpu(), out2.gpu(), core.gpu(), z.gpu(), gw.gpu(), w.gpu_lin,
+                                                   norm.gpu(), 1e-6f);
+  const std::string name = "gated_rmsnorm_linear_add_rmsnorm T " + std::to_string(T);
+  record("dense_fused", name + " residual == op chain", max_abs_diff(h.gpu_f(res), h.gpu_f(res2)), kExact);
+  record("dense_fused", name + " out == op chain", max_abs_diff(h.gpu_f(out), h.gpu_f(out2)), kExact);
+  const auto [worst, flipped] = token_errors(h, res, T, D, kFp32);
+  record("dense_fused", name + " residual worst token vs cpu", worst, kFlippedTokenErr);
+  record("dense_fused", name + " residual flipped tokens vs cpu", flipped, flipped_tokens_bound(T));
+}
+
 // The shared expert (35B: I 512, H 2048).
 void check_gated_mlp(Harness& h, int64_t T) {
   const int64_t H = 2048, I = 512;
@@ -100,6 +125,7 @@ void test_dense_fused(Harness& h) {
   for (int64_t T : {338, 40, 8}) {
     check_linears(h, T);
     check_linear_add_rmsnorm(h, T);
+    check_gated_norm_out(h, T);
     check_gated_mlp(h, T);
   }
   check_gated_mlp(h, 1024);

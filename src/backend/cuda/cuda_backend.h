@@ -136,6 +136,9 @@ class CudaBackend final : public Backend {
   void linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
                           const Tensor& norm_w, float eps) override;
   void gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) override;
+  void gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core, const Tensor& z,
+                                        const Tensor& gate_norm_w, const Linear& w, const Tensor& norm_w,
+                                        float eps) override;
 
   void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
   // W4A4 NVFP4 experts: the routing fused into the experts' first launch (moe_w4a4.cu).

@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cublaslt.h"
+#include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
@@ -27,45 +28,6 @@ namespace {
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for Hopper (split-K / stream-K)
-
-// Four E4M3 codes (one word) as their f16 values (exact), codes 0, 1 in .x.
-__device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
-  return make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
-                    static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
-}
-// fp8(v / s) of four values, saturating, round to nearest even: four E4M3 codes, v.x in the low byte.
-__device__ __forceinline__ uint32_t codes4(float4 v, float s) {
-  const uint32_t lo =
-      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi =
-      __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-// The f16 values of the codes of x's k .. k + 3 (k % 4 == 0) into a row in the k order kOrder.
-template <Fp8CodeOrder kOrder>
-__device__ __forceinline__ void store_codes4(__half* row, int64_t k, uint32_t codes) {
-  const uint2 h = f16x4_of(codes);
-  if constexpr (kOrder == Fp8CodeOrder::kNatural) {
-    *reinterpret_cast<uint2*>(row + k) = h;
-  } else {  // codes k, k+1 and k+2, k+3 are two pairs of the wgmma order
-    const int64_t p = fp8_code_pos(k);
-    *reinterpret_cast<uint32_t*>(row + p) = h.x;
-    *reinterpret_cast<uint32_t*>(row + p + 8) = h.y;
-  }
-}
-// The max of |v| over a block's threads (max is order-free: the same value whatever the split).
-__device__ float block_amax(float amax) {
-  __shared__ float red[kQuantThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-  return amax;
-}
 
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
@@ -90,7 +52,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* va
       const float4 v = *reinterpret_cast<const float4*>(xr + k);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-    s = fp8_token_scale_from_amax(block_amax(amax));
+    s = fp8_token_scale_from_amax(block_amax<kQuantThreads>(amax));
   }
   __half* row = values + t * ld;
   for (int64_t k = threadIdx.x * 4; k < ld; k += kQuantThreads * 4) {
@@ -123,7 +85,7 @@ __global__ void __launch_bounds__(kQuantThreads) silu_mul_quantize_kernel(__half
     act[c] = a;
     amax = fmaxf(amax, fabsf(a));
   }
-  const float s = fp8_token_scale_from_amax(block_amax(amax));  // its barrier orders act[]
+  const float s = fp8_token_scale_from_amax(block_amax<kQuantThreads>(amax));  // its barrier orders act[]
   __half* row = values + t * fp8_wgmma_row(I);
   for (int64_t k = threadIdx.x * 4; k < fp8_wgmma_row(I); k += kQuantThreads * 4)
     store_codes4<Fp8CodeOrder::kWgmma64>(row, k, k < I ? codes4(*reinterpret_cast<const float4*>(act + k), s) : 0u);

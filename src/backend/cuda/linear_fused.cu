@@ -4,7 +4,8 @@
 //   linears: x quantized once for all its W8A8 linears (dynamic per-token scales: the codes do not
 //     depend on the weight), the bf16 small-N ones in one launch, then each GEMM in its own branch.
 //   linear_add_rmsnorm: a split-K product's partial sums are added by the add + norm kernel instead
-//     of fp8_reduce_splits.
+//     of fp8_reduce_splits; gated_rmsnorm_linear_add_rmsnorm also makes the codes in the GDN's gated
+//     norm kernel.
 //   gated_mlp: gate_up's product (or its partial sums) goes through silu_mul and the quantization of
 //     down's input in one kernel.
 // Results bitwise those of the compositions on this backend: the same quantization, the same GEMM
@@ -84,22 +85,53 @@ void CudaBackend::linears(const std::vector<Tensor>& outs, const Tensor& x, cons
   run_branches(branches);
 }
 
+namespace {
+
+// residual += (codes of x) W^T, out = rmsnorm(residual): the partial sums of a K split added by the
+// add + norm kernel, else the product into scratch and add_rmsnorm.
+void codes_add_rmsnorm(CudaBackend& b, const Tensor& residual, const Tensor& out, const Codes& c, int64_t T,
+                       const Linear& w, const Tensor& norm_w, float eps) {
+  const int64_t D = w.out_features;
+  CHECK(residual.numel() == T * D && out.numel() == T * D && norm_w.numel() == D);
+  const int splits = fp8_wgmma_splits(b, T, w);
+  CudaBackend::Scratch part(&b, static_cast<size_t>(splits * T * D) * 4);
+  fp8_wgmma_codes_linear(b, part.as<float>(), part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(),
+                         T, w);
+  if (splits > 1)
+    fp8_splits_add_rmsnorm(b.stream(), residual.ptr<float>(), out.ptr<float>(), part.as<float>(), splits,
+                           c.scales.as<float>(), static_cast<const float*>(w.weight_scale.data),
+                           norm_w.ptr<const float>(), T, D, eps);
+  else
+    b.add_rmsnorm(residual, out, Tensor(part.ptr, DType::kF32, {T, D}, Device::kCuda), norm_w, eps);
+}
+
+}  // namespace
+
 void CudaBackend::linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
                                      const Tensor& norm_w, float eps) {
-  const int64_t K = w.in_features, D = norm_w.numel(), T = K == 0 ? 0 : x.numel() / K;
-  const auto* xp = x.ptr<const float>();
-  if (w.out_features != D || !wgmma_codes(T, w, xp) || fp8_wgmma_splits(*this, T, w) == 1) {
+  const int64_t K = w.in_features, T = K == 0 ? 0 : x.numel() / K;
+  if (w.out_features != norm_w.numel() || !wgmma_codes(T, w, x.ptr<const float>())) {
     Backend::linear_add_rmsnorm(residual, out, x, w, norm_w, eps);  // the op chain
     return;
   }
-  CHECK(x.numel() == T * K && residual.numel() == T * D && out.numel() == T * D);
-  const int splits = fp8_wgmma_splits(*this, T, w);
-  const Codes c(*this, xp, T, K);
-  Scratch part(this, static_cast<size_t>(splits * T * D) * 4);
-  fp8_wgmma_codes_linear(*this, nullptr, part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T, w);
-  fp8_splits_add_rmsnorm(stream_, residual.ptr<float>(), out.ptr<float>(), part.as<float>(), splits,
-                         c.scales.as<float>(), static_cast<const float*>(w.weight_scale.data),
-                         norm_w.ptr<const float>(), T, D, eps);
+  CHECK(x.numel() == T * K);
+  codes_add_rmsnorm(*this, residual, out, Codes(*this, x.ptr<const float>(), T, K), T, w, norm_w, eps);
+}
+
+void CudaBackend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core,
+                                                   const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
+                                                   const Tensor& norm_w, float eps) {
+  const int64_t K = w.in_features, T = K == 0 ? 0 : core.numel() / K, dv = gate_norm_w.numel();
+  if (w.out_features != norm_w.numel() || !wgmma_codes(T, w, core.ptr<const float>()) || dv == 0 || K % dv != 0 ||
+      dv > kFp8GatedNormMaxDv || K > kFp8GatedNormMaxK) {
+    Backend::gated_rmsnorm_linear_add_rmsnorm(residual, out, core, z, gate_norm_w, w, norm_w, eps);  // the op chain
+    return;
+  }
+  CHECK(core.numel() == T * K && z.numel() == T * K);
+  Codes c(*this, T, K);
+  fp8_gated_rmsnorm_codes(stream_, c.values.as<__half>(), c.scales.as<float>(), core.ptr<const float>(),
+                          z.ptr<const float>(), gate_norm_w.ptr<const float>(), T, K / dv, dv, eps);
+  codes_add_rmsnorm(*this, residual, out, c, T, w, norm_w, eps);
 }
 
 void CudaBackend::gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) {

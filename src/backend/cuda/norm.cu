@@ -8,6 +8,8 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/fp8_codes.cuh"
+#include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
 
 namespace sparkserve {
@@ -156,6 +158,53 @@ __global__ void __launch_bounds__(kMaxThreads) gated_rmsnorm_kernel(float* out, 
   }
 }
 
+// gated_rmsnorm of a token's Hv rows of dv <= 128 (the GDN heads), then quantize_rows_kernel of the
+// token's [Hv dv] result (dynamic scale, wgmma order), one block of kGatedThreads per token. Each
+// warp normalises whole heads exactly as gated_rmsnorm_kernel does with its one warp per row (the
+// same elements per lane, the same double sum and warp reduction), so the values are bitwise the
+// same; they wait in shared memory ([Hv dv] f32) for the token's amax.
+constexpr int kGatedThreads = 256;
+__global__ void __launch_bounds__(kGatedThreads) gated_rmsnorm_codes_kernel(__half* values, float* scales,
+                                                                           const float* x, const float* z,
+                                                                           const float* w, int64_t Hv, int64_t dv,
+                                                                           float eps) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // as quantize_rows_kernel
+  extern __shared__ float normed[];
+  const int64_t t = blockIdx.x, K = Hv * dv;
+  const int lane = threadIdx.x % 32;
+  float amax = 0.0f;
+  for (int64_t hd = threadIdx.x / 32; hd < Hv; hd += kGatedThreads / 32) {
+    const float* xr = x + t * K + hd * dv;
+    const float* zr = z + t * K + hd * dv;
+    float xv[kV], zv[kV], wv[kV];
+    double ss = 0;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = static_cast<int64_t>(v) * 32 + lane;
+      xv[v] = i < dv ? xr[i] : 0.0f;
+      zv[v] = i < dv ? zr[i] : 0.0f;
+      wv[v] = i < dv ? w[i] : 0.0f;
+      ss += static_cast<double>(xv[v]) * xv[v];
+    }
+    const float s = inv_rms_of(warp_sum_d(ss), dv, eps);
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = static_cast<int64_t>(v) * 32 + lane;
+      if (i < dv) {
+        const float o = xv[v] * s * wv[v] * silu_f(zv[v]);
+        normed[hd * dv + i] = o;
+        amax = fmaxf(amax, fabsf(o));
+      }
+    }
+  }
+  const float s = fp8_token_scale_from_amax(block_amax<kGatedThreads>(amax));
+  __half* row = values + t * fp8_wgmma_row(K);
+  for (int64_t k = threadIdx.x * 4; k < fp8_wgmma_row(K); k += kGatedThreads * 4)
+    store_codes4<Fp8CodeOrder::kWgmma64>(row, k,
+                                         k < K ? codes4(*reinterpret_cast<const float4*>(normed + k), s) : 0u);
+  if (threadIdx.x == 0) scales[t] = s;
+}
+
 // add_gated_shared_rmsnorm, one block per row: the gate logit h . w (each thread's products summed
 // in element order, then warp sums added in warp order), d += sigmoid(logit) y, residual += d, then
 // h = the zero-centred norm of the residual. Every read of h (the logit) precedes the barrier in
@@ -246,6 +295,15 @@ void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const f
   if (R == 0) return;
   add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, s>>>(residual, out, Splits{part, splits, R, ts, ws},
                                                                          norm_w, D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_gated_rmsnorm_codes(cudaStream_t s, __half* values, float* scales, const float* x, const float* z,
+                             const float* w, int64_t T, int64_t Hv, int64_t dv, float eps) {
+  CHECK(dv <= kFp8GatedNormMaxDv && Hv * dv <= kFp8GatedNormMaxK && (Hv * dv) % 16 == 0 && T <= INT32_MAX);
+  if (T == 0) return;
+  gated_rmsnorm_codes_kernel<<<static_cast<unsigned>(T), kGatedThreads, static_cast<size_t>(Hv * dv) * 4, s>>>(
+      values, scales, x, z, w, Hv, dv, eps);
   CUDA_CHECK_LAUNCH();
 }
 

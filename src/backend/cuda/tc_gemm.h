@@ -91,6 +91,14 @@ void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const 
 // part: [splits, R, D] f32, ts: [R], ws: [D], norm_w: [D] (device) -> residual, out: [R, D] f32 (device)
 void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const float* part, int splits,
                             const float* ts, const float* ws, const float* norm_w, int64_t R, int64_t D, float eps);
+// gated_rmsnorm over a token's Hv rows of dv (the GDN heads: out = x rsqrt(mean(x^2) + eps) w silu(z)
+// per row), then fp8_quantize_rows_f16 of the token's [Hv dv] result (dynamic scales, kWgmma64), in
+// one kernel: the codes and scales are bitwise those of the separate ops. dv <= kFp8GatedNormMaxDv,
+// Hv dv <= kFp8GatedNormMaxK (a token's values in shared memory), Hv dv % 16 == 0.
+// x, z: [T, Hv, dv] f32, w: [dv] (device) -> values: [T, fp8_wgmma_row(Hv dv)] f16, scales: [T] f32 (device)
+void fp8_gated_rmsnorm_codes(cudaStream_t s, __half* values, float* scales, const float* x, const float* z,
+                             const float* w, int64_t T, int64_t Hv, int64_t dv, float eps);
+inline constexpr int64_t kFp8GatedNormMaxDv = 128, kFp8GatedNormMaxK = 12288;
 // silu_mul of a gate_up product, then fp8_quantize_rows_f16 of the result (dynamic scales, kWgmma64),
 // in one kernel; the product as values (splits == 1) or as fp8_wgmma_codes_linear's partial sums with
 // their scales. The codes and scales are bitwise those of the separate ops. I % 16 == 0, I <=
