@@ -5,6 +5,7 @@
 // figures are the launches and the kernels' own time, which is what the fusions change.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -45,52 +46,46 @@ void bench_dense_fused(Backend& g) {
     Buffer mixed(&g, DType::kF32, {T, 8192}), zo(&g, DType::kF32, {T, 4096}), bo(&g, DType::kF32, {T, 32}),
         ao(&g, DType::kF32, {T, 32}), d(&g, DType::kF32, {T, H}), h(&g, DType::kF32, {T, H}),
         gu(&g, DType::kF32, {T, 1024}), act(&g, DType::kF32, {T, 512}), lg(&g, DType::kF32, {T, 256});
-    const int iters = 20;
+    auto bench = [&](const char* what, const char* how, const std::function<void()>& ops) {
+      row(what, T, how, time_graph(g, [&](int) { ops(); }, 20));
+    };
     // GDN in_proj: before (branches for qkv / z, split-bf16 b and a), each through linear, fused.
-    row("gdn in_proj", T, "branches + split-bf16 a/b", time_graph(g, [&](int) {
-          g.run_branches({[&] { g.linear(mixed, x, qkv.lin); }, [&] { g.linear(zo, x, z.lin); }});
-          linear_probe(g, bo, x, b.lin, LinearPath::kBf16Split);
-          linear_probe(g, ao, x, a.lin, LinearPath::kBf16Split);
-        }, iters));
-    row("gdn in_proj", T, "branches + small-n a/b", time_graph(g, [&](int) {
-          g.run_branches({[&] { g.linear(mixed, x, qkv.lin); }, [&] { g.linear(zo, x, z.lin); }});
-          g.linear(bo, x, b.lin);
-          g.linear(ao, x, a.lin);
-        }, iters));
-    row("gdn in_proj", T, "linears", time_graph(g, [&](int) {
-          g.linears({mixed, zo, bo, ao}, x, {&qkv.lin, &z.lin, &b.lin, &a.lin});
-        }, iters));
-    for (auto [path, how] : {std::pair{LinearPath::kBf16Split, "split-bf16"}, {LinearPath::kBf16SmallN, "small-n"}})
-      row("router 256x2048", T, how,
-          time_graph(g, [&](int) { linear_probe(g, lg, x, router.lin, path); }, iters));
-    // out_proj and the residual step.
-    row("out_proj + add_rmsnorm", T, "linear, add_rmsnorm", time_graph(g, [&](int) {
-          g.linear(d, x2, out_proj.lin);
-          g.add_rmsnorm(res, h, d, norm, 1e-6f);
-        }, iters));
-    row("out_proj + add_rmsnorm", T, "linear_add_rmsnorm", time_graph(g, [&](int) {
-          g.linear_add_rmsnorm(res, h, x2, out_proj.lin, norm, 1e-6f);
-        }, iters));
-    // The GDN block's end: gated norm, out_proj, residual step.
-    {
-      Buffer core = normal(g, {T, 32, 128}, 1.0f), zz = normal(g, {T, 4096}, 1.0f), gw = normal(g, {128}, 0.5f);
-      row("gated norm + out_proj", T, "gated_rmsnorm, linear, add_rmsnorm", time_graph(g, [&](int) {
-            g.gated_rmsnorm(x2.tensor().view({T * 32, 128}), core.tensor().view({T * 32, 128}),
-                            zz.tensor().view({T * 32, 128}), gw, 1e-6f);
-            g.linear(d, x2, out_proj.lin);
-            g.add_rmsnorm(res, h, d, norm, 1e-6f);
-          }, iters));
-      row("gated norm + out_proj", T, "fused", time_graph(g, [&](int) {
-            g.gated_rmsnorm_linear_add_rmsnorm(res, h, core, zz, gw, out_proj.lin, norm, 1e-6f);
-          }, iters));
-    }
+    bench("gdn in_proj", "branches + split-bf16 a/b", [&] {
+      g.run_branches({[&] { g.linear(mixed, x, qkv.lin); }, [&] { g.linear(zo, x, z.lin); }});
+      linear_probe(g, bo, x, b.lin, LinearPath::kBf16Split);
+      linear_probe(g, ao, x, a.lin, LinearPath::kBf16Split);
+    });
+    bench("gdn in_proj", "branches + small-n a/b", [&] {
+      g.run_branches({[&] { g.linear(mixed, x, qkv.lin); }, [&] { g.linear(zo, x, z.lin); }});
+      g.linear(bo, x, b.lin);
+      g.linear(ao, x, a.lin);
+    });
+    bench("gdn in_proj", "linears", [&] { g.linears({mixed, zo, bo, ao}, x, {&qkv.lin, &z.lin, &b.lin, &a.lin}); });
+    bench("router 256x2048", "split-bf16", [&] { linear_probe(g, lg, x, router.lin, LinearPath::kBf16Split); });
+    bench("router 256x2048", "small-n", [&] { linear_probe(g, lg, x, router.lin, LinearPath::kBf16SmallN); });
+    // out_proj and the residual step; the GDN block's end (gated norm, out_proj, residual step).
+    bench("out_proj + add_rmsnorm", "linear, add_rmsnorm", [&] {
+      g.linear(d, x2, out_proj.lin);
+      g.add_rmsnorm(res, h, d, norm, 1e-6f);
+    });
+    bench("out_proj + add_rmsnorm", "linear_add_rmsnorm",
+         [&] { g.linear_add_rmsnorm(res, h, x2, out_proj.lin, norm, 1e-6f); });
+    Buffer core = normal(g, {T, 32, 128}, 1.0f), zz = normal(g, {T, 32, 128}, 1.0f), gw = normal(g, {128}, 0.5f);
+    bench("gated norm + out_proj", "gated_rmsnorm, linear, add_rmsnorm", [&] {
+      g.gated_rmsnorm(x2.tensor().view({T * 32, 128}), core.tensor().view({T * 32, 128}),
+                      zz.tensor().view({T * 32, 128}), gw, 1e-6f);
+      g.linear(d, x2, out_proj.lin);
+      g.add_rmsnorm(res, h, d, norm, 1e-6f);
+    });
+    bench("gated norm + out_proj", "fused",
+         [&] { g.gated_rmsnorm_linear_add_rmsnorm(res, h, core, zz, gw, out_proj.lin, norm, 1e-6f); });
     // The shared expert.
-    row("shared expert", T, "linear, silu_mul, linear", time_graph(g, [&](int) {
-          g.linear(gu, x, gate_up.lin);
-          g.silu_mul(act, gu);
-          g.linear(d, act, down.lin);
-        }, iters));
-    row("shared expert", T, "gated_mlp", time_graph(g, [&](int) { g.gated_mlp(d, x, gate_up.lin, down.lin); }, iters));
+    bench("shared expert", "linear, silu_mul, linear", [&] {
+      g.linear(gu, x, gate_up.lin);
+      g.silu_mul(act, gu);
+      g.linear(d, act, down.lin);
+    });
+    bench("shared expert", "gated_mlp", [&] { g.gated_mlp(d, x, gate_up.lin, down.lin); });
   }
 }
 

@@ -95,8 +95,8 @@ void codes_add_rmsnorm(CudaBackend& b, const Tensor& residual, const Tensor& out
   CHECK(residual.numel() == T * D && out.numel() == T * D && norm_w.numel() == D);
   const int splits = fp8_wgmma_splits(b, T, w);
   CudaBackend::Scratch part(&b, static_cast<size_t>(splits * T * D) * 4);
-  fp8_wgmma_codes_linear(b, part.as<float>(), part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(),
-                         T, w);
+  fp8_wgmma_codes_linear(b, part.as<float>(), part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T,
+                         w);
   if (splits > 1)
     fp8_splits_add_rmsnorm(b.stream(), residual.ptr<float>(), out.ptr<float>(), part.as<float>(), splits,
                            c.scales.as<float>(), static_cast<const float*>(w.weight_scale.data),
@@ -137,8 +137,8 @@ void CudaBackend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const
 void CudaBackend::gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) {
   const int64_t H = gate_up.in_features, I = down.in_features, T = H == 0 ? 0 : x.numel() / H;
   const auto* xp = x.ptr<const float>();
-  if (gate_up.out_features != 2 * I || !wgmma_codes(T, gate_up, xp) || !fp8_wgmma_takes_codes(down) ||
-      I % 16 != 0 || I > kFp8SiluQuantMaxI) {
+  if (gate_up.out_features != 2 * I || !wgmma_codes(T, gate_up, xp) || !fp8_wgmma_takes_codes(down) || I % 16 != 0 ||
+      I > kFp8SiluQuantMaxI) {
     Backend::gated_mlp(out, x, gate_up, down);  // the op chain
     return;
   }
