@@ -39,13 +39,12 @@ void bench_dense_fused(Backend& g) {
   BenchLinear a = make_linear(&g, WeightFormat::kBf16, none, 1, 32, H, 1);
   BenchLinear out_proj = make_linear(&g, fp8, dyn, 1, H, 4096, 1);
   BenchLinear gate_up = make_linear(&g, fp8, dyn, 1, 1024, H, 1), down = make_linear(&g, fp8, dyn, 1, H, 512, 1);
-  BenchLinear router = make_linear(&g, WeightFormat::kBf16, none, 1, 256, H, 1);
   Buffer norm = normal(g, {H}, 0.1f);
   for (int64_t T : {16, 40, 64, 338, 2048}) {
     Buffer x = normal(g, {T, H}, 1.0f), x2 = normal(g, {T, 4096}, 1.0f), res = normal(g, {T, H}, 3.0f);
     Buffer mixed(&g, DType::kF32, {T, 8192}), zo(&g, DType::kF32, {T, 4096}), bo(&g, DType::kF32, {T, 32}),
         ao(&g, DType::kF32, {T, 32}), d(&g, DType::kF32, {T, H}), h(&g, DType::kF32, {T, H}),
-        gu(&g, DType::kF32, {T, 1024}), act(&g, DType::kF32, {T, 512}), lg(&g, DType::kF32, {T, 256});
+        gu(&g, DType::kF32, {T, 1024}), act(&g, DType::kF32, {T, 512});
     auto bench = [&](const char* what, const char* how, const std::function<void()>& ops) {
       row(what, T, how, time_graph(g, [&](int) { ops(); }, 20));
     };
@@ -61,8 +60,6 @@ void bench_dense_fused(Backend& g) {
       g.linear(ao, x, a.lin);
     });
     bench("gdn in_proj", "linears", [&] { g.linears({mixed, zo, bo, ao}, x, {&qkv.lin, &z.lin, &b.lin, &a.lin}); });
-    bench("router 256x2048", "split-bf16", [&] { linear_probe(g, lg, x, router.lin, LinearPath::kBf16Split); });
-    bench("router 256x2048", "small-n", [&] { linear_probe(g, lg, x, router.lin, LinearPath::kBf16SmallN); });
     // out_proj and the residual step; the GDN block's end (gated norm, out_proj, residual step).
     bench("out_proj + add_rmsnorm", "linear, add_rmsnorm", [&] {
       g.linear(d, x2, out_proj.lin);

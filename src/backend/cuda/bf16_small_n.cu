@@ -1,7 +1,7 @@
-// bf16-weight Linear with few weight rows (the MoE router, 256 rows; the GDN in_proj_a / in_proj_b,
-// 32-64 rows each) for T >= 2 tokens: one kernel, where bf16_split_linear takes three launches (split
-// x into bf16 hi / lo, a cuBLASLt GEMM over 2T columns, add the halves) for a problem of a few µs.
-// Several such linears of one input (in_proj_a and in_proj_b) run in the same launch.
+// bf16-weight Linear with few weight rows (the GDN in_proj_a / in_proj_b, 32-64 rows each) for T >= 2
+// tokens: one kernel, where bf16_split_linear takes three launches (split x into bf16 hi / lo, a
+// cuBLASLt GEMM over 2T columns, add the halves) for a problem of a few µs. Several such linears of
+// one input (in_proj_a and in_proj_b) run in the same launch (CudaBackend::linears).
 //
 // Numerics: those of bf16_gemm.cu's split path. x = hi + lo, hi = bf16(x), lo = bf16(x - hi), split
 // in registers as the activations are loaded (split_pack: the same roundings as split_bf16); each

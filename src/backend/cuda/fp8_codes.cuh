@@ -53,4 +53,29 @@ __device__ float block_amax(float amax) {
   return amax;
 }
 
+// fp8_reduce_splits's value of kE elements: acc[e] = Σ_k part[k · stride + at[e]] in split order from
+// 0, then · scale[e], for the elements with ok[e] (the others get 0). The loads of four splits of all
+// kE elements are issued together: a loop over a run-time split count with one load and add per
+// step waits for each load before the next.
+template <int kE>
+__device__ __forceinline__ void split_sums(float (&acc)[kE], const float* part, int splits, int64_t stride,
+                                           const int64_t (&at)[kE], const bool (&ok)[kE], const float (&scale)[kE]) {
+#pragma unroll
+  for (int e = 0; e < kE; ++e) acc[e] = 0.0f;
+  for (int k0 = 0; k0 < splits; k0 += 4) {
+    float v[4][kE];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < kE; ++e) v[j][e] = k0 + j < splits && ok[e] ? part[(k0 + j) * stride + at[e]] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (k0 + j < splits)
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[e] += v[j][e];
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) acc[e] = ok[e] ? acc[e] * scale[e] : 0.0f;
+}
+
 }  // namespace sparkserve

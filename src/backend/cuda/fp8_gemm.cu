@@ -73,15 +73,19 @@ __global__ void __launch_bounds__(kQuantThreads) silu_mul_quantize_kernel(__half
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // as quantize_rows_kernel
   extern __shared__ float act[];
   const int64_t t = blockIdx.x, N = 2 * I;
-  auto product = [&](int64_t n) {
-    if (splits == 1) return gu[t * N + n];
-    float s = 0.0f;
-    for (int k = 0; k < splits; ++k) s += gu[(k * T + t) * N + n];
-    return s * (ts[t] * ws[n]);
-  };
   float amax = 0.0f;
   for (int64_t c = threadIdx.x; c < I; c += kQuantThreads) {
-    const float a = silu_f(product(c)) * product(I + c);
+    float p[2];  // gate c, up c
+    if (splits == 1) {
+      p[0] = gu[t * N + c];
+      p[1] = gu[t * N + I + c];
+    } else {
+      const int64_t at[2] = {t * N + c, t * N + I + c};
+      const bool ok[2] = {true, true};
+      const float scale[2] = {ts[t] * ws[c], ts[t] * ws[I + c]};
+      split_sums(p, gu, splits, T * N, at, ok, scale);
+    }
+    const float a = silu_f(p[0]) * p[1];
     act[c] = a;
     amax = fmaxf(amax, fabsf(a));
   }

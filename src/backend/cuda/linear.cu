@@ -5,7 +5,7 @@
 //                                                           read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
-//   bf16_small_n_regime       bf16 weights <= 256 rows   -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
+//   bf16_small_n_regime       bf16 weights <= 64 rows    -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
 //   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
@@ -42,8 +42,8 @@ bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNM
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
 bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16_gemm_takes(w); }
-// Few weight rows (router, GDN in_proj_a / in_proj_b): a problem of a few µs, where the split path's
-// three launches (split, GEMM, add) cost more than the work.
+// Few weight rows (GDN in_proj_a / in_proj_b): a problem of a few µs, where the split path's three
+// launches (split, GEMM, add) cost more than the work.
 bool bf16_small_n_regime(int64_t T, const Linear& w) { return bf16_small_n_takes(w, T); }
 
 // NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group

@@ -14,7 +14,7 @@ enum class LinearPath : int {
   kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
   kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
   kBf16Split,           // bf16_gemm.cu
-  kBf16SmallN,          // bf16_small_n.cu (any T; at most 256 weight rows)
+  kBf16SmallN,          // bf16_small_n.cu (any T; at most 64 weight rows)
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)
 };

@@ -93,12 +93,16 @@ __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(float* out, const 
   write_norm(out + r * D, x + r * D, w, s, D);
 }
 
-// The delta of a row: a tensor's row, or (Splits) the partial sums of fp8_wgmma_codes_linear added as
-// fp8_reduce_splits adds them (split order, then · (ts[r] · ws[i])), so the value is the one the
-// reduction would have stored.
+// The delta of a row's kV elements at `at` (ok: inside the row): a tensor's row, or (Splits) the
+// partial sums of fp8_wgmma_codes_linear added as fp8_reduce_splits adds them (split order, then
+// · (ts[r] · ws[i])), so the value is the one the reduction would have stored.
 struct RowDelta {
   const float* d;
-  __device__ float operator()(int64_t r, int64_t D, int64_t i) const { return d[r * D + i]; }
+  __device__ void operator()(float (&dv)[kV], int64_t r, int64_t D, const int64_t (&at)[kV],
+                             const bool (&ok)[kV]) const {
+#pragma unroll
+    for (int v = 0; v < kV; ++v) dv[v] = ok[v] ? d[r * D + at[v]] : 0.0f;
+  }
 };
 struct Splits {
   const float* part;
@@ -106,10 +110,16 @@ struct Splits {
   int64_t R;
   const float* ts;
   const float* ws;
-  __device__ float operator()(int64_t r, int64_t D, int64_t i) const {
-    float s = 0.0f;
-    for (int k = 0; k < splits; ++k) s += part[(k * R + r) * D + i];
-    return s * (ts[r] * ws[i]);
+  __device__ void operator()(float (&dv)[kV], int64_t r, int64_t D, const int64_t (&at)[kV],
+                             const bool (&ok)[kV]) const {
+    int64_t idx[kV];
+    float scale[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      idx[v] = r * D + at[v];
+      scale[v] = ok[v] ? ts[r] * ws[at[v]] : 0.0f;
+    }
+    split_sums(dv, part, splits, R * D, idx, ok, scale);
   }
 };
 
@@ -122,12 +132,15 @@ __global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residua
   double ss = 0;
   for (int64_t base = 0; base < D; base += pass_len()) {
     float xv[kV], dv[kV];
+    int64_t at[kV];
+    bool ok[kV];
 #pragma unroll
     for (int v = 0; v < kV; ++v) {
-      const int64_t i = elem(base, v);
-      xv[v] = i < D ? x[i] : 0.0f;
-      dv[v] = i < D ? delta(r, D, i) : 0.0f;
+      at[v] = elem(base, v);
+      ok[v] = at[v] < D;
+      xv[v] = ok[v] ? x[at[v]] : 0.0f;
     }
+    delta(dv, r, D, at, ok);
 #pragma unroll
     for (int v = 0; v < kV; ++v) {
       xv[v] = xv[v] + dv[v];

@@ -128,9 +128,12 @@ bool bf16_split_linear_bias(CudaBackend& b, float* out, const float* x, int64_t 
                             bool accumulate);
 inline constexpr int64_t kBf16FusedMinTokens = 1024;
 
-// bf16 weights with at most kBf16SmallNMaxRows rows (the router, GDN in_proj_a / in_proj_b), K % 32
-// == 0, kBf16SmallNMinTokens <= T <= kBf16SmallNMaxTokens: bf16_small_n.cu, one kernel with x split into
-// hi + lo in registers (the numerics of bf16_split_linear) instead of its three launches.
+// bf16 weights with at most kBf16SmallNMaxRows rows (the GDN in_proj_a / in_proj_b), K % 32 == 0,
+// kBf16SmallNMinTokens <= T <= kBf16SmallNMaxTokens: bf16_small_n.cu, one kernel with x split into hi
+// + lo in registers (the numerics of bf16_split_linear) instead of its three launches. Measured on the
+// H200 (gpu_ops "gemm bf16", weights from HBM): in_proj_a 32 x 2048 at T = 4..2048 5.4-7.6 µs against
+// 6.6-12.3; the router (256 rows) loses to the split path at every T but ties at 338 (K 2048) and is
+// not taken (its weight stream needs more loads in flight than this kernel's 8 warps keep).
 bool bf16_small_n_takes(const Linear& w, int64_t T);
 // outs[i] = x ws[i]^T for up to kBf16SmallNMaxLinears such linears of one x (same K) in one launch;
 // false (nothing launched) where a weight is not taken or x is not 16-byte aligned.
@@ -138,8 +141,8 @@ bool bf16_small_n_takes(const Linear& w, int64_t T);
 bool bf16_small_n_linears(CudaBackend& b, const std::vector<float*>& outs, const float* x, int64_t T,
                           const std::vector<const Linear*>& ws);
 inline constexpr int kBf16SmallNMaxLinears = 4;
-inline constexpr int64_t kBf16SmallNMaxRows = 256;
+inline constexpr int64_t kBf16SmallNMaxRows = 64;
 inline constexpr int64_t kBf16SmallNMinTokens = 2;
-inline constexpr int64_t kBf16SmallNMaxTokens = 4096;
+inline constexpr int64_t kBf16SmallNMaxTokens = 2048;
 
 }  // namespace sparkserve
