@@ -1,5 +1,5 @@
 // The dense projections of a layer with fewer launches (backend/ops.h: linears, linear_add_rmsnorm,
-// gated_mlp), where linear would take the sm_90a wgmma kernel (fp8_gemm_wgmma.cu) or the small-N
+// gated_rmsnorm_linear_add_rmsnorm, gated_mlp), where linear would take the sm_90a wgmma kernel (fp8_gemm_wgmma.cu) or the small-N
 // bf16 kernel (bf16_small_n.cu); anything else runs the ops' compositions.
 //   linears: x quantized once for all its W8A8 linears (dynamic per-token scales: the codes do not
 //     depend on the weight), the bf16 small-N ones in one launch, then each GEMM in its own branch.
@@ -12,7 +12,9 @@
 // kernel and plan, and the split sums added in the same order with the same f32 operations.
 #include <cuda_fp16.h>
 
-#include <algorithm>
+#include <functional>
+#include <optional>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/tc_gemm.h"
@@ -67,16 +69,23 @@ void CudaBackend::linears(const std::vector<Tensor>& outs, const Tensor& x, cons
       rest.push_back(i);
   }
   if (T == 0) return;
-  if (fp8.size() < 2) rest.insert(rest.end(), fp8.begin(), fp8.end()), fp8.clear();
+  if (fp8.size() < 2) {  // nothing to share
+    rest.insert(rest.end(), fp8.begin(), fp8.end());
+    fp8.clear();
+  }
   // The codes are made on the stream before the fork and freed after the join.
-  std::unique_ptr<Codes> codes = fp8.empty() ? nullptr : std::make_unique<Codes>(*this, xp, T, K);
+  std::optional<Codes> codes;
+  if (!fp8.empty()) codes.emplace(*this, xp, T, K);
   std::vector<std::function<void()>> branches;
   for (size_t i : fp8) branches.push_back([&, i] { codes_linear(*this, outs[i].ptr<float>(), *codes, T, *ws[i]); });
   if (!bf16.empty()) {
     branches.push_back([&] {
       std::vector<float*> o;
       std::vector<const Linear*> w;
-      for (size_t i : bf16) o.push_back(outs[i].ptr<float>()), w.push_back(ws[i]);
+      for (size_t i : bf16) {
+        o.push_back(outs[i].ptr<float>());
+        w.push_back(ws[i]);
+      }
       if (!bf16_small_n_linears(*this, o, xp, T, w))
         for (size_t i : bf16) linear(outs[i], x, *ws[i]);
     });
