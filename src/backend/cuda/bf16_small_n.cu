@@ -69,26 +69,21 @@ __global__ void __launch_bounds__(kThreads) bf16_small_n_kernel(const SmallNArgs
     uint4 wv[kNT];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) wv[j] = __ldg(reinterpret_cast<const uint4*>(wr[j] + k));
-    uint32_t hi[4], lo[4];
-    // k16 step 0: the chunk's k 8 t4 + 0..3
-    split_pack(xa0.x, xa0.y, hi[0], lo[0]);
-    split_pack(xb0.x, xb0.y, hi[1], lo[1]);
-    split_pack(xa0.z, xa0.w, hi[2], lo[2]);
-    split_pack(xb0.z, xb0.w, hi[3], lo[3]);
+    // k16 step s: the chunk's k 8 t4 + 4 s + 0..3 (x: .x .y then .z .w; w: words 2 s, 2 s + 1)
+    const float4 xr[2][2] = {{xa0, xb0}, {xa1, xb1}};
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      mma_bf16_16816(d[j], hi, wv[j].x, wv[j].y);
-      mma_bf16_16816(d[j], lo, wv[j].x, wv[j].y);
-    }
-    // k16 step 1: 8 t4 + 4..7
-    split_pack(xa1.x, xa1.y, hi[0], lo[0]);
-    split_pack(xb1.x, xb1.y, hi[1], lo[1]);
-    split_pack(xa1.z, xa1.w, hi[2], lo[2]);
-    split_pack(xb1.z, xb1.w, hi[3], lo[3]);
+    for (int st = 0; st < 2; ++st) {
+      uint32_t hi[4], lo[4];
+      split_pack(xr[st][0].x, xr[st][0].y, hi[0], lo[0]);
+      split_pack(xr[st][1].x, xr[st][1].y, hi[1], lo[1]);
+      split_pack(xr[st][0].z, xr[st][0].w, hi[2], lo[2]);
+      split_pack(xr[st][1].z, xr[st][1].w, hi[3], lo[3]);
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      mma_bf16_16816(d[j], hi, wv[j].z, wv[j].w);
-      mma_bf16_16816(d[j], lo, wv[j].z, wv[j].w);
+      for (int j = 0; j < kNT; ++j) {
+        const uint32_t b0 = st == 0 ? wv[j].x : wv[j].z, b1 = st == 0 ? wv[j].y : wv[j].w;
+        mma_bf16_16816(d[j], hi, b0, b1);
+        mma_bf16_16816(d[j], lo, b0, b1);
+      }
     }
   }
 #pragma unroll
