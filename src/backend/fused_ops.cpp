@@ -3,6 +3,9 @@
 // device backend overrides them with fewer kernels.
 #include "backend/ops.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "core/check.h"
 
 namespace sparkserve {
@@ -66,6 +69,39 @@ void Backend::add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, 
   linear(logit, h, shared_gate);
   add_sigmoid_scaled(d, y, logit);
   add_rmsnorm(residual, h, d, norm_w, eps);
+}
+
+void Backend::linears(const std::vector<Tensor>& outs, const Tensor& x, const std::vector<const Linear*>& ws) {
+  CHECK(outs.size() == ws.size());
+  std::vector<std::function<void()>> branches;
+  for (size_t i = 0; i < ws.size(); ++i) branches.push_back([&, i] { linear(outs[i], x, *ws[i]); });
+  run_branches(branches);
+}
+
+void Backend::linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
+                                 const Tensor& norm_w, float eps) {
+  Buffer d(this, DType::kF32, {residual.numel() / std::max<int64_t>(norm_w.numel(), 1), norm_w.numel()});
+  linear(d, x, w);
+  add_rmsnorm(residual, out, d, norm_w, eps);
+}
+
+void Backend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core,
+                                                const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
+                                                const Tensor& norm_w, float eps) {
+  const int64_t K = w.in_features, T = K == 0 ? 0 : core.numel() / K, dv = gate_norm_w.numel();
+  CHECK(core.numel() == T * K && z.numel() == T * K && dv > 0 && K % dv == 0);
+  Buffer normed(this, DType::kF32, {T, K});
+  gated_rmsnorm(normed.tensor().view({T * K / dv, dv}), core.view({T * K / dv, dv}), z.view({T * K / dv, dv}),
+                gate_norm_w, eps);
+  linear_add_rmsnorm(residual, out, normed, w, norm_w, eps);
+}
+
+void Backend::gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) {
+  const int64_t T = x.dim(0), I = down.in_features;
+  Buffer gu(this, DType::kF32, {T, 2 * I}), act(this, DType::kF32, {T, I});
+  linear(gu, x, gate_up);
+  silu_mul(act, gu);
+  linear(out, act, down);
 }
 
 void Backend::moe_route_experts(const Tensor& out, const Tensor& weights, const Tensor& ids,

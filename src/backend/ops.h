@@ -339,6 +339,27 @@ class Backend {
   // shared_gate: [1, H], norm_w: [H] f32; residual: [T, H] f32 (+= d).
   virtual void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
                                         const Linear& shared_gate, const Tensor& norm_w, float eps);
+  // Linears of one input, each as linear: outs[i] = x ws[i]^T (the projections of a layer's input).
+  // A backend may quantize x once for all of them and run them at the same time (as run_branches).
+  // x: [T, K] f32 -> outs[i]: [T, ws[i]->out_features] f32.
+  virtual void linears(const std::vector<Tensor>& outs, const Tensor& x, const std::vector<const Linear*>& ws);
+  // A layer's output projection and the residual step after it:
+  //   linear(d, x, w) -> add_rmsnorm(residual, out, d, norm_w).
+  // x: [T, K] f32, residual: [T, D] f32 (+= x W^T), norm_w: [D] f32 -> out: [T, D] f32 (not aliasing x).
+  virtual void linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
+                                  const Tensor& norm_w, float eps);
+  // The end of a GDN block and the residual step after it:
+  //   gated_rmsnorm(normed, core, z, gate_norm_w) over rows of dv -> linear_add_rmsnorm(residual, out, normed, w,
+  //   norm_w), eps for both norms.
+  // core, z: [T, Hv, dv] f32, gate_norm_w: [dv] f32, w: [D, Hv dv], residual: [T, D] f32, norm_w: [D] f32
+  // -> out: [T, D] f32.
+  virtual void gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core,
+                                                const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
+                                                const Tensor& norm_w, float eps);
+  // The gated MLP (dense layers, the MoE's shared expert):
+  //   linear(gu, x, gate_up) -> silu_mul(act, gu) -> linear(out, act, down).
+  // x: [T, H] f32, gate_up: [2I, H] (gate rows first), down: [H', I] -> out: [T, H'] f32.
+  virtual void gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down);
 
   // The routed experts of an MoE block from the router's logits:
   //   moe_route_topk(weights, ids, router_logits) -> moe_experts(out, x, ids, weights, gate_up, down).

@@ -322,13 +322,13 @@ void Qwen35Model::trunk(const Tensor& h, const Tensor& tok, const Layout& layout
   backend_.rmsnorm(h, x, w_.layers[0].input_norm, c.rms_norm_eps);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& lw = w_.layers[l];
+    const ResidualStep post{x, h, lw.post_attention_norm};
     if (lw.type == LayerType::kLinearAttention) {
-      gdn_layer(d, h, lw, layer_slot_[l], layout, state);
+      gdn_layer(d, h, lw, layer_slot_[l], layout, state, &post);
     } else {
       const auto a = static_cast<size_t>(layer_slot_[l]);
-      attention_layer(d, h, lw, layout, state.kv[a], state.block_size);
+      attention_layer(d, h, lw, layout, state.kv[a], state.block_size, &post);
     }
-    backend_.add_rmsnorm(x, h, d, lw.post_attention_norm, c.rms_norm_eps);
     // h = final norm after the last layer
     const Tensor& next_norm = l + 1 < w_.layers.size() ? w_.layers[l + 1].input_norm : w_.final_norm;
     if (c.is_moe) {
@@ -518,8 +518,19 @@ std::optional<Logits> Qwen35Model::forward_recorded(std::span<const ForwardSeq> 
   return download_logits(logits, row_argmax);
 }
 
+void Qwen35Model::project_out(const Tensor& out, const Tensor& x, const Linear& w, const ResidualStep* then) {
+  if (!then) {
+    backend_.linear(out, x, w);
+  } else if (fused_) {
+    backend_.linear_add_rmsnorm(then->residual, then->h, x, w, then->norm, config_.rms_norm_eps);
+  } else {
+    backend_.linear(out, x, w);
+    backend_.add_rmsnorm(then->residual, then->h, out, then->norm, config_.rms_norm_eps);
+  }
+}
+
 void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, int gdn_index,
-                            const Layout& layout, const StatePools& state) {
+                            const Layout& layout, const StatePools& state, const ResidualStep* then) {
   const GdnWeights& w = lw.gdn;
   const GdnDims dims = gdn_dims(config_);
   const int64_t T = h.dim(0), Hv = dims.num_v_heads, dv = dims.v_head_dim;
@@ -536,30 +547,37 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
   };
   const Tensor mixed = stash_or_own(mixed_own, &SpecCapture::mixed, dims.conv_dim());
   Buffer z = buffer({T, Hv * dv});
-  backend_.run_branches({[&] { backend_.linear(mixed, h, w.in_proj_qkv); },
-                         [&] { backend_.linear(z, h, w.in_proj_z); }});
+  const bool decode_chain = fused_ && layout.prefill.seqs.empty() && !verify && !layout.saves;
+  const bool verify_chain = fused_ && direct && layout.prefill.seqs.empty() && layout.decode.seqs.empty() &&
+                            !layout.saves;
+  // The projections of h (the chains do the a/b ones themselves).
+  Buffer a, b;
+  if (decode_chain || verify_chain) {
+    backend_.linears({mixed, z}, h, {&w.in_proj_qkv, &w.in_proj_z});
+  } else {
+    a = buffer({T, Hv});
+    b = buffer({T, Hv});
+    backend_.linears({mixed, z, b, a}, h, {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a});
+  }
 
   const Tensor& rec = state.recurrent[gi];
   const Tensor& conv = state.conv[gi];
   Buffer normed = buffer({T, Hv * dv});
-  if (fused_ && layout.prefill.seqs.empty() && !verify && !layout.saves) {
+  if (decode_chain) {
     // Pure decode: one op for the a/b projections, conv, gating, delta step and gated norm.
     backend_.gdn_decode_step(normed, h, mixed, z, w.in_proj_a, w.in_proj_b, w.conv, w.A_log, w.dt_bias, w.norm,
                              config_.rms_norm_eps, conv, rec, layout.decode, dims);
-    backend_.linear(out, normed, w.out_proj);
+    project_out(out, normed, w.out_proj, then);
     return;
   }
-  if (fused_ && direct && layout.prefill.seqs.empty() && layout.decode.seqs.empty()) {
+  if (verify_chain) {
     // Verify spans only (every row is a stash row): the same chain from the live state, which it
     // leaves as it is; the gates go to the stash.
     backend_.gdn_verify_step(normed, capture_->g[gi], capture_->beta[gi], h, mixed, z, w.in_proj_a, w.in_proj_b,
                              w.conv, w.A_log, w.dt_bias, w.norm, config_.rms_norm_eps, conv, rec, layout.verify, dims);
-    backend_.linear(out, normed, w.out_proj);
+    project_out(out, normed, w.out_proj, then);
     return;
   }
-  Buffer a = buffer({T, Hv}), b = buffer({T, Hv});
-  backend_.linear(b, h, w.in_proj_b);
-  backend_.linear(a, h, w.in_proj_a);
   Buffer qkv = buffer({T, dims.conv_dim()});
   if (!layout.stateful.seqs.empty()) backend_.gdn_conv(qkv, mixed, w.conv, conv, layout.stateful);
   const Tensor g = stash_or_own(g_own, &SpecCapture::g, Hv);
@@ -579,19 +597,23 @@ void Qwen35Model::gdn_layer(const Tensor& out, const Tensor& h, const LayerWeigh
     }
   }
 
+  if (then && fused_) {  // the gated norm, out_proj and the residual step as one op
+    backend_.gated_rmsnorm_linear_add_rmsnorm(then->residual, then->h, core, z, w.norm, w.out_proj, then->norm,
+                                              config_.rms_norm_eps);
+    return;
+  }
   backend_.gated_rmsnorm(normed.tensor().view({T * Hv, dv}), core.tensor().view({T * Hv, dv}),
                          z.tensor().view({T * Hv, dv}), w.norm, config_.rms_norm_eps);
-  backend_.linear(out, normed, w.out_proj);
+  project_out(out, normed, w.out_proj, then);
 }
 
 void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& lw, const Layout& layout,
-                                  const KvPool& pool, int64_t block_size) {
+                                  const KvPool& pool, int64_t block_size, const ResidualStep* then) {
   const AttentionWeights& w = lw.attn;
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0), nh = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
   Buffer qg = buffer({T, nh, 2 * hd}), k = buffer({T, kvh, hd}), v = buffer({T, kvh, hd});
-  backend_.run_branches({[&] { backend_.linear(qg, h, w.q_proj); }, [&] { backend_.linear(k, h, w.k_proj); },
-                         [&] { backend_.linear(v, h, w.v_proj); }});
+  backend_.linears({qg, k, v}, h, {&w.q_proj, &w.k_proj, &w.v_proj});
   Buffer q = buffer({T, nh, hd}), gate = buffer({T, nh, hd});
   if (fused_ && !layout.mrope) {
     // The same chain as below in one op (one kernel on CUDA).
@@ -613,7 +635,7 @@ void Qwen35Model::attention_layer(const Tensor& out, const Tensor& h, const Laye
     backend_.attention(o, q, pool, layout.all, dims);
     backend_.sigmoid_mul(o, gate);
   }
-  backend_.linear(out, o.tensor().view({T, nh * hd}), w.o_proj);
+  project_out(out, o.tensor().view({T, nh * hd}), w.o_proj, then);
 }
 
 void Qwen35Model::unfused_attention_prep(const Tensor& q, const Tensor& gate, const Tensor& qg, const Tensor& k,
@@ -656,10 +678,14 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, c
                            }
                          },
                          [&] {
-                           Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is});
-                           backend_.linear(gu, h, w.shared_gate_up);
-                           backend_.silu_mul(act, gu);
-                           backend_.linear(shared, act, w.shared_down);
+                           if (fused_) {
+                             backend_.gated_mlp(shared, h, w.shared_gate_up, w.shared_down);
+                           } else {
+                             Buffer gu = buffer({T, 2 * Is}), act = buffer({T, Is});
+                             backend_.linear(gu, h, w.shared_gate_up);
+                             backend_.silu_mul(act, gu);
+                             backend_.linear(shared, act, w.shared_down);
+                           }
                          }});
   if (fused_) {
     backend_.add_gated_shared_rmsnorm(residual, h, out, shared, w.shared_gate, next_norm, c.rms_norm_eps);
@@ -673,6 +699,10 @@ void Qwen35Model::moe(const Tensor& out, const Tensor& h, const MoeWeights& w, c
 
 void Qwen35Model::mlp(const Tensor& out, const Tensor& h, const MlpWeights& w) {
   const int64_t T = h.dim(0), I = config_.intermediate_size;
+  if (fused_) {
+    backend_.gated_mlp(out, h, w.gate_up, w.down);
+    return;
+  }
   Buffer gu = buffer({T, 2 * I}), act = buffer({T, I});
   backend_.linear(gu, h, w.gate_up);
   backend_.silu_mul(act, gu);

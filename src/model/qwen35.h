@@ -143,12 +143,20 @@ class Qwen35Model {
   void stash_views(SpecCapture& c, int64_t rows) const;
   void drop_graphs();
 
-  // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]).
+  // The residual step after a block: residual += the block's output, h = rmsnorm(residual) with norm.
+  // residual, h: [T, H], norm: [H].
+  struct ResidualStep {
+    Tensor residual, h, norm;
+  };
+  // Each block reads h ([T, H], normalised hidden) and writes its output to out ([T, H]); with
+  // `then`, it also takes that residual step (fused with its output projection; out is scratch then).
   void gdn_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, int gdn_index,
-                 const Layout& layout, const StatePools& state);
+                 const Layout& layout, const StatePools& state, const ResidualStep* then = nullptr);
   // pool: this layer's paged KV pool [num_blocks, block_size, kvh, hd].
   void attention_layer(const Tensor& out, const Tensor& h, const LayerWeights& w, const Layout& layout,
-                       const KvPool& pool, int64_t block_size);
+                       const KvPool& pool, int64_t block_size, const ResidualStep* then = nullptr);
+  // A block's output projection: out = x W^T, then the residual step when `then` is given.
+  void project_out(const Tensor& out, const Tensor& x, const Linear& w, const ResidualStep* then);
   // Rows, spans and positions of a batch; with_images collects the rows image embeddings replace.
   // ids, pos, pos3 (t, h, w per token), logit_rows and row_argmax (what each logits row needs back): filled.
   void make_layout(std::span<const ForwardSeq> batch, bool with_images, Layout& layout, std::vector<int32_t>& ids,

@@ -244,7 +244,9 @@ void bench_bf16(Backend& g) {
     int64_t N, K;
     std::vector<int64_t> Ts;
   };
-  for (const Case& c : {Case{"router 256x3072", 256, 3072, {2, 4, 8, 16, 64, 512, 8192}},
+  for (const Case& c : {Case{"router 256x3072", 256, 3072, {2, 4, 8, 16, 64, 338, 512, 1024, 2048, 8192}},
+                        Case{"router 256x2048", 256, 2048, {4, 16, 64, 338, 2048}},
+                        Case{"in_proj_a 32x2048", 32, 2048, {4, 16, 64, 338, 2048}},
                         Case{"lm_head 248320x3072", 248320, 3072, {2, 4, 8, 16, 32, 64, 512}}}) {
     const double bytes = static_cast<double>(c.N * c.K) * 2;
     auto ws = weight_copies(g, WeightFormat::kBf16, ActivationQuant::kNone, c.N, c.K, 1, bytes, 64);
@@ -252,7 +254,8 @@ void bench_bf16(Backend& g) {
       Buffer x = random_x(g, T, c.K), out(&g, DType::kF32, {T, c.N});
       const int iters = std::max<int>(static_cast<int>(ws.size()), 4);
       for (auto [path, name] : {std::pair{LinearPath::kGemv, "gemv"}, {LinearPath::kSimt, "simt"},
-                                {LinearPath::kBf16Split, "split-bf16"}, {LinearPath::kDispatch, "dispatch"}}) {
+                                {LinearPath::kBf16Split, "split-bf16"}, {LinearPath::kBf16SmallN, "small-n"},
+                                {LinearPath::kDispatch, "dispatch"}}) {
         if (path == LinearPath::kSimt && T * c.N > int64_t{64} * 248320) continue;  // minutes on CUDA cores
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(c.name, T, name, ms, 2.0 * T * c.N * c.K, bytes, copy);

@@ -261,9 +261,12 @@ void test_bf16(Harness& h) {
     const char* what;
   };
   // router, GDN in_proj_a, odd sizes, a tenth of lm_head at batched-decode T, and a long thin
-  // problem whose [2T, N] product exceeds one chunk (two chunks of 33 + 7 tokens).
+  // problem whose [2T, N] product exceeds one chunk (two chunks of 33 + 7 tokens); for the small-N
+  // kernel also a token tile of 2 rows, a partial n tile and a 35B in_proj_b at the later-turn T.
   const std::vector<Case> cases = {{512, 256, 3072, "router"},      {300, 64, 3072, "in_proj_a"},
-                                   {37, 1000, 1024, "odd"},         {17, 24832, 3072, "lm_head/10"},
+                                   {2, 64, 2048, "in_proj_a"},      {338, 32, 2048, "in_proj_b"},
+                                   {17, 60, 1024, "odd"},           {37, 1000, 1024, "odd"},
+                                   {17, 24832, 3072, "lm_head/10"},
                                    {64, 24832, 3072, "lm_head/10"}, {40, 1000000, 64, "chunked"}};
   for (const Case& c : cases) {
     Weight w = make_weight(h, {c.N, c.K}, true, 1.0f / std::sqrt(static_cast<float>(c.K)));
@@ -289,8 +292,11 @@ void test_bf16(Harness& h) {
     }
     const std::string shape = std::string(c.what) + " TxNxK " + sz({c.T, c.N, c.K});
     const double bound = std::ldexp(1.0, -16) + fp32_sums_bound(c.K);
-    for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kDispatch}) {
-      const char* name = path == LinearPath::kBf16Split ? "split" : "dispatch";
+    for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kBf16SmallN, LinearPath::kDispatch}) {
+      const char* name = path == LinearPath::kBf16Split    ? "split"
+                         : path == LinearPath::kBf16SmallN ? "small-n"
+                                                           : "dispatch";
+      if (path == LinearPath::kBf16SmallN && (c.N > 64 || c.K % 32 != 0)) continue;
       h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
       if (!linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, path)) {
         record("gemm_bf16", std::string(name) + " not taken " + shape, 1.0, 0.0);

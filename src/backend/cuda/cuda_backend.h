@@ -141,6 +141,14 @@ class CudaBackend final : public Backend {
                        const BatchLayout& batch, const AttentionDims& dims) override;
   void add_gated_shared_rmsnorm(const Tensor& residual, const Tensor& h, const Tensor& d, const Tensor& y,
                                 const Linear& shared_gate, const Tensor& norm_w, float eps) override;
+  // Dense projections (linear_fused.cu): shared activation codes, split-K sums added by the consumer.
+  void linears(const std::vector<Tensor>& outs, const Tensor& x, const std::vector<const Linear*>& ws) override;
+  void linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
+                          const Tensor& norm_w, float eps) override;
+  void gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) override;
+  void gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& core, const Tensor& z,
+                                        const Tensor& gate_norm_w, const Linear& w, const Tensor& norm_w,
+                                        float eps) override;
 
   void moe_route_topk(const Tensor& weights, const Tensor& ids, const Tensor& router_logits) override;
   // W4A4 NVFP4 experts: the routing fused into the experts' first launch (moe_w4a4.cu).

@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cublaslt.h"
+#include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
@@ -28,13 +29,6 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for Hopper (split-K / stream-K)
 
-// Four E4M3 codes (one word) as their f16 values (exact), codes 0, 1 in .x.
-__device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
-  return make_uint2(static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16),
-                    static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16));
-}
 // One block per token row: the row's amax (max is order-free, so the CPU's value), the scale
 // max(amax / 448, 1 / (448 · 512)), then four codes per thread and step: fp8(x / s) by the hardware
 // conversion (round to nearest even, saturating to ±448: core/dtype's f32_to_fp8_e4m3 for finite x),
@@ -53,40 +47,52 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* va
   if (static_scale) {
     s = *static_scale;
   } else {
-    __shared__ float red[kQuantThreads / 32];
     float amax = 0.0f;
     for (int64_t k = threadIdx.x * 4; k < K; k += kQuantThreads * 4) {
       const float4 v = *reinterpret_cast<const float4*>(xr + k);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-    s = fp8_token_scale_from_amax(amax);
+    s = fp8_token_scale_from_amax(block_amax<kQuantThreads>(amax));
   }
   __half* row = values + t * ld;
   for (int64_t k = threadIdx.x * 4; k < ld; k += kQuantThreads * 4) {
-    uint32_t codes = 0;  // +0 past K
-    if (k < K) {
-      const float4 v = *reinterpret_cast<const float4*>(xr + k);
-      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE,
-                                                   __NV_E4M3);
-      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE,
-                                                   __NV_E4M3);
-      codes = lo | (hi << 16);
-    }
-    if constexpr (kOrder == Fp8CodeOrder::kNatural) {
-      *reinterpret_cast<uint2*>(row + k) = f16x4_of(codes);
-    } else {  // codes k, k+1 and k+2, k+3 are two pairs of the wgmma order
-      const uint2 h = f16x4_of(codes);
-      const int64_t p = fp8_code_pos(k);
-      *reinterpret_cast<uint32_t*>(row + p) = h.x;
-      *reinterpret_cast<uint32_t*>(row + p + 8) = h.y;
-    }
+    // +0 past K
+    store_codes4<kOrder>(row, k, k < K ? codes4(*reinterpret_cast<const float4*>(xr + k), s) : 0u);
   }
+  if (threadIdx.x == 0) scales[t] = s;
+}
+
+// silu_mul then quantize_rows_kernel (dynamic scales, wgmma order), one block per token row. The
+// gate_up product arrives as values (splits == 1) or as fp8_wgmma_codes_linear's unscaled partial
+// sums, added as fp8_reduce_splits adds them (split order, then · (ts[t] · ws[n])), so every value,
+// the activation silu(g) · u and its code are those of the unfused ops bit for bit. The activations
+// wait in shared memory ([I] f32) for the row's amax.
+__global__ void __launch_bounds__(kQuantThreads) silu_mul_quantize_kernel(__half* values, float* scales,
+                                                                         const float* gu, int splits, int64_t T,
+                                                                         int64_t I, const float* ts, const float* ws) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // as quantize_rows_kernel
+  extern __shared__ float act[];
+  const int64_t t = blockIdx.x, N = 2 * I;
+  float amax = 0.0f;
+  for (int64_t c = threadIdx.x; c < I; c += kQuantThreads) {
+    float p[2];  // gate c, up c
+    if (splits == 1) {
+      p[0] = gu[t * N + c];
+      p[1] = gu[t * N + I + c];
+    } else {
+      const int64_t at[2] = {t * N + c, t * N + I + c};
+      const bool ok[2] = {true, true};
+      const float scale[2] = {ts[t] * ws[c], ts[t] * ws[I + c]};
+      split_sums(p, gu, splits, T * N, at, ok, scale);
+    }
+    const float a = silu_f(p[0]) * p[1];
+    act[c] = a;
+    amax = fmaxf(amax, fabsf(a));
+  }
+  const float s = fp8_token_scale_from_amax(block_amax<kQuantThreads>(amax));  // its barrier orders act[]
+  __half* row = values + t * fp8_wgmma_row(I);
+  for (int64_t k = threadIdx.x * 4; k < fp8_wgmma_row(I); k += kQuantThreads * 4)
+    store_codes4<Fp8CodeOrder::kWgmma64>(row, k, k < I ? codes4(*reinterpret_cast<const float4*>(act + k), s) : 0u);
   if (threadIdx.x == 0) scales[t] = s;
 }
 
@@ -124,6 +130,15 @@ void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const 
     quantize_rows_kernel<Fp8CodeOrder::kWgmma64>
         <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, fp8_wgmma_row(K), static_scale);
   }
+  CUDA_CHECK_LAUNCH();
+}
+void fp8_silu_mul_quantize(cudaStream_t s, __half* values, float* scales, const float* gu, int splits, int64_t T,
+                           int64_t I, const float* ts, const float* ws) {
+  CHECK(I % 16 == 0 && I <= kFp8SiluQuantMaxI && T <= INT32_MAX);
+  const size_t smem = static_cast<size_t>(I) * 4;  // <= 48 KB: no opt-in
+  if (T == 0) return;
+  silu_mul_quantize_kernel<<<static_cast<unsigned>(T), kQuantThreads, smem, s>>>(values, scales, gu, splits, T, I, ts,
+                                                                                  ws);
   CUDA_CHECK_LAUNCH();
 }
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,

@@ -421,6 +421,71 @@ bool fp8_wgmma_available() {
   return ok;
 }
 
+namespace {
+
+// The plan of one linear (forced tile / splits where given), with the splits that are not empty.
+Plan plan_of(CudaBackend& b, int64_t T, int64_t rows, int64_t K, int force_tile, int force_splits) {
+  Plan plan = T <= kFp8SmallNMaxTokens ? plan_small(T, rows, K, b.sm_count()) : plan_for(T, rows, K, b.sm_count());
+  if (force_tile >= 0) plan.tile = force_tile;
+  if (force_splits > 0) plan.splits = force_splits;
+  const int64_t k_stages = fp8_wgmma_row(K) / 64, per = (k_stages + plan.splits - 1) / plan.splits;
+  plan.splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
+  return plan;
+}
+
+// One partition's GEMM: codes xq [T, fp8_wgmma_row(K)] with scales ts -> out (rows ldo apart; splits
+// == 1) or the unscaled partial sums part [splits, T, rows] (splits > 1).
+void run_gemm(CudaBackend& b, const Plan& plan, float* out, int64_t ldo, float* part, const __half* xq, const float* ts,
+              int64_t T, int64_t rows, int64_t K, const uint8_t* wq, const float* ws) {
+  const int64_t ld = fp8_wgmma_row(K), k_stages = ld / 64, per = (k_stages + plan.splits - 1) / plan.splits;
+  const int bm = tile_rows(plan.tile), bn = kTiles[plan.tile].bn;
+  const int64_t m_tiles = (rows + bm - 1) / bm, n_tiles = (T + bn - 1) / bn;
+  // A stage loads the tokens there are (in octets), not the whole kBN: the rows past them keep what
+  // the stage held before, which only the discarded output columns of tokens >= T read (each token is
+  // its own column of the product). Past T within the box the tensor map reads zeros.
+  const int box_rows = static_cast<int>(std::min<int64_t>(bn, (T + 7) / 8 * 8));
+  const CUtensorMap xmap = tensor_map_2d(xq, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, box_rows,
+                                      64, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap wmap = tensor_map_2d(wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, K, K, bm, 64,
+                                      CU_TENSOR_MAP_SWIZZLE_NONE);
+  WgmmaArgs a{};
+  a.ts = ts;
+  a.ws = ws;
+  a.out = out;
+  a.part = part;
+  a.ldo = ldo;
+  a.T = static_cast<int>(T);
+  a.rows = static_cast<int>(rows);
+  a.k_stages = static_cast<int>(k_stages);
+  a.splits = plan.splits;
+  a.stages_per_split = static_cast<int>(per);
+  a.m_tiles = static_cast<int>(m_tiles);
+  a.n_tiles = static_cast<int>(n_tiles);
+  a.units = a.m_tiles * a.n_tiles * plan.splits;
+  a.x_box_bytes = box_rows * 128;
+  launch_tile(b, plan.tile, xmap, wmap, a);
+}
+
+}  // namespace
+
+bool fp8_wgmma_takes_codes(const Linear& w) {
+  return fp8_gemm_takes(w) && w.activation == ActivationQuant::kFp8TokenDynamic && fp8_wgmma_available();
+}
+
+int fp8_wgmma_splits(CudaBackend& b, int64_t T, const Linear& w) {
+  return plan_of(b, T, w.out_features, w.in_features, -1, 0).splits;
+}
+
+void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits, const __half* xq, const float* ts,
+                            int64_t T, const Linear& w) {
+  CHECK(fp8_wgmma_takes_codes(w) && T <= INT32_MAX / 2 && w.out_features <= INT32_MAX / 2);
+  if (T == 0 || w.out_features == 0) return;
+  Plan plan = plan_of(b, T, w.out_features, w.in_features, -1, 0);
+  CHECK(plan.splits == splits && (splits == 1 || part != nullptr));
+  run_gemm(b, plan, out, w.out_features, part, xq, ts, T, w.out_features, w.in_features,
+           static_cast<const uint8_t*>(w.weight.data), static_cast<const float*>(w.weight_scale.data));
+}
+
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile,
                       int force_splits) {
   if (!fp8_gemm_takes(w) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0 || !fp8_wgmma_available()) return false;
@@ -432,48 +497,21 @@ bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, con
   // with its own scale. Dynamic scales are per token, the same for every partition.
   const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
   const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts, ld = fp8_wgmma_row(K);
-  const bool small = T <= kFp8SmallNMaxTokens;
-  Plan plan = small ? plan_small(T, rows, K, b.sm_count()) : plan_for(T, rows, K, b.sm_count());
-  if (force_tile >= 0) plan.tile = force_tile;
-  if (force_splits > 0) plan.splits = force_splits;
-  const int64_t k_stages = ld / 64, per = (k_stages + plan.splits - 1) / plan.splits;
-  const int splits = static_cast<int>((k_stages + per - 1) / per);  // no empty split
-  const int bm = tile_rows(plan.tile), bn = kTiles[plan.tile].bn;
-  const int64_t m_tiles = (rows + bm - 1) / bm, n_tiles = (T + bn - 1) / bn;
-  // A stage loads the tokens there are (in octets), not the whole kBN: the rows past them keep what
-  // the stage held before, which only the discarded output columns of tokens >= T read (each token is
-  // its own column of the product). Past T within the box the tensor map reads zeros.
-  const int box_rows = static_cast<int>(std::min<int64_t>(bn, (T + 7) / 8 * 8));
+  const Plan plan = plan_of(b, T, rows, K, force_tile, force_splits);
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * ld) * 2), scales(&b, static_cast<size_t>(T) * 4),
-      part(&b, splits > 1 ? static_cast<size_t>(splits * T * rows) * 4 : 0);
+      part(&b, plan.splits > 1 ? static_cast<size_t>(plan.splits * T * rows) * 4 : 0);
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
-  const CUtensorMap xmap = tensor_map_2d(xq.ptr, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, T, ld, ld, box_rows, 64,
-                                      CU_TENSOR_MAP_SWIZZLE_128B);
-  WgmmaArgs a{};
-  a.ts = scales.as<float>();
-  a.part = part.as<float>();
-  a.ldo = N;
-  a.T = static_cast<int>(T);
-  a.rows = static_cast<int>(rows);
-  a.k_stages = static_cast<int>(k_stages);
-  a.splits = splits;
-  a.stages_per_split = static_cast<int>(per);
-  a.m_tiles = static_cast<int>(m_tiles);
-  a.n_tiles = static_cast<int>(n_tiles);
-  a.units = a.m_tiles * a.n_tiles * splits;
-  a.x_box_bytes = box_rows * 128;
   for (int64_t p = 0; p < parts; ++p) {
     fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), scales.as<float>(), x, T, K,
                           w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr,
                           Fp8CodeOrder::kWgmma64);
-    const CUtensorMap wmap = tensor_map_2d(wq + p * rows * K, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, K, K, bm, 64,
-                                        CU_TENSOR_MAP_SWIZZLE_NONE);
-    a.ws = ws + p * rows;
-    a.out = out + p * rows;
-    launch_tile(b, plan.tile, xmap, wmap, a);
-    if (splits > 1) fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), splits, T, rows, a.ts, a.ws);
+    run_gemm(b, plan, out + p * rows, N, part.as<float>(), xq.as<__half>(), scales.as<float>(), T, rows, K,
+             wq + p * rows * K, ws + p * rows);
+    if (plan.splits > 1)
+      fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), plan.splits, T, rows, scales.as<float>(),
+                        ws + p * rows);
   }
   return true;
 }

@@ -5,6 +5,7 @@
 //                                                           read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
+//   bf16_small_n_regime       bf16 weights <= 64 rows    -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
 //   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
@@ -37,11 +38,13 @@ bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8
 // 35B batch-16 step is 0.25 ms (2.7%) faster with the mma.sync kernel at 16 tokens; at 2-8 tokens
 // the two tie alone (each ahead on some shapes by < 3 us) and the 122B batch-4 step is faster with
 // the mma.sync kernel (8.73 against 8.98 ms).
-constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
 bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16_gemm_takes(w); }
+// Few weight rows (GDN in_proj_a / in_proj_b): a problem of a few µs, where the split path's three
+// launches (split, GEMM, add) cost more than the work.
+bool bf16_small_n_regime(int64_t T, const Linear& w) { return bf16_small_n_takes(w, T); }
 
 // NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group
 // (moe_grouped.h; in_proj_qkv at T = 2 / 8: 13 / 14 us where the GEMVs took ~133 us at T = 8).
@@ -63,6 +66,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       }
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
         return true;
+      if (bf16_small_n_regime(T, w) && bf16_small_n_linears(b, {out}, x, T, {&w})) return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
       if (nvfp4_grouped_regime(T, w) && grouped_nvfp4_linear(b, out, x, T, w)) return true;
       // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
@@ -80,6 +84,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
+    case LinearPath::kBf16SmallN: return bf16_small_n_linears(b, {out}, x, T, {&w});
     case LinearPath::kSimt:
       if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
       launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
@@ -115,6 +120,12 @@ bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linea
   const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
   CHECK(x.numel() == T * K && out.numel() == T * N && tile >= 0 && splits > 0);
   return fp8_wgmma_linear(*c, out.ptr<float>(), x.ptr<const float>(), T, w, tile, splits);
+}
+
+int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c || !fp8_wgmma_takes_codes(w)) return 0;
+  return fp8_wgmma_splits(*c, T, w);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

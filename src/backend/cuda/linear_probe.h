@@ -14,6 +14,7 @@ enum class LinearPath : int {
   kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
   kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
   kBf16Split,           // bf16_gemm.cu
+  kBf16SmallN,          // bf16_small_n.cu (any T; at most 64 weight rows)
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)
 };
@@ -27,6 +28,10 @@ bool linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& 
 // its list included).
 // x: [T, K] f32 -> out: [T, N] f32
 bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int tile, int splits);
+
+// The K split fp8_gemm_wgmma.cu plans for (T, w) (its partial sums: what linear_add_rmsnorm and
+// gated_mlp add in their consumers); 0 when `b` is not the CUDA backend or the kernel would not run.
+int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w);
 
 // Whether fp8_gemm_wgmma.cu is expected to run: the CUDA backend on a compute 9.0 device (builds
 // for the H200 carry sm_90a code).

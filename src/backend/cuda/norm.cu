@@ -8,6 +8,9 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/fp8_codes.cuh"
+#include "backend/cuda/quant_math.cuh"
+#include "backend/cuda/tc_gemm.h"
 
 namespace sparkserve {
 namespace {
@@ -90,21 +93,54 @@ __global__ void __launch_bounds__(kMaxThreads) rmsnorm_kernel(float* out, const 
   write_norm(out + r * D, x + r * D, w, s, D);
 }
 
+// The delta of a row's kV elements at `at` (ok: inside the row): a tensor's row, or (Splits) the
+// partial sums of fp8_wgmma_codes_linear added as fp8_reduce_splits adds them (split order, then
+// · (ts[r] · ws[i])), so the value is the one the reduction would have stored.
+struct RowDelta {
+  const float* d;
+  __device__ void operator()(float (&dv)[kV], int64_t r, int64_t D, const int64_t (&at)[kV],
+                             const bool (&ok)[kV]) const {
+#pragma unroll
+    for (int v = 0; v < kV; ++v) dv[v] = ok[v] ? d[r * D + at[v]] : 0.0f;
+  }
+};
+struct Splits {
+  const float* part;
+  int splits;
+  int64_t R;
+  const float* ts;
+  const float* ws;
+  __device__ void operator()(float (&dv)[kV], int64_t r, int64_t D, const int64_t (&at)[kV],
+                             const bool (&ok)[kV]) const {
+    int64_t idx[kV];
+    float scale[kV];
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      idx[v] = r * D + at[v];
+      scale[v] = ok[v] ? ts[r] * ws[at[v]] : 0.0f;
+    }
+    split_sums(dv, part, splits, R * D, idx, ok, scale);
+  }
+};
+
 // residual += delta, then the zero-centred norm of the new residual.
-__global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residual, float* out, const float* delta,
+template <class Delta>
+__global__ void __launch_bounds__(kMaxThreads) add_rmsnorm_kernel(float* residual, float* out, const Delta delta,
                                                                  const float* w, int64_t D, float eps) {
   const int64_t r = blockIdx.x;
   float* x = residual + r * D;
-  const float* dl = delta + r * D;
   double ss = 0;
   for (int64_t base = 0; base < D; base += pass_len()) {
     float xv[kV], dv[kV];
+    int64_t at[kV];
+    bool ok[kV];
 #pragma unroll
     for (int v = 0; v < kV; ++v) {
-      const int64_t i = elem(base, v);
-      xv[v] = i < D ? x[i] : 0.0f;
-      dv[v] = i < D ? dl[i] : 0.0f;
+      at[v] = elem(base, v);
+      ok[v] = at[v] < D;
+      xv[v] = ok[v] ? x[at[v]] : 0.0f;
     }
+    delta(dv, r, D, at, ok);
 #pragma unroll
     for (int v = 0; v < kV; ++v) {
       xv[v] = xv[v] + dv[v];
@@ -133,6 +169,53 @@ __global__ void __launch_bounds__(kMaxThreads) gated_rmsnorm_kernel(float* out, 
     for (int v = 0; v < kV; ++v)
       if (elem(base, v) < D) out[r * D + elem(base, v)] = xv[v] * s * wv[v] * silu_f(zv[v]);
   }
+}
+
+// gated_rmsnorm of a token's Hv rows of dv <= 128 (the GDN heads), then quantize_rows_kernel of the
+// token's [Hv dv] result (dynamic scale, wgmma order), one block of kGatedThreads per token. Each
+// warp normalises whole heads exactly as gated_rmsnorm_kernel does with its one warp per row (the
+// same elements per lane, the same double sum and warp reduction), so the values are bitwise the
+// same; they wait in shared memory ([Hv dv] f32) for the token's amax.
+constexpr int kGatedThreads = 256;
+__global__ void __launch_bounds__(kGatedThreads) gated_rmsnorm_codes_kernel(__half* values, float* scales,
+                                                                           const float* x, const float* z,
+                                                                           const float* w, int64_t Hv, int64_t dv,
+                                                                           float eps) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // as quantize_rows_kernel
+  extern __shared__ float normed[];
+  const int64_t t = blockIdx.x, K = Hv * dv;
+  const int lane = threadIdx.x % 32;
+  float amax = 0.0f;
+  for (int64_t hd = threadIdx.x / 32; hd < Hv; hd += kGatedThreads / 32) {
+    const float* xr = x + t * K + hd * dv;
+    const float* zr = z + t * K + hd * dv;
+    float xv[kV], zv[kV], wv[kV];
+    double ss = 0;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = static_cast<int64_t>(v) * 32 + lane;
+      xv[v] = i < dv ? xr[i] : 0.0f;
+      zv[v] = i < dv ? zr[i] : 0.0f;
+      wv[v] = i < dv ? w[i] : 0.0f;
+      ss += static_cast<double>(xv[v]) * xv[v];
+    }
+    const float s = inv_rms_of(warp_sum_d(ss), dv, eps);
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int64_t i = static_cast<int64_t>(v) * 32 + lane;
+      if (i < dv) {
+        const float o = xv[v] * s * wv[v] * silu_f(zv[v]);
+        normed[hd * dv + i] = o;
+        amax = fmaxf(amax, fabsf(o));
+      }
+    }
+  }
+  const float s = fp8_token_scale_from_amax(block_amax<kGatedThreads>(amax));
+  __half* row = values + t * fp8_wgmma_row(K);
+  for (int64_t k = threadIdx.x * 4; k < fp8_wgmma_row(K); k += kGatedThreads * 4)
+    store_codes4<Fp8CodeOrder::kWgmma64>(row, k,
+                                         k < K ? codes4(*reinterpret_cast<const float4*>(normed + k), s) : 0u);
+  if (threadIdx.x == 0) scales[t] = s;
 }
 
 // add_gated_shared_rmsnorm, one block per row: the gate logit h . w (each thread's products summed
@@ -216,7 +299,24 @@ void CudaBackend::add_rmsnorm(const Tensor& residual, const Tensor& out, const T
   CHECK(residual.numel() == delta.numel() && out.numel() == residual.numel() && residual.numel() == R * D);
   if (R == 0) return;
   add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, stream_>>>(
-      residual.ptr<float>(), out.ptr<float>(), delta.ptr<const float>(), w.ptr<const float>(), D, eps);
+      residual.ptr<float>(), out.ptr<float>(), RowDelta{delta.ptr<const float>()}, w.ptr<const float>(), D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const float* part, int splits,
+                            const float* ts, const float* ws, const float* norm_w, int64_t R, int64_t D, float eps) {
+  if (R == 0) return;
+  add_rmsnorm_kernel<<<static_cast<unsigned>(R), row_threads(D), 0, s>>>(residual, out, Splits{part, splits, R, ts, ws},
+                                                                         norm_w, D, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_gated_rmsnorm_codes(cudaStream_t s, __half* values, float* scales, const float* x, const float* z,
+                             const float* w, int64_t T, int64_t Hv, int64_t dv, float eps) {
+  CHECK(dv <= kFp8GatedNormMaxDv && Hv * dv <= kFp8GatedNormMaxK && (Hv * dv) % 16 == 0 && T <= INT32_MAX);
+  if (T == 0) return;
+  gated_rmsnorm_codes_kernel<<<static_cast<unsigned>(T), kGatedThreads, static_cast<size_t>(Hv * dv) * 4, s>>>(
+      values, scales, x, z, w, Hv, dv, eps);
   CUDA_CHECK_LAUNCH();
 }
 

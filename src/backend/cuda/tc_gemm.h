@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -37,6 +38,19 @@ bool fp8_gemm_linear(CudaBackend& b, float* out, const float* x, int64_t T, cons
 bool fp8_wgmma_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int force_tile = -1,
                       int force_splits = 0);
 bool fp8_wgmma_available();
+// The same GEMM from activation codes quantized beforehand, so several linears of one input (or a
+// producer that quantizes its own output) quantize it once: w with dynamic per-token activation
+// scales (the codes do not depend on the weight then) where the kernel runs.
+bool fp8_wgmma_takes_codes(const Linear& w);
+// The K split fp8_wgmma_codes_linear makes for (T, w): 1, or the partial sums' count.
+int fp8_wgmma_splits(CudaBackend& b, int64_t T, const Linear& w);
+// xq: the codes of fp8_quantize_rows_f16(..., Fp8CodeOrder::kWgmma64) of x, ts their scales. splits ==
+// fp8_wgmma_splits(b, T, w); 1: out = x W^T (as fp8_wgmma_linear); > 1: out is not written, part gets
+// the unscaled partial sums, for fp8_reduce_splits (part, splits, T, N, ts, ws) or a consumer that adds
+// them the same way.
+// xq: [T, fp8_wgmma_row(K)] f16, ts: [T] f32 (device) -> out: [T, N] f32 | part: [splits, T, N] f32 (device)
+void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits, const __half* xq, const float* ts,
+                            int64_t T, const Linear& w);
 // out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n] for n < rows, the split-K partial sums added in split
 // order (out rows ldo apart).
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
@@ -49,6 +63,8 @@ void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* par
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
+// linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
+inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 
 // The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
 // kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
@@ -57,7 +73,7 @@ inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 // quad lane t takes byte j of its 4-byte slice of the weight row (so one 16-byte load of a weight
 // row is a lane's fragments for four k16 steps). A dot product does not depend on the k order.
 enum class Fp8CodeOrder { kNatural, kWgmma64 };
-inline int64_t fp8_wgmma_row(int64_t K) { return (K + 63) / 64 * 64; }
+__host__ __device__ inline int64_t fp8_wgmma_row(int64_t K) { return (K + 63) / 64 * 64; }
 // Where kWgmma64 stores x's k (k % 4 == 0; k + 1 follows it, k + 2 and k + 3 are 8 further on).
 __host__ __device__ inline int64_t fp8_code_pos(int64_t k) {
   return (k & ~int64_t{63}) + 16 * ((k >> 2) & 3) + 2 * ((k >> 4) & 3);
@@ -70,6 +86,28 @@ __host__ __device__ inline int64_t fp8_code_pos(int64_t k) {
 // scales: [T] f32 (device)
 void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const float* x, int64_t T, int64_t K,
                            const float* static_scale, Fp8CodeOrder order = Fp8CodeOrder::kNatural);
+// CudaBackend::add_rmsnorm with the delta as fp8_wgmma_codes_linear's partial sums: residual += the
+// values fp8_reduce_splits would store, then out = the zero-centred norm of the residual (norm.cu).
+// part: [splits, R, D] f32, ts: [R], ws: [D], norm_w: [D] (device) -> residual, out: [R, D] f32 (device)
+void fp8_splits_add_rmsnorm(cudaStream_t s, float* residual, float* out, const float* part, int splits,
+                            const float* ts, const float* ws, const float* norm_w, int64_t R, int64_t D, float eps);
+// gated_rmsnorm over a token's Hv rows of dv (the GDN heads: out = x rsqrt(mean(x^2) + eps) w silu(z)
+// per row), then fp8_quantize_rows_f16 of the token's [Hv dv] result (dynamic scales, kWgmma64), in
+// one kernel: the codes and scales are bitwise those of the separate ops. dv <= kFp8GatedNormMaxDv,
+// Hv dv <= kFp8GatedNormMaxK (a token's values in shared memory), Hv dv % 16 == 0.
+// x, z: [T, Hv, dv] f32, w: [dv] (device) -> values: [T, fp8_wgmma_row(Hv dv)] f16, scales: [T] f32 (device)
+void fp8_gated_rmsnorm_codes(cudaStream_t s, __half* values, float* scales, const float* x, const float* z,
+                             const float* w, int64_t T, int64_t Hv, int64_t dv, float eps);
+inline constexpr int64_t kFp8GatedNormMaxDv = 128, kFp8GatedNormMaxK = 12288;
+// silu_mul of a gate_up product, then fp8_quantize_rows_f16 of the result (dynamic scales, kWgmma64),
+// in one kernel; the product as values (splits == 1) or as fp8_wgmma_codes_linear's partial sums with
+// their scales. The codes and scales are bitwise those of the separate ops. I % 16 == 0, I <=
+// kFp8SiluQuantMaxI (a row of activations in shared memory).
+// gu: [T, 2I] f32 | [splits, T, 2I] f32, ts: [T], ws: [2I] (device) -> values: [T, fp8_wgmma_row(I)] f16,
+// scales: [T] f32 (device)
+void fp8_silu_mul_quantize(cudaStream_t s, __half* values, float* scales, const float* gu, int splits, int64_t T,
+                           int64_t I, const float* ts, const float* ws);
+inline constexpr int64_t kFp8SiluQuantMaxI = 12288;
 // out[t, i] *= ts[t] · ws[i] for i < cols (out rows ldo apart).
 void fp8_scale_outer(cudaStream_t s, float* out, int64_t ldo, int64_t T, int64_t cols, const float* ts,
                      const float* ws);
@@ -89,5 +127,22 @@ bool bf16_split_linear(CudaBackend& b, float* out, const float* x, int64_t T, co
 bool bf16_split_linear_bias(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, const float* bias,
                             bool accumulate);
 inline constexpr int64_t kBf16FusedMinTokens = 1024;
+
+// bf16 weights with at most kBf16SmallNMaxRows rows (the GDN in_proj_a / in_proj_b), K % 32 == 0,
+// kBf16SmallNMinTokens <= T <= kBf16SmallNMaxTokens: bf16_small_n.cu, one kernel with x split into hi
+// + lo in registers (the numerics of bf16_split_linear) instead of its three launches. Measured on the
+// H200 (gpu_ops "gemm bf16", weights from HBM): in_proj_a 32 x 2048 at T = 4..2048 5.4-7.6 µs against
+// 6.6-12.3; the router (256 rows) loses to the split path at every T but ties at 338 (K 2048) and is
+// not taken (its weight stream needs more loads in flight than this kernel's 8 warps keep).
+bool bf16_small_n_takes(const Linear& w, int64_t T);
+// outs[i] = x ws[i]^T for up to kBf16SmallNMaxLinears such linears of one x (same K) in one launch;
+// false (nothing launched) where a weight is not taken or x is not 16-byte aligned.
+// x: [T, K] f32 (device) -> outs[i]: [T, ws[i]->out_features] f32 (device)
+bool bf16_small_n_linears(CudaBackend& b, const std::vector<float*>& outs, const float* x, int64_t T,
+                          const std::vector<const Linear*>& ws);
+inline constexpr int kBf16SmallNMaxLinears = 4;
+inline constexpr int64_t kBf16SmallNMaxRows = 64;
+inline constexpr int64_t kBf16SmallNMinTokens = 2;
+inline constexpr int64_t kBf16SmallNMaxTokens = 2048;
 
 }  // namespace sparkserve
