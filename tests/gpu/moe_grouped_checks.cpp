@@ -19,6 +19,9 @@ namespace sparkserve {
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
+// backend/cuda/moe_grouped.cu: floats in [-6, 6] where the kernels' E2M1 rounding (e2m1_round) differs
+// from the CPU's threshold table (bit patterns, sign of zero included); -1 without the CUDA backend.
+int64_t e2m1_round_mismatches_probe(Backend& b);
 
 namespace {
 
@@ -338,6 +341,8 @@ void check_decode_model_shapes(Harness& h) {
 // list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
   const WeightFormat ct = WeightFormat::kNvfp4, mo = WeightFormat::kNvfp4ModelOpt;
+  record("moe_grouped", "e2m1_round vs the threshold table: mismatching floats in [-6, 6]",
+         static_cast<double>(e2m1_round_mismatches_probe(*h.gpu)), kExact);
   for (const MoeCase& c : std::vector<MoeCase>{{ct, "nvfp4", 8, 64, 8, 512, 256, 2},
                                                {mo, "nvfp4-mo", 9, 64, 8, 512, 256, 2},
                                                {ct, "nvfp4", 16, 64, 8, 512, 256, 2},
