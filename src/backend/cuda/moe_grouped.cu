@@ -275,15 +275,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
 // shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. The MoE's small regime is
-// moe_small_tile's (pairs of up to 16 rows). Measured on the H200 at the 35B / 122B expert shapes
-// (docs/performance.md, "Decode batches" and "A later agent turn's MoE"), op us at 12 rows per expert:
-// sliced 288 / 672 vs medium 409 / 1024; at 16 rows (over 40% of the experts then need a second pair)
-// sliced 361 vs medium 445 (35B; kMoeStreamMaxRows stays at moe7's 12, set when the streamed kernel lost
-// to medium at 16 rows: 505 / 1282 vs 427 / 1061); kSmallN was 3-43% slower than the stream kernel at
-// every T from 4 to 512. Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at
-// 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes plain K <= 2048
-// only) and take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
-constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 12.0, kMoeMediumMaxRows = 48.0;
+// the K-sliced kernel (kSliceN, pairs of up to 16 rows) where both projections fit it, else kSmallN.
+// Measured on the H200 at the 35B / 122B expert shapes (docs/performance.md, "A later agent turn's
+// MoE"), op us, sliced vs the medium tile: at 12 rows per expert 288 / 672 vs 409 / 1024, at 16 rows
+// (over 40% of the experts then need a second pair) 361 vs 445 (35B): hence kMoeSliceMaxRows = 16.
+// Below, the sliced kernel beat the streamed one it replaced at every T from 16 to 512 (35B T = 16
+// 94 vs 100 us, T = 338 268 vs 370; 122B T = 16 207 vs 206, T = 64 405 vs 448; the 35B's 338-token
+// prefill after 10,240 cached tokens 29.23 vs 30.85 ms), and kSmallN by more.
+// Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at 64. Dense layers
+// (medium_max 0) keep kSmallN up to 8 rows and take no medium tile: at T = 64 the qkv projection ran
+// 56 us on it against 51 on the large tile.
+constexpr double kSmallNMaxRows = 8.0, kMoeSliceMaxRows = 16.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
   if (per_expert <= small_max) return small;
@@ -297,16 +299,9 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
-// The MoE's small-N regime at `per_expert` rows per expert: above kMoeSliceMinRows the K-sliced kernel,
-// else the streamed one, where both projections' shapes fit it on this device, else kSmallN. Measured on
-// the H200 (docs/performance.md, "A later agent turn's MoE"), op us sliced vs streamed: 35B T = 338
-// (10.6 rows) 268 vs 370, T = 256 242 vs 333; the 35B's 338-token prefill after 10,240 cached tokens
-// 29.23 vs 30.85 ms. (Sliced was also ahead at 0.5-4 rows, e.g. 122B T = 64 405 vs 448, but the decode
-// steps there were not measured with it.)
-constexpr double kMoeSliceMinRows = 4.0;
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
-  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
-  return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
+// The MoE's small-N regime: the K-sliced kernel where both projections' shapes fit it, else kSmallN.
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
+  return moe_shapes_take(gate_up, down, GroupTile::kSliceN) ? GroupTile::kSliceN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -355,10 +350,10 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   const int64_t slots = T * k;
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
-  const double per_expert = static_cast<double>(slots) / static_cast<double>(E);
-  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                                         : pick_tile(per_expert, kMoeStreamMaxRows, kMoeMediumMaxRows,
-                                                     moe_small_tile(gate_up, down, per_expert), moe_takes);
+  const GroupTile tile =
+      force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSliceMaxRows,
+                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();

@@ -1,5 +1,5 @@
 // Device pieces shared by the grouped NVFP4 W4A4 kernels (nvfp4_group_gemm.cu: large N through shared
-// memory; nvfp4_group_stream.cu / nvfp4_group_gemv.cu: small N): the E2M1 decode into exact fp16 mma
+// memory; nvfp4_group_slice.cu / nvfp4_group_gemv.cu: small N): the E2M1 decode into exact fp16 mma
 // operands, the mma, the global factors and the two epilogues.
 //
 // The weight decode: a 32-bit word holds 8 E2M1 nibbles n0..n7 (n_i = k + i). The fp16 whose bits are
@@ -193,7 +193,7 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kNT][4], float f,
     }
 }
 
-// ---- The copy-engine ring of the streamed kernels (nvfp4_group_stream.cu, nvfp4_group_slice.cu): a
+// ---- The copy-engine ring of the streamed kernel (nvfp4_group_slice.cu): a
 // producer lane fills shared-memory stages with bulk copies that complete on a `full` mbarrier; the
 // consumer warps release a stage by arriving on its `empty` mbarrier.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
