@@ -20,7 +20,7 @@ namespace sparkserve {
 // backend/cuda/moe_grouped.cu (a header for nvcc-built files): the grouped MoE with each stage's
 // launch repeated when its bit of `repeat` is set (0 plan, 1 prepare, 2 gate_up, 3 down, 4 combine)
 // and the tile forced (GroupTile's order: 0 small-N, 1 large-N mma.sync, 2 large-N wgmma, 3 medium-N
-// wgmma, 4 small-N stream, 5 small-N sliced; -1 automatic); the dense path at any T.
+// wgmma, 4 small-N sliced; -1 automatic); the dense path at any T.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Linear& gate_up, const Linear& down, int repeat, int force_tile);
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile);
@@ -53,9 +53,9 @@ struct MoeShape {
   bool distinct_scales = false;
 };
 
-constexpr int kTiles = 6;  // GroupTile order (nvfp4_group_gemm.h)
-const char* const kTileNames[kTiles] = {" grouped small-N",        " grouped large-N mma.sync", " grouped large-N wgmma",
-                                        " grouped medium-N wgmma", " grouped small-N stream",    " grouped small-N sliced"};
+constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
+const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
+                                        " grouped medium-N wgmma", " grouped small-N sliced"};
 
 // Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
 bool tile_timed(int tile, int64_t T) {
@@ -64,7 +64,6 @@ bool tile_timed(int tile, int64_t T) {
     case 1: return T >= 512;  // slower than small-N below (measured: 1.8x at T = 64)
     case 2: return T >= 256;
     case 3: return T >= 64 && T <= 2048;  // 1.5-1.9x the small-N kernel at 2-4 rows per expert (measured)
-    case 5: return T >= 16 && T <= 512;
     default: return T <= 512;
   }
 }
@@ -144,20 +143,20 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
 }
 
 // The 122B-A10B and 35B-A3B expert shapes (256 experts, top-8; gate_up in 2 partitions): decode step
-// sizes ("grouped decode": 4..512 tokens, 0.1..16 rows per expert: the per-pair GEMVs, the streamed and
-// register-streamed small-N kernels and the medium tile, where the dispatch switches between them) and
+// sizes ("grouped decode": 4..512 tokens, 0.1..16 rows per expert: the per-pair GEMVs, the sliced small-N
+// kernel and the medium tile, where the dispatch switches between them) and
 // prefill sizes ("grouped moe").
 void bench_grouped_decode(Backend& gpu) {
   const std::vector<int64_t> Ts = {4, 8, 16, 32, 64, 128, 192, 256, 338, 384, 512};
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x39});
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x39});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x18});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x18});
 }
 // The later turn of an agent session (a ~300-token prompt after a cached prefix) on the 35B: the op and
-// the streamed kernel around 8-16 rows per expert, with gate and up input scales equal and distinct.
+// the sliced kernel around 8-16 rows per expert, with gate and up input scales equal and distinct.
 void bench_grouped_agent(Backend& gpu) {
   const std::vector<int64_t> Ts = {64, 256, 338, 384, 512};
-  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x38});
-  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B, gate/up scales differ)", 2048, 512, Ts, 0x38, true});
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x18});
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B, gate/up scales differ)", 2048, 512, Ts, 0x18, true});
 }
 void bench_grouped_moe(Backend& gpu) {
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,

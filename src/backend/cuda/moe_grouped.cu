@@ -177,20 +177,23 @@ struct PrepareArgs {
   __half* xq;              // [rows, P, K] (nvfp4_group_gemm.h's prepared layout)
 };
 
-// Block (t, y): x[t] held in registers (4 values per thread per pass, four lanes per 16-block),
-// quantized for slots [y·spb, y·spb + spb) of token t and each partition with that expert's input
-// scale (CPU-exact codes), the values e2m1·sf as fp16; lanes 2m and 2m+1 (values 0-3 and 4-7 of an
-// 8-group) swap halves into the order 0,4,1,5 | 2,6,3,7 and store 8 bytes each. spb = k for many
-// tokens (x read once per token), 1 for few (one block per slot: enough blocks to fill the GPU).
-constexpr int kPrepThreads = 256, kPrepQuads = kMaxPreparedK / (4 * kPrepThreads);
+// Block (t, y): x[t] held in registers (8 values per thread per pass: one 8-group; two lanes per
+// 16-block), quantized for slots [y·spb, y·spb + spb) of token t and each partition with that expert's
+// input scale (CPU-exact: quant_math.cuh's block scales, e2m1_round's codes), the values e2m1·sf as fp16 stored by
+// each lane as one 16-byte group in the order 0,4,1,5,2,6,3,7. spb = k for many tokens (x read once per
+// token), 1 for few (one block per slot: enough blocks to fill the GPU). (With 4 values per lane, the
+// block scale's three divisions were shared by 4 values and the 8-groups formed by lane exchanges:
+// measured 75 instructions per value, 20 us for 338 tokens x 8 slots of the 35B, 33 with two partitions.)
+constexpr int kPrepThreads = 256, kPrepPasses = kMaxPreparedK / (8 * kPrepThreads);
 __global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs a) {
   const int64_t t = blockIdx.x, K = a.K;
-  const bool odd = threadIdx.x & 1;
-  float4 v[kPrepQuads];
+  float4 v[kPrepPasses][2];
 #pragma unroll
-  for (int q = 0; q < kPrepQuads; ++q) {
-    const int64_t i = 4 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
-    v[q] = i < K ? *reinterpret_cast<const float4*>(a.x + t * K + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int q = 0; q < kPrepPasses; ++q) {
+    const int64_t i = 8 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      v[q][h] = i < K ? *reinterpret_cast<const float4*>(a.x + t * K + i + 4 * h) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * a.spb;
   for (int64_t j = j0; j < min(a.k, j0 + a.spb); ++j) {
@@ -207,21 +210,29 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs 
       const float gs = a.modelopt ? 1.0f / in_s : in_s;
       __half* o = a.xq + (row * a.P + p) * K;
 #pragma unroll
-      for (int q = 0; q < kPrepQuads; ++q) {
-        const int64_t i = 4 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
-        if (q * kPrepThreads * 4 >= K) break;  // whole passes only: the shuffles need whole warps
-        uint32_t c[4];
-        float sf;
-        nvfp4_quantize_quad(v[q], gs, c, sf);
-        const __half2 lo_h = __floats2half2_rn(e2m1_value(c[0]) * sf, e2m1_value(c[1]) * sf);
-        const __half2 hi_h = __floats2half2_rn(e2m1_value(c[2]) * sf, e2m1_value(c[3]) * sf);
-        const uint32_t lo = *reinterpret_cast<const uint32_t*>(&lo_h), hi = *reinterpret_cast<const uint32_t*>(&hi_h);
-        const uint32_t plo = __shfl_xor_sync(0xffffffffu, lo, 1), phi = __shfl_xor_sync(0xffffffffu, hi, 1);
-        // even lane: (x0,x4), (x1,x5); odd lane: (x2,x6), (x3,x7)
-        const uint2 out = odd ? make_uint2(__byte_perm(phi, hi, 0x5410), __byte_perm(phi, hi, 0x7632))
-                              : make_uint2(__byte_perm(lo, plo, 0x5410), __byte_perm(lo, plo, 0x7632));
+      for (int q = 0; q < kPrepPasses; ++q) {
+        const int64_t i = 8 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
+        if (q * kPrepThreads * 8 >= K) break;  // whole passes only: the shuffle needs whole warps
+        const float x[8] = {v[q][0].x, v[q][0].y, v[q][0].z, v[q][0].w, v[q][1].x, v[q][1].y, v[q][1].z, v[q][1].w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 8; ++m) amax = fmaxf(amax, fabsf(x[m]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 16-block's other half
+        float sf, out_scale;
+        nvfp4_block_scales(amax, gs, sf, out_scale);
+        float y[8];
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+          y[m] = e2m1_round(fminf(fmaxf(__fmul_rn(x[m], out_scale), -6.0f), 6.0f)) * sf;
+        uint4 out;
+        uint32_t* w = &out.x;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const __half2 h = __floats2half2_rn(y[m], y[m + 4]);
+          w[m] = *reinterpret_cast<const uint32_t*>(&h);
+        }
         const int64_t group = a.chunk_major ? chunk_major_group(i / 8) : i / 8;
-        if (i < K) *reinterpret_cast<uint2*>(o + 8 * group + (odd ? 4 : 0)) = out;
+        if (i < K) *reinterpret_cast<uint4*>(o + 8 * group) = out;
       }
     }
   }
@@ -264,15 +275,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // regime `small` (memory-bound, every distinct expert streamed once); up to medium_max, the medium
 // warpgroup-MMA tile (pairs of up to 64 rows, 2 CTAs per SM); more, the large one (128 rows), when the
 // shapes take it (`takes`), else the mma.sync large-N kernel, else `small`. The MoE's small regime is
-// moe_small_tile's (pairs of up to 16 rows). Measured on the H200 at the 35B / 122B expert shapes
-// (docs/performance.md, "Decode batches" and "A later agent turn's MoE"), op us at 12 rows per expert:
-// sliced 288 / 672 vs medium 409 / 1024; at 16 rows (over 40% of the experts then need a second pair)
-// sliced 361 vs medium 445 (35B; kMoeStreamMaxRows stays at moe7's 12, set when the streamed kernel lost
-// to medium at 16 rows: 505 / 1282 vs 427 / 1061); kSmallN was 3-43% slower than the stream kernel at
-// every T from 4 to 512. Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at
-// 64. Dense layers (medium_max 0) keep kSmallN up to 8 rows (the stream kernel takes plain K <= 2048
-// only) and take no medium tile: at T = 64 the qkv projection ran 56 us on it against 51 on the large tile.
-constexpr double kSmallNMaxRows = 8.0, kMoeStreamMaxRows = 12.0, kMoeMediumMaxRows = 48.0;
+// the K-sliced kernel (kSliceN, pairs of up to 16 rows) where both projections fit it, else kSmallN.
+// Measured on the H200 at the 35B / 122B expert shapes (docs/performance.md, "A later agent turn's
+// MoE"), op us, sliced vs the medium tile: at 12 rows per expert 288 / 672 vs 409 / 1024, at 16 rows
+// (over 40% of the experts then need a second pair) 361 vs 445 (35B): hence kMoeSliceMaxRows = 16.
+// Below, the sliced kernel beat the streamed one it replaced at every T from 16 to 512 (35B T = 16
+// 94 vs 100 us, T = 338 268 vs 370; 122B T = 16 207 vs 206, T = 64 405 vs 448; the 35B's 338-token
+// prefill after 10,240 cached tokens 29.23 vs 30.85 ms), and kSmallN by more.
+// Medium wins by 8-17% over kSmallN at 10-32 rows and is within 3.5% of large at 64. Dense layers
+// (medium_max 0) keep kSmallN up to 8 rows and take no medium tile: at T = 64 the qkv projection ran
+// 56 us on it against 51 on the large tile.
+constexpr double kSmallNMaxRows = 8.0, kMoeSliceMaxRows = 16.0, kMoeMediumMaxRows = 48.0;
 template <class Takes>
 GroupTile pick_tile(double per_expert, double small_max, double medium_max, GroupTile small, const Takes& takes) {
   if (per_expert <= small_max) return small;
@@ -286,16 +299,9 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
   return group_tile_fits(tile) && group_gemm_takes(gate_up, tile, true) && group_gemm_takes(down, tile, false);
 }
 
-// The MoE's small-N regime at `per_expert` rows per expert: above kMoeSliceMinRows the K-sliced kernel,
-// else the streamed one, where both projections' shapes fit it on this device, else kSmallN. Measured on
-// the H200 (docs/performance.md, "A later agent turn's MoE"), op us sliced vs streamed: 35B T = 338
-// (10.6 rows) 268 vs 370, T = 256 242 vs 333; the 35B's 338-token prefill after 10,240 cached tokens
-// 29.23 vs 30.85 ms. (Sliced was also ahead at 0.5-4 rows, e.g. 122B T = 64 405 vs 448, but the decode
-// steps there were not measured with it.)
-constexpr double kMoeSliceMinRows = 4.0;
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
-  if (per_expert > kMoeSliceMinRows && moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSliceN;
-  return moe_shapes_take(gate_up, down, GroupTile::kStreamN) ? GroupTile::kStreamN : GroupTile::kSmallN;
+// The MoE's small-N regime: the K-sliced kernel where both projections' shapes fit it, else kSmallN.
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
+  return moe_shapes_take(gate_up, down, GroupTile::kSliceN) ? GroupTile::kSliceN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -344,10 +350,10 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const int64_t H = gate_up.in_features, I = down.in_features, E = gate_up.weight.dim(0), P = gate_up.partitions;
   const int64_t slots = T * k;
   const auto moe_takes = [&](GroupTile t) { return moe_shapes_take(gate_up, down, t); };
-  const double per_expert = static_cast<double>(slots) / static_cast<double>(E);
-  const GroupTile tile = force_tile >= 0 ? static_cast<GroupTile>(force_tile)
-                                         : pick_tile(per_expert, kMoeStreamMaxRows, kMoeMediumMaxRows,
-                                                     moe_small_tile(gate_up, down, per_expert), moe_takes);
+  const GroupTile tile =
+      force_tile >= 0 ? static_cast<GroupTile>(force_tile)
+                      : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSliceMaxRows,
+                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();
@@ -476,8 +482,8 @@ bool grouped_nvfp4_linear(CudaBackend& b, float* out, const float* x, int64_t T,
   return grouped_linear_impl(b, out, x, T, w, kGroupedLinearMinRows, -1);
 }
 
-// For the kernel benchmark only (tests/gpu/moe_grouped_bench.cpp declares them: it is built without
-// nvcc). The grouped MoE with stage repeats and a forced tile (see moe_grouped_impl; force_tile -1:
+// For the kernel benchmark and checks only (tests/gpu/moe_grouped_{bench,checks}.cpp declare them: they
+// are built without nvcc). The grouped MoE with stage repeats and a forced tile (see moe_grouped_impl; force_tile -1:
 // moe_grouped's choice), and the dense path at any T; false when `b` is not the CUDA backend or the
 // layout is not taken.
 bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -493,6 +499,35 @@ bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const 
   auto* c = dynamic_cast<CudaBackend*>(&b);
   const int64_t T = w.in_features == 0 ? 0 : x.numel() / w.in_features;
   return c && grouped_linear_impl(*c, out.ptr<float>(), x.ptr<const float>(), T, w, 1, force_tile);
+}
+
+namespace {
+// Counts the floats x in [-6, 6] (every bit pattern) where e2m1_round(x) differs from the threshold
+// table's value or sign of zero.
+__global__ void e2m1_round_check_kernel(unsigned long long* mismatches) {
+  constexpr uint32_t kLast = 0x40C00000u;  // 6.0f
+  unsigned long long bad = 0;
+  for (uint64_t b = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; b <= kLast;
+       b += static_cast<uint64_t>(gridDim.x) * blockDim.x)
+    for (uint32_t sign = 0; sign < 2; ++sign) {
+      const float x = __uint_as_float(static_cast<uint32_t>(b) | (sign << 31));
+      bad += __float_as_uint(e2m1_round(x)) != __float_as_uint(e2m1_value(f32_to_e2m1(x)));
+    }
+  if (bad) atomicAdd(mismatches, bad);
+}
+}  // namespace
+
+int64_t e2m1_round_mismatches_probe(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return -1;
+  CudaBackend::Scratch n(c, 8);
+  CUDA_CHECK(cudaMemsetAsync(n.ptr, 0, 8, c->stream()));
+  e2m1_round_check_kernel<<<4 * c->sm_count(), 256, 0, c->stream()>>>(n.as<unsigned long long>());
+  CUDA_CHECK_LAUNCH();
+  unsigned long long v = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&v, n.ptr, 8, cudaMemcpyDeviceToHost, c->stream()));
+  CUDA_CHECK(cudaStreamSynchronize(c->stream()));
+  return static_cast<int64_t>(v);
 }
 
 }  // namespace sparkserve

@@ -1,5 +1,5 @@
 // Device pieces shared by the grouped NVFP4 W4A4 kernels (nvfp4_group_gemm.cu: large N through shared
-// memory; nvfp4_group_stream.cu / nvfp4_group_gemv.cu: small N): the E2M1 decode into exact fp16 mma
+// memory; nvfp4_group_slice.cu / nvfp4_group_gemv.cu: small N): the E2M1 decode into exact fp16 mma
 // operands, the mma, the global factors and the two epilogues.
 //
 // The weight decode: a 32-bit word holds 8 E2M1 nibbles n0..n7 (n_i = k + i). The fp16 whose bits are
@@ -110,6 +110,18 @@ __device__ __forceinline__ float global_factor(float w_global, float in_scale, b
   return modelopt ? 16384.0f * w_global * in_scale : 16384.0f / (w_global * in_scale);
 }
 
+// e2m1_value(f32_to_e2m1(x)) (quant_math.cuh: core/nvfp4.cpp's threshold table, ties to the even
+// mantissa, zero always +0) for x in [-6, 6], by rounding on the E2M1 grid with ties to even: steps of
+// 0.5 below 2, of 1 below 4, of 2 from 4 (5 goes to 4); the scalings by powers of two are exact. Checked
+// equal to the table for every float in [0, 6] (1,086,324,737 values, a host program). Branch-free,
+// ~12 instructions instead of ~40.
+__device__ __forceinline__ float e2m1_round(float x) {
+  const float a = fabsf(x);
+  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f), step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  const float m = __fmul_rn(step, rintf(__fmul_rn(a, inv)));
+  return x < 0.0f && m != 0.0f ? -m : m;
+}
+
 // Slot of value i (0..7) of an 8-group in the prepared layout (0,4,1,5,2,6,3,7).
 __device__ __forceinline__ int prepared_slot(int i) { return 2 * (i % 4) + i / 4; }
 
@@ -156,9 +168,9 @@ __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const
       __half* arow = act + (start + col) * I + prepared_slot(g);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const uint32_t code = f32_to_e2m1(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
+        const float q = e2m1_round(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
         const int64_t group = i_base / 8 + rr;
-        arow[8 * (kChunkMajor ? chunk_major_group(group) : group)] = __float2half_rn(e2m1_value(code) * sf);
+        arow[8 * (kChunkMajor ? chunk_major_group(group) : group)] = __float2half_rn(q * sf);
       }
     }
   }
@@ -181,7 +193,7 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kNT][4], float f,
     }
 }
 
-// ---- The copy-engine ring of the streamed kernels (nvfp4_group_stream.cu, nvfp4_group_slice.cu): a
+// ---- The copy-engine ring of the streamed kernel (nvfp4_group_slice.cu): a
 // producer lane fills shared-memory stages with bulk copies that complete on a `full` mbarrier; the
 // consumer warps release a stage by arriving on its `empty` mbarrier.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }

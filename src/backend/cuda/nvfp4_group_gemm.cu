@@ -241,11 +241,10 @@ bool is_wgmma_tile(GroupTile t) {
 
 }  // namespace
 
-int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN || t == GroupTile::kStreamN ? 32 : 256; }
+int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN ? 32 : 256; }
 int64_t group_tile_n(GroupTile t) {
   switch (t) {
     case GroupTile::kSmallN: return 8;
-    case GroupTile::kStreamN:
     case GroupTile::kSliceN: return 16;
     case GroupTile::kLargeN:
     case GroupTile::kMediumNWgmma: return 64;
@@ -256,14 +255,12 @@ int64_t group_tile_n(GroupTile t) {
 bool group_tile_fits(GroupTile t) {
   if (is_wgmma_tile(t)) return group_wgmma_available();
   // The gate_up variant's stages (two activation operands) are the larger.
-  return t == GroupTile::kSmallN || t == GroupTile::kStreamN || t == GroupTile::kSliceN ||
-         LargeGateUp::kSmem <= smem_budget();
+  return t == GroupTile::kSmallN || t == GroupTile::kSliceN || LargeGateUp::kSmem <= smem_budget();
 }
 
 bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
   if (!is_nvfp4(w.format) || w.activation != ActivationQuant::kNvfp4) return false;
   if (!w.input_scale.data || !w.global_scale.data || w.partitions < 1) return false;
-  if (t == GroupTile::kStreamN) return group_stream_takes(w, gate_up);
   if (t == GroupTile::kSliceN) return group_slice_takes(w, gate_up);
   const int64_t k_step = t == GroupTile::kSmallN ? 128 : kBK, tm = group_tile_m(t), N = w.out_features;
   if (w.in_features % k_step != 0 || N % w.partitions != 0) return false;
@@ -274,8 +271,6 @@ bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
 void launch_group_gemm(CudaBackend& b, const GroupGemmArgs& a, GroupTile tile) {
   if (tile == GroupTile::kSmallN)
     launch_group_gemv(b, a);
-  else if (tile == GroupTile::kStreamN)
-    launch_group_stream(b, a);
   else if (tile == GroupTile::kSliceN)
     launch_group_slice(b, a);
   else if (is_wgmma_tile(tile))

@@ -23,14 +23,13 @@ namespace sparkserve {
 // input scale equals partition 0's is not written (the GEMM reads partition 0's values instead).
 // prepare_rows_kernel (moe_grouped.cu) writes them.
 // Tile regimes: kSmallN (at most 8 rows per pair: dense layers at a few tokens, and the MoE where
-// kStreamN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kLargeN (64 rows per pair: prefill; shared-memory pipeline and
-// mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma (128 rows per pair: prefill on sm_90a's
-// warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the same kernel with 64 rows per pair and
-// 2 CTAs per SM (a few dozen tokens per expert); kStreamN (at most 16 rows per pair: the MoE at decode
-// batches; weights streamed through shared memory by the copy engine, nvfp4_group_stream.cu) and
-// kSliceN (the same pairs, ~6-16 tokens per expert: a short prompt; items of 256 weight rows streamed in
-// 256-k slices, each warp over the whole K, nvfp4_group_slice.cu).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kStreamN, kSliceN };
+// kSliceN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kSliceN (at
+// most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights streamed
+// through shared memory by the copy engine in 256-k slices, nvfp4_group_slice.cu), kLargeN (64 rows per
+// pair: prefill; shared-memory pipeline and mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma
+// (128 rows per pair: prefill on sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the
+// same kernel with 64 rows per pair and 2 CTAs per SM (a few dozen tokens per expert).
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kSliceN };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -83,8 +82,6 @@ void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
 // bn: the wgmma tile's activation rows per pair (64 or 128).
 void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
-void launch_group_stream(CudaBackend& b, const GroupGemmArgs& a);
-bool group_stream_takes(const Linear& w, bool gate_up);
 void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a);
 bool group_slice_takes(const Linear& w, bool gate_up);
 

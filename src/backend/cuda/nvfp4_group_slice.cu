@@ -1,20 +1,21 @@
 // Grouped NVFP4 W4A4 GEMM, K-sliced streamed regime (nvfp4_group_gemm.h, GroupTile::kSliceN): work pairs
-// of up to 16 activation rows, as kStreamN, for the MoE above 4 tokens per routed expert (a ~300-token
-// prompt of the 35B-A3B: every expert touched, ~10 rows each).
+// of up to 16 activation rows for the MoE from a few dozen tokens to ~16 tokens per routed expert (a
+// ~300-token prompt of the 35B-A3B: every expert touched, ~10 rows each; batched decode).
 //
-// Why not kStreamN there: its item is a group of rows over the whole K, its 8 warps split that K into
-// parts and add the parts' sums over shared memory behind two CTA barriers per item, and a warp's
-// activation loads serve one m16 tile; measured, its activation loads (L1 traffic ~5x the weights'
-// bytes, half-used sectors) bounded it (docs/performance.md, "A later agent turn's MoE"). Here an item is a pair x 128 gate rows + their 128 up rows
-// (plain: 256 consecutive rows), and a ring stage holds one 256-k slice of the item's rows, copied by
-// the copy engine as 2-D tensor boxes (gate_up 4 copies of 36 KB in all, plain 2). Each consumer warp
-// owns two m16 tiles (gate_up: 16 gate rows and the matching up rows; plain: 32 rows) over the whole
-// K: its accumulators live across the item's stages, so no warp waits for another (no partial sums, no
-// barrier; a stage is released by each warp's arrival), the epilogue runs from registers, the two
-// tiles share their activation loads where they read one partition, and all warps of a CTA read the
-// same 256-k slice of the pair's activations at a time (L1 reuse). The activations (and the down
-// input this kernel's gate_up writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh).
-// Shared memory of a stage: [rows][128] payload bytes, then [rows][16] block scales.
+// Memory-bound on the weights, bound in practice by the activation loads: each warp's m16n8k16 reads a
+// 256-byte activation fragment against 128 bytes of weights. So: an item is a pair x 128 gate rows +
+// their 128 up rows (plain: 256 consecutive rows), a ring stage one 256-k slice of the item's rows,
+// copied by the copy engine as 2-D tensor boxes (gate_up 4 copies of 36 KB in all, plain 2); each
+// consumer warp owns two m16 tiles of one half (gate_up: warps 0-3 the gate rows, 4-7 the matching up
+// rows; plain: 32 rows) over the whole K, so its two tiles share every activation load, its
+// accumulators live across the item's stages (no partial sums; a stage is released by each warp's
+// arrival), and all warps of a CTA read the same 256-k slice of the pair's activations at a time (L1
+// reuse). At a gate_up item's end the up warps hand their sums to the gate warps through shared memory.
+// The activations (and the down input this kernel's gate_up writes) are in the chunk-major prepared
+// layout (nvfp4_group_common.cuh). Shared memory of a stage: [rows][128] payload bytes, then [rows][16]
+// block scales. (Measured against nvfp4_group_stream.cu's items of whole-K rows, K split over the
+// warps and summed over shared memory behind two barriers per item: docs/performance.md, "A later agent
+// turn's MoE".)
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -26,7 +27,7 @@ namespace sparkserve {
 namespace {
 
 constexpr int kChunk = 128;      // k per chunk: 64 payload bytes and 8 block scales per row
-// Ring stages per CTA: 2 (of 36 KB; 2 CTAs per SM leave ~100 KB of L1 for the activations). Measured at
+// Ring stages per CTA: 2 (of 36 KB; 2 CTAs per SM leave ~80 KB of L1 for the activations). Measured at
 // the 35B T = 338 (H200): 3 stages made the op 7% slower (341 vs 318 us; gate/up input scales differing:
 // 401 vs 375), the L1 then holding ~28 KB.
 constexpr int kStages = 2;
@@ -37,6 +38,9 @@ constexpr int kRingOffset = 128;  // the mbarriers first
 constexpr int kSliceK = 256, kSliceBytes = kSliceK / 2, kSliceScales = kSliceK / 16;
 constexpr int kSliceWarps = 8, kSliceRows = kSliceWarps * 32;  // 256 weight rows per item and stage
 constexpr int kSliceStageBytes = kSliceRows * (kSliceBytes + kSliceScales);  // 36,864
+// gate_up: the up warps' sums for the gate warps, after the ring (4 warps x 2 tiles x 2 column tiles x 4 x 32).
+constexpr int kHandoffBytes = (kSliceWarps / 2) * 2 * kColTiles * 4 * 32 * 4;
+constexpr int64_t slice_smem_bytes(bool gate_up) { return kRingOffset + kStages * kSliceStageBytes + (gate_up ? kHandoffBytes : 0); }
 
 struct SliceShape {
   int slices, items_per_pair;
@@ -79,24 +83,20 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
   }
 }
 
-// One 128-k chunk of both of a warp's tiles (A operands from the stage, rows 16 tile + g and + 8) against
-// kN n8 column tiles; xa / xb: tile 0's / tile 1's activation pointers (kShared: both read xa).
-template <int kN, bool kShared>
-__device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t* w0, const uint8_t* w1,
-                                            const uint8_t* s0p, const uint8_t* s1p, const __half* const (&xa)[kColTiles],
-                                            const __half* const (&xb)[kColTiles], int koff) {
-  const ChunkOps o0 = load_chunk(w0, 8 * kSliceBytes, s0p, 8 * kSliceScales);
-  const ChunkOps o1 = load_chunk(w1, 8 * kSliceBytes, s1p, 8 * kSliceScales);
+// One 128-k chunk of a warp's two tiles (A operands from the stage: rows g and g + 8 of each; the
+// second tile 16 rows below the first) against kN n8 column tiles of one activation operand x.
+template <int kN>
+__device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t* w, const uint8_t* sc,
+                                            const __half* const (&x)[kColTiles], int koff) {
+  const ChunkOps o0 = load_chunk(w, 8 * kSliceBytes, sc, 8 * kSliceScales);
+  const ChunkOps o1 = load_chunk(w + 16 * kSliceBytes, 8 * kSliceBytes, sc + 16 * kSliceScales, 8 * kSliceScales);
   const __half2 h00 = e4m3x2_to_half2(o0.s0 & 0xffu, o0.s0 >> 8), h01 = e4m3x2_to_half2(o0.s1 & 0xffu, o0.s1 >> 8);
   const __half2 h10 = e4m3x2_to_half2(o1.s0 & 0xffu, o1.s0 >> 8), h11 = e4m3x2_to_half2(o1.s1 & 0xffu, o1.s1 >> 8);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint4 ba[kN], bb[kN];
+    uint4 b[kN];
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      ba[j] = __ldg(reinterpret_cast<const uint4*>(xa[j] + koff) + 4 * i);
-      bb[j] = kShared ? ba[j] : __ldg(reinterpret_cast<const uint4*>(xb[j] + koff) + 4 * i);
-    }
+    for (int j = 0; j < kN; ++j) b[j] = __ldg(reinterpret_cast<const uint4*>(x[j] + koff) + 4 * i);
     const __half2 sa0 = i / 2 ? __high2half2(h00) : __low2half2(h00), sa1 = i / 2 ? __high2half2(h01) : __low2half2(h01);
     const __half2 sb0 = i / 2 ? __high2half2(h10) : __low2half2(h10), sb1 = i / 2 ? __high2half2(h11) : __low2half2(h11);
     uint32_t fa[4], fb[4];
@@ -104,36 +104,34 @@ __device__ __forceinline__ void slice_chunk(float (&acc)[2][2][4], const uint8_t
     decode_a<0>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      mma16816(acc[0][j], fa, ba[j].x, ba[j].y);
-      mma16816(acc[1][j], fb, bb[j].x, bb[j].y);
+      mma16816(acc[0][j], fa, b[j].x, b[j].y);
+      mma16816(acc[1][j], fb, b[j].x, b[j].y);
     }
     decode_a<1>(word(o0.q0, i), word(o0.q1, i), sa0, sa1, fa);
     decode_a<1>(word(o1.q0, i), word(o1.q1, i), sb0, sb1, fb);
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      mma16816(acc[0][j], fa, ba[j].z, ba[j].w);
-      mma16816(acc[1][j], fb, bb[j].z, bb[j].w);
+      mma16816(acc[0][j], fa, b[j].z, b[j].w);
+      mma16816(acc[1][j], fb, b[j].z, b[j].w);
     }
   }
 }
 
-template <bool kGateUp, int kN, bool kShared>
+// A warp's two tiles over all the item's slices: stage rows 32 warp .. 32 warp + 31 (gate_up: warps 0-3
+// the gate rows, 4-7 the matching up rows).
+template <int kN>
 __device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceShape& sh, uint8_t* ring, uint64_t* full,
                                            uint64_t* empty, uint32_t& slot, uint32_t& phase,
-                                           const __half* const (&xa)[kColTiles], const __half* const (&xb)[kColTiles],
-                                           int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  // Stage rows of this warp's tiles: gate_up 16 warp + g (gate) and 128 + 16 warp + g (up); plain 32 warp + g, + 16.
-  const int r0 = 16 * (kGateUp ? warp : 2 * warp) + g, r1 = kGateUp ? kSliceRows / 2 + 16 * warp + g : r0 + 16;
+                                           const __half* const (&x)[kColTiles], int warp, int lane) {
+  const int g = lane / 4, t = lane % 4, r = 32 * warp + g;
   for (int s = 0; s < sh.slices; ++s) {
     mbar_wait(&full[slot], phase);
     const uint8_t* st = ring + slot * kSliceStageBytes;
     const uint8_t* sc = st + kSliceRows * kSliceBytes;
 #pragma unroll
     for (int c = 0; c < kSliceK / kChunk; ++c)
-      slice_chunk<kN, kShared>(acc, st + r0 * kSliceBytes + 64 * c + 16 * t, st + r1 * kSliceBytes + 64 * c + 16 * t,
-                               sc + r0 * kSliceScales + 8 * c + 2 * t, sc + r1 * kSliceScales + 8 * c + 2 * t, xa, xb,
-                               s * kSliceK + c * kChunk);
+      slice_chunk<kN>(acc, st + r * kSliceBytes + 64 * c + 16 * t, sc + r * kSliceScales + 8 * c + 2 * t, x,
+                      s * kSliceK + c * kChunk);
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[slot]);
     if (++slot == static_cast<uint32_t>(kStages)) {
@@ -143,9 +141,15 @@ __device__ __forceinline__ void slice_item(float (&acc)[2][2][4], const SliceSha
   }
 }
 
+// The consumer warps only (named barrier 1; the producer does not take part).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kSliceWarps * 32) : "memory"); }
+
+// up_x: the up warps' sums handed to the gate warps at each gate_up item's end, [warp - 4][tile][column
+// tile][register][lane].
 template <bool kGateUp>
 __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
-                                              uint64_t* full, uint64_t* empty, int first, int last, int warp, int lane) {
+                                              uint64_t* full, uint64_t* empty, float* up_x, int first, int last,
+                                              int warp, int lane) {
   const int g = lane / 4, t = lane % 4;
   const int64_t K = a.K, M = a.M;
   const int Mp = static_cast<int>(M / a.P);
@@ -156,34 +160,43 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
     const WorkPair wp = work_pair(a, pair, kPairRows);
     const int64_t e = wp.e, start = wp.start;
     const int rows = wp.rows, nt = (rows + 7) / 8;
-    // Weight rows of the warp's tiles (tile 0: gate / first; tile 1: up / second) and their activation partitions.
-    const int64_t row0 = kGateUp ? static_cast<int64_t>(mg) * (kSliceRows / 2) + 16 * warp
+    // The warp's first weight row within its half (gate_up: gate or up rows) and the activation
+    // partition both its tiles read (gate_up: the gate's 0, the up's P - 1; plain: the rows' own).
+    const bool up_warp = kGateUp && warp >= kSliceWarps / 2;
+    const int64_t row0 = kGateUp ? static_cast<int64_t>(mg) * (kSliceRows / 2) + 32 * (warp % (kSliceWarps / 2))
                                  : static_cast<int64_t>(mg) * kSliceRows + 32 * warp;
-    const int rpa = read_partition(a.in_scale, e, a.P, kGateUp ? 0 : static_cast<int>(row0 / Mp));
-    const int rpb = read_partition(a.in_scale, e, a.P, kGateUp ? a.P - 1 : static_cast<int>((row0 + 16) / Mp));
-    const __half *xa[kColTiles], *xb[kColTiles];
+    const int rp = read_partition(a.in_scale, e, a.P, kGateUp ? (up_warp ? a.P - 1 : 0) : static_cast<int>(row0 / Mp));
+    const __half* x[kColTiles];
 #pragma unroll
-    for (int j = 0; j < kColTiles; ++j) {
-      const int64_t r = start + min(8 * j + g, rows - 1);
-      xa[j] = a.xq + (r * a.P + rpa) * K + 8 * t;  // chunk-major: step i of lane t at 8t + 32i
-      xb[j] = a.xq + (r * a.P + rpb) * K + 8 * t;
-    }
+    for (int j = 0; j < kColTiles; ++j)  // chunk-major: step i of lane t at 8t + 32i
+      x[j] = a.xq + ((start + min(8 * j + g, rows - 1)) * a.P + rp) * K + 8 * t;
     float acc[2][2][4] = {};
-    const bool shared = rpa == rpb;
-    if (nt == 1 && shared)
-      slice_item<kGateUp, 1, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
-    else if (nt == 1)
-      slice_item<kGateUp, 1, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
-    else if (shared)
-      slice_item<kGateUp, 2, true>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+    if (nt == 1)
+      slice_item<1>(acc, sh, ring, full, empty, slot, phase, x, warp, lane);
     else
-      slice_item<kGateUp, 2, false>(acc, sh, ring, full, empty, slot, phase, xa, xb, warp, lane);
+      slice_item<2>(acc, sh, ring, full, empty, slot, phase, x, warp, lane);
     if constexpr (kGateUp) {
-      const float d_in = a.act_in_scale[e];
-      const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
-      const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
-      store_gate_up<2, true>(acc[0], acc[1], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2, start, row0, 0, rows,
-                       g, t);
+      // The up warps hand their sums to the gate warps of the same rows; the second barrier keeps them
+      // from overwriting the hand-off with the next item's before it has been read.
+      float up[2][2][4];
+      float* slab = up_x + (warp % (kSliceWarps / 2)) * (2 * kColTiles * 4 * 32) + lane;
+      if (up_warp)
+#pragma unroll
+        for (int i = 0; i < 2 * kColTiles * 4; ++i) slab[32 * i] = (&acc[0][0][0])[i];
+      consumer_sync();
+      if (!up_warp)
+#pragma unroll
+        for (int i = 0; i < 2 * kColTiles * 4; ++i) (&up[0][0][0])[i] = slab[32 * i];
+      consumer_sync();
+      if (!up_warp) {
+        const float d_in = a.act_in_scale[e];
+        const float fg = global_factor(a.w_global[e * a.P], a.in_scale[e * a.P], a.modelopt);
+        const float fu = global_factor(a.w_global[e * a.P + a.P - 1], a.in_scale[e * a.P + a.P - 1], a.modelopt);
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+          store_gate_up<2, true>(acc[tile], up[tile], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2,
+                                 start, row0 + 16 * tile, 0, rows, g, t);
+      }
     } else {
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
@@ -220,14 +233,17 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
   if (warp == kSliceWarps) {
     if (lane == 0) slice_produce<kGateUp>(a, sh, &wmap, &smap, ring, full, empty, first, last);
   } else {
-    slice_consume<kGateUp>(a, sh, ring, full, empty, first, last, warp, lane);
+    slice_consume<kGateUp>(a, sh, ring, full, empty, reinterpret_cast<float*>(ring + kStages * kSliceStageBytes), first,
+                           last, warp, lane);
   }
 }
 
-// Whether two CTAs' rings fit in an SM's shared memory.
-bool slice_ring_fits() {
+// CTAs per SM: 2 where their shared memory fits (sm_90, sm_100), else 1 (sm_120's 100 KB), else 0.
+int slice_blocks_per_sm() {
   const SmemLimits& l = smem_limits();
-  return std::min(l.optin, l.per_sm / 2 - l.reserved) >= kRingOffset + kStages * kSliceStageBytes;
+  for (int blocks = 2; blocks >= 1; --blocks)
+    if (std::min(l.optin, l.per_sm / blocks - l.reserved) >= slice_smem_bytes(true)) return blocks;
+  return 0;
 }
 
 template <bool kGateUp>
@@ -245,12 +261,12 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
       tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16, a.K / 16, box_rows,
                     kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
   auto kern = group_slice_kernel<kGateUp>;
-  const int64_t smem = kRingOffset + int64_t{kStages} * kSliceStageBytes;
+  const int64_t smem = slice_smem_bytes(kGateUp);
   static int64_t allowed = 0;
   allow_smem(kern, smem, allowed);
   const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kPairRows - 1) / kPairRows;
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
-  const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{2} * b.sm_count());
+  const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{slice_blocks_per_sm()} * b.sm_count());
   if (grid <= 0) return;
   launch_with_pdl(kern, static_cast<unsigned>(grid), (kSliceWarps + 1) * 32, smem, b.stream(), a, sh, wmap, smap);
 }
@@ -259,7 +275,7 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 
 bool group_slice_takes(const Linear& w, bool gate_up) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
-  if (!tensor_maps_available() || !slice_ring_fits() || K % kSliceK != 0 || P < 1 || M % P != 0) return false;
+  if (!tensor_maps_available() || slice_blocks_per_sm() == 0 || K % kSliceK != 0 || P < 1 || M % P != 0) return false;
   // 16-byte aligned payload and scales (the tensor maps' rule; their rows, K/2 and K/16 bytes, are too).
   if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0 || (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) != 0)
     return false;
