@@ -1,13 +1,18 @@
 // libFuzzer entry point: any byte string as a request body must parse into a request or a 4xx
 // error (never crash, hang or throw), and what a valid request leads to (default resolution,
-// one sampling step, response and error serialization) must not crash either.
+// one sampling step, response and error serialization) must not crash either. The bodies' fast
+// JSON parser is checked against nlohmann's on every input: it gives exactly nlohmann's value (the
+// same types down to signed / unsigned / float numbers, the same member order) or nothing.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "runtime/sampler.h"
 #include "server/openai_request.h"
+#include "server/json_parse.h"
 #include "server/openai_response.h"
 
 namespace {
@@ -32,11 +37,45 @@ void run_sampling(const GenerationRequest& g) {
   if (r.token < 0 || r.token >= kVocab) __builtin_trap();
 }
 
+bool same_value(const RequestJson& a, const RequestJson& b) {
+  if (a.type() != b.type()) return false;
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j)
+      if (i.key() != j.key() || !same_value(*i, *j)) return false;
+    return true;
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same_value(a[i], b[i])) return false;
+    return true;
+  }
+  if (a.is_number_float()) {  // bitwise: both parse the same text, NaN cannot occur in JSON
+    const double x = a.get<double>(), y = b.get<double>();
+    return std::memcmp(&x, &y, sizeof x) == 0;
+  }
+  return a == b;
+}
+
+void check_fast_parse(std::string_view body) {
+  const std::optional<RequestJson> fast = parse_json_fast(body, 64);
+  if (!fast) return;
+  RequestJson ref;
+  try {
+    ref = RequestJson::parse(body.begin(), body.end());
+  } catch (...) {
+    __builtin_trap();  // the fast parser accepted what nlohmann rejects
+  }
+  if (!same_value(*fast, ref)) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view body(reinterpret_cast<const char*>(data), size);
   static const ServedModelInfo info{{"qwen"}, 4096, kVocab};
+  check_fast_parse(body);
 
   if (auto chat = parse_chat_request(body, info); chat.ok()) {
     (void)serialize_json(chat->messages);
