@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "text/utf8.h"
+
 namespace sparkserve {
 namespace {
 
@@ -33,37 +35,15 @@ const char* skip_plain(const char* p, const char* end) {
 }
 
 // Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong forms, no surrogates, nothing
-// above U+10FFFF), or 0. The same table nlohmann's lexer checks.
+// above U+10FFFF; the table nlohmann's lexer checks too), or 0.
 int utf8_sequence(const char* p, const char* end) {
-  const auto b = [&](int i) { return static_cast<unsigned char>(p[i]); };
-  const auto in = [&](int i, unsigned lo, unsigned hi) { return end - p > i && b(i) >= lo && b(i) <= hi; };
-  const unsigned c = b(0);
-  if (c >= 0xC2 && c <= 0xDF) return in(1, 0x80, 0xBF) ? 2 : 0;
-  if (c == 0xE0) return in(1, 0xA0, 0xBF) && in(2, 0x80, 0xBF) ? 3 : 0;
-  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) ? 3 : 0;
-  if (c == 0xED) return in(1, 0x80, 0x9F) && in(2, 0x80, 0xBF) ? 3 : 0;
-  if (c == 0xF0) return in(1, 0x90, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-  if (c >= 0xF1 && c <= 0xF3) return in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-  if (c == 0xF4) return in(1, 0x80, 0x8F) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF) ? 4 : 0;
-  return 0;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
+  Utf8Stepper st;
+  for (int i = 0; i < 4 && p + i < end; ++i) {
+    const Utf8Stepper::Result r = st.feed(static_cast<uint8_t>(p[i]));
+    if (r == Utf8Stepper::kChar) return i + 1;
+    if (r == Utf8Stepper::kBad) return 0;
   }
+  return 0;
 }
 
 class FastParser {
