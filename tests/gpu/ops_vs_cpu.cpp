@@ -123,7 +123,7 @@ void test_dense(Harness& h) {
   }
   // Rows with a tie for the maximum (the lower index must win), all -inf but one column, NaN and
   // +Inf (reported at their first index; NaN never chosen), and a vocabulary limit below V.
-  for (auto [R, V, vocab] : std::vector<std::array<int64_t, 3>>{{1, 1000, 1000}, {9, 248320, 248320}, {64, 248320, 248077}}) {
+  for (auto [R, V, vocab] : std::vector<std::array<int64_t, 3>>{{1, 1000, 1000}, {3, 10003, 9999}, {9, 248320, 248320}, {64, 248320, 248077}}) {
     auto v = randn(R * V);
     for (int64_t r = 0; r < R; ++r) {
       auto* row = v.data() + r * V;

@@ -1,4 +1,4 @@
-// Embedding lookup, elementwise activations and gates, row gathers, argmax.
+// Embedding lookup, elementwise activations and gates, row gathers.
 #include "backend/cuda/cuda_backend.h"
 
 namespace sparkserve {
@@ -48,54 +48,6 @@ __global__ void gather_rows_at_kernel(float* out, const float* x, const int32_t*
   if (i >= R * D) return;
   const int64_t r = rows[i / D];
   out[i] = r >= 0 && r < T ? x[r * D + i % D] : __int_as_float(0x7fc00000);
-}
-
-// One block per row over its first `vocab` columns: the greatest value, lowest index among equal
-// maxima, NaN skipped (as the CPU's argmax); and the first NaN / +Inf index. A 64-bit key per
-// thread orders (value, index) in one integer compare: the value's bits made monotonic in the high
-// word, the inverted index in the low word.
-__device__ __forceinline__ uint64_t argmax_key(float v, int32_t i) {
-  uint32_t b = __float_as_uint(v);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // order-preserving map of floats to unsigned
-  return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(0x7fffffff - i);
-}
-
-__global__ void argmax_kernel(RowArgmax* out, const float* logits, int64_t V, int64_t vocab, const int32_t* excluded,
-                              int num_excluded) {
-  const float* row = logits + blockIdx.x * V;
-  __shared__ int32_t ex[kArgmaxMaxExcluded];  // a few stop ids, compared with every column
-  for (int j = threadIdx.x; j < num_excluded; j += blockDim.x) ex[j] = excluded[j];
-  __syncthreads();
-  uint64_t best = 0;  // below every key of a real column
-  int32_t bad = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    if (isnan(v) || v == INFINITY) bad = min(bad, static_cast<int32_t>(i));
-    bool out_of_play = isnan(v);
-    for (int j = 0; j < num_excluded; ++j) out_of_play = out_of_play || ex[j] == static_cast<int32_t>(i);
-    if (!out_of_play) {
-      const uint64_t k = argmax_key(v, static_cast<int32_t>(i));
-      if (k > best) best = k;
-    }
-  }
-  __shared__ uint64_t sk[kThreads];
-  __shared__ int32_t sb[kThreads];
-  sk[threadIdx.x] = best;
-  sb[threadIdx.x] = bad;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      sk[threadIdx.x] = max(sk[threadIdx.x], sk[threadIdx.x + s]);
-      sb[threadIdx.x] = min(sb[threadIdx.x], sb[threadIdx.x + s]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    RowArgmax r;
-    r.id = sk[0] == 0 ? 0 : 0x7fffffff - static_cast<int32_t>(sk[0] & 0xffffffffu);
-    r.nonfinite = sb[0] == 0x7fffffff ? -1 : sb[0];
-    out[blockIdx.x] = r;
-  }
 }
 
 }  // namespace
@@ -162,23 +114,6 @@ void CudaBackend::gather_rows_at(const Tensor& out, const Tensor& x, const Tenso
   gather_rows_at_kernel<<<blocks_for(R * D, kThreads), kThreads, 0, stream_>>>(out.ptr<float>(), x.ptr<const float>(),
                                                                               rows.ptr<const int32_t>(), T, R, D);
   CUDA_CHECK_LAUNCH();
-}
-
-std::vector<RowArgmax> CudaBackend::argmax(const Tensor& logits, int64_t vocab, const std::vector<int32_t>& excluded) {
-  const int64_t R = logits.dim(0), V = logits.dim(1);
-  CHECK(vocab >= 1 && vocab <= V);
-  CHECK(excluded.size() <= kArgmaxMaxExcluded);
-  std::vector<RowArgmax> out(static_cast<size_t>(R));
-  if (R == 0) return out;
-  Scratch dev(this, out.size() * sizeof(RowArgmax));
-  // No excluded ids (the common greedy step): no upload, the kernel reads none.
-  Scratch ex = excluded.empty() ? Scratch() : upload_scratch(excluded.data(), excluded.size() * sizeof(int32_t));
-  argmax_kernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(
-      dev.as<RowArgmax>(), logits.ptr<const float>(), V, vocab, ex.as<const int32_t>(), static_cast<int>(excluded.size()));
-  CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cudaMemcpyAsync(out.data(), dev.ptr, out.size() * sizeof(RowArgmax), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return out;
 }
 
 }  // namespace sparkserve
