@@ -128,8 +128,8 @@ void bench_prefill_cases(Backend& g, const std::vector<Pf>& cases) {
   // The automatic choice (the wgmma kernel on an H200) and the mma.sync kernel forced, in one run.
   const bool ab = attention_prefill_force(1);
   attention_prefill_force(-1);
-  std::printf("\n%-34s %8s %10s %10s %12s %10s\n", "attention prefill (one layer)", "tokens", "ms", "TFLOP/s",
-              ab ? "mma.sync ms" : "", ab ? "TFLOP/s" : "");
+  std::printf("\n%-34s %8s %10s %10s %12s %10s %10s\n", "attention prefill (one layer)", "tokens", "ms", "TFLOP/s",
+              ab ? "defer ms" : "", ab ? "TFLOP/s" : "", ab ? "nolo ms" : "");
   for (const Pf& p : cases) {
     const int iters = p.T >= 32768 ? 2 : p.T <= 512 ? 20 : 5;
     const double flops = 4.0 * p.T * (p.start + p.T / 2.0) * p.s.nh * p.s.hd;
@@ -138,10 +138,12 @@ void bench_prefill_cases(Backend& g, const std::vector<Pf>& cases) {
     const double ms = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
     std::printf("%-34s %8lld %10.3f %10.1f", name.c_str(), static_cast<long long>(p.T), ms, flops / (ms * 1e-3) / 1e12);
     if (ab) {
-      attention_prefill_force(0);
+      attention_prefill_force(2);
       const double ms0 = time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters);
+      attention_prefill_force(p.dt == DType::kBF16 ? 3 : -1);
+      const double ms1 = p.dt == DType::kBF16 ? time_attention(g, p.s.nh, p.s.kvh, p.s.hd, p.dt, {{p.start, p.T}}, 1, iters) : 0.0;
       attention_prefill_force(-1);
-      std::printf(" %12.3f %10.1f", ms0, flops / (ms0 * 1e-3) / 1e12);
+      std::printf(" %12.3f %10.1f %10.3f", ms0, flops / (ms0 * 1e-3) / 1e12, ms1);
     }
     std::printf("\n");
   }
