@@ -82,11 +82,35 @@ __device__ __forceinline__ void write_rows(const AttentionArgs& a, const float (
   }
 }
 
+__device__ __forceinline__ void combine_row(const AttentionArgs& a, int n_split, const float* part_o,
+                                            const float* part_ml, int64_t batch_rows, int64_t row, int lane);
+
+// Variant "fused combine": after writing its split's partial rows, the CTA counts itself in
+// counters[row tile] (zeroed by the launcher); the last split of the row tile to arrive merges every
+// split's partials of its rows (combine_row, in split order: the same floats whichever CTA is last).
+// flag: a shared int the CTA no longer needs.
+__device__ __forceinline__ void merge_if_last(const AttentionArgs& a, unsigned* counters, const float* part_o,
+                                              const float* part_ml, int i0, int rows, int64_t rb, int G, int h,
+                                              int32_t* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    *flag = atomicAdd(&counters[blockIdx.y * gridDim.x + blockIdx.x], 1u) == gridDim.z - 1;
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
+  for (int r = threadIdx.x / 32; r < min(kRows, rows - i0); r += kThreads / 32) {
+    const int i = i0 + r;
+    combine_row(a, gridDim.z, part_o, part_ml, batch_rows, (rb + i / G) * a.nh + h * G + i % G, threadIdx.x % 32);
+  }
+}
+
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
 template <bool kFp8, bool kLo = true>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
-                                                                              float* part_ml) {
+                                                                              float* part_ml, unsigned* counters) {
 #ifdef SPARKSERVE_HAS_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -212,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   }
 
   write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
+  if (counters) merge_if_last(a, counters, part_o, part_ml, i0, rows, rb, G, h, &key_rows[0][0]);
 #else
   __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
 #endif
@@ -230,7 +255,7 @@ constexpr int kDStaticSmem = 2 * kDKeys * 4;
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_kernel(AttentionArgs a, float* part_o,
-                                                                                    float* part_ml) {
+                                                                                    float* part_ml, unsigned* counters) {
 #ifdef SPARKSERVE_HAS_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -379,35 +404,30 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
     wgmma_fence_operand(o);
   }
   write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
+  if (counters) merge_if_last(a, counters, part_o, part_ml, i0, rows, rb, G, h, &key_rows[0][0]);
 #else
   __trap();
 #endif
 }
 
-// One warp per (token, query head) row of the batch merges the row's key splits in split order
-// (deterministic): weights exp2(m_c - M) (a split in which the row saw no key has m_c = -inf and
-// weight 0; split 0 holds key 0, which every row sees), O = sum_c O_c w_c / sum_c l_c w_c, times
-// sigmoid(gate) when gated.
-constexpr int kCombineWarps = 8;
-__global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(AttentionArgs a, int n_split,
-                                                                             const float* part_o,
-                                                                             const float* part_ml) {
-  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= batch_rows) return;
+// Row `row` of the batch (one warp) merged from its key splits in split order (deterministic):
+// weights exp2(m_c - M) (a split in which the row saw no key has m_c = -inf and weight 0; split 0
+// holds key 0, which every row sees), O = sum_c O_c w_c / sum_c l_c w_c, times sigmoid(gate) when
+// gated. The partials are read through L2 (other CTAs wrote them during this kernel or an earlier one).
+__device__ __forceinline__ void combine_row(const AttentionArgs& a, int n_split, const float* part_o,
+                                            const float* part_ml, int64_t batch_rows, int64_t row, int lane) {
   float M = -INFINITY;
-  for (int c = 0; c < n_split; ++c) M = fmaxf(M, part_ml[(c * batch_rows + row) * 2]);
+  for (int c = 0; c < n_split; ++c) M = fmaxf(M, __ldcg(part_ml + (c * batch_rows + row) * 2));
   float lsum = 0.0f, acc[HD / 32] = {};
   for (int c = 0; c < n_split; ++c) {
     const int64_t slot = c * batch_rows + row;
-    const float mc = part_ml[slot * 2];
+    const float mc = __ldcg(part_ml + slot * 2);
     if (mc == -INFINITY) continue;
     const float w = exp2f(mc - M);
-    lsum += part_ml[slot * 2 + 1] * w;
+    lsum += __ldcg(part_ml + slot * 2 + 1) * w;
 #pragma unroll
     for (int q = 0; q < HD / 128; ++q) {
-      const float4 x = *reinterpret_cast<const float4*>(part_o + slot * HD + q * 128 + lane * 4);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(part_o + slot * HD + q * 128 + lane * 4));
       acc[4 * q] += x.x * w;
       acc[4 * q + 1] += x.y * w;
       acc[4 * q + 2] += x.z * w;
@@ -423,6 +443,17 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
       if (a.gate) y *= sigmoid_f(a.gate[off]);
       a.out[off] = y;
     }
+}
+
+// One warp per (token, query head) row of the batch merges the row's key splits.
+constexpr int kCombineWarps = 8;
+__global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(AttentionArgs a, int n_split,
+                                                                             const float* part_o,
+                                                                             const float* part_ml) {
+  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  if (row >= batch_rows) return;
+  combine_row(a, n_split, part_o, part_ml, batch_rows, row, threadIdx.x % 32);
 }
 
 // Key splits per CTA: enough that a launch of few CTAs (a short chunk after a long prefix: an agent
@@ -459,7 +490,7 @@ bool attention_prefill_wgmma_available() {
 
 namespace {
 template <class Kernel>
-void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys) {
+void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys, bool fused) {
   static int64_t allowed[8] = {};
   static std::vector<const void*> seen;
   size_t idx = std::find(seen.begin(), seen.end(), reinterpret_cast<const void*>(kernel)) - seen.begin();
@@ -470,27 +501,33 @@ void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int s
   const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), keys);
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr);
+    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
   const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-  CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
+  const size_t n_counters = static_cast<size_t>(grid.x) * grid.y;
+  CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float) +
+                                     n_counters * sizeof(unsigned));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml);
+  unsigned* counters = reinterpret_cast<unsigned*>(part_ml + n_split * batch_rows * 2);
+  if (fused) CUDA_CHECK(cudaMemsetAsync(counters, 0, n_counters * sizeof(unsigned), be.stream()));
+  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml, fused ? counters : nullptr);
   CUDA_CHECK_LAUNCH();
+  if (fused) return;
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
 }
 template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a) {
-  if (attention_prefill_wgmma_variant == 1)
-    return launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys);
-  if (attention_prefill_wgmma_variant == 2)
-    return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, false>, kSmem, kKeys);
-  launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8>, kSmem, kKeys);
+  const int v = attention_prefill_wgmma_variant;
+  const bool fused = v == 3 || v == 4;
+  if (v == 1 || v == 4)
+    return launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys, fused);
+  if (v == 2) return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, false>, kSmem, kKeys, false);
+  launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8>, kSmem, kKeys, fused);
 }
 }  // namespace
 
