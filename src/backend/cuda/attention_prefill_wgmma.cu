@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 constexpr int kDKeys = 64;
 constexpr int kDKvBytes = kDKeys * HD * 2;
 constexpr int kDSmem = 2 * kQBytes + 3 * kDKvBytes + 4 * kDKeys * 4 + 1024;
-constexpr int kDStaticSmem = 2 * kDKeys * 4;
+constexpr int kDStaticSmem = 2 * kDKeys * 4 + 16;
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_kernel(AttentionArgs a, float* part_o,
@@ -306,7 +306,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
   __shared__ int32_t key_rows[2][kDKeys];
-  static_assert(sizeof(key_rows) == kDStaticSmem, "the launcher's shared-memory sum");
+  __shared__ float order_slot;  // written, never read (see the softmax below)
+  static_assert(sizeof(key_rows) + sizeof(order_slot) <= kDStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
     kv_tile_rows<kDKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kDKeys, kv_len, bs, kvh, h);
   };
@@ -331,6 +332,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
   // S(kt)] copy K(kt + 1); softmax(kt); wait for P·V(kt - 1); rescale o; P(kt) fragments.
   // cp.async groups per tile: V(kt), then K(kt + 1); at the top of tile kt + 1 all have landed.
   tile_rows(t_begin);
+  {  // the V buffer of tile t_begin - 1 (read once, with P = 0) zeroed: no NaN bit patterns
+    uint4* vz = reinterpret_cast<uint4*>(v_tiles + ((t_begin + 1) % 2) * (kDKeys * HD));
+    for (int i = threadIdx.x; i < kDKvBytes / 16; i += kThreads) vz[i] = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
   __syncthreads();
   if (t_begin < t_end) copy_k(t_begin);
   cp_async_commit();
@@ -358,8 +364,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
       wgmma_m64n64k16_ss_bf16(sacc, qh_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
     }
     wgmma_commit();
-    if (kt > t_begin) {  // P·V(kt - 1) (a CTA-uniform branch)
-      const uint64_t dvb = v_desc0 + ((kt - 1) % 2) * kVBufStep;
+    // P·V(kt - 1); on the first tile P = 0 over the zeroed other V buffer: an exact no-op, issued
+    // anyway because a wgmma under a branch costs every tile its overlap (ptxas closes the group
+    // again at the merge, so that the wait for S would also wait for P·V).
+    {
+      const uint64_t dvb = v_desc0 + ((kt + 1) % 2) * kVBufStep;
 #pragma unroll
       for (int kk = 0; kk < kDKeys / 16; ++kk) {
         const uint64_t dv = dvb + ((kk * 16 * 128) >> 4);
@@ -379,6 +388,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
     float corr[2];
     softmax_scores<kDKeys>(sacc, m, l, corr, scale2, kFp8 ? k_sc + (kt % 2) * kDKeys : nullptr, key0,
                            key0 + kDKeys > wg_first, limit, lane);
+    // A shared store of a value every probability feeds (the row sums) pins the softmax above the
+    // wait: ptxas keeps the wait below a store, and else hoists it to the K copy, so that the
+    // softmax would not overlap P·V(kt - 1).
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(&order_slot)), "f"(l[0] + l[1]) : "memory");
     wgmma_wait<0>();  // P·V(kt - 1) landed
     wgmma_fence_operand(o);
     rescale_rows<HD / 8>(o, corr);

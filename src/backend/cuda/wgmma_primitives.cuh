@@ -66,6 +66,15 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
+// The same for A fragments an in-flight wgmma reads from registers: used after the wait that
+// retires it, it keeps the registers live (unreusable) until then.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // tensor cores' async proxy; a barrier after it publishes them to the whole block.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
