@@ -18,9 +18,6 @@
 // prefill_combine_kernel merges them in split order.
 // Shared memory: Q hi + lo 128 KB, K 48 KB, V 48 KB, fp8 row scales 768 B, +1 KB alignment (opt-in
 // limit 227 KB on sm_90), and a 768-byte table of the tile's pool rows.
-#include <algorithm>
-#include <vector>
-
 #include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/wgmma_primitives.cuh"
@@ -43,19 +40,22 @@ struct SwChunk {
 
 // A bf16 K or V tile (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async: thread t
 // copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
-// swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
-// (load_kv_tile's general loop spent ~45 instructions on each, and the warps sat in it).
+// swizzle depends on key % 8 only), so a copy is an address and the cp.async (load_kv_tile's
+// general loop spent ~45 instructions on each, and the warps sat in it).
 template <int NK>
 __device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
-  static_assert(kThreads == 256 && HD == 256 && NK % 8 == 0, "32 chunks per key row, 8 keys per pass");
+  static_assert(kThreads == 256 && HD == 256 && NK % 32 == 0, "32 chunks per key row, 8 keys per pass");
   const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
   uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
   const uint16_t* src = pool + c * 8;
+  // The thread's rows (kv_tile_rows<NK, true>: keys k0 + 8 i side by side), by 16-byte loads.
+  int32_t r[NK / 8];
 #pragma unroll
-  for (int i = 0; i < NK / 8; ++i) {
-    const int32_t row = rows[k0 + 8 * i];
-    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
-  }
+  for (int v = 0; v < NK / 32; ++v)
+    *reinterpret_cast<int4*>(r + 4 * v) = reinterpret_cast<const int4*>(rows + k0 * (NK / 8))[v];
+#pragma unroll
+  for (int i = 0; i < NK / 8; ++i)
+    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(r[i], 0)) * HD, r[i] >= 0 ? 16 : 0);
 }
 
 // The CTA's output rows (r = 0, 1 of the thread): o / l (gated) into a.out, or with key splits the
@@ -82,35 +82,11 @@ __device__ __forceinline__ void write_rows(const AttentionArgs& a, const float (
   }
 }
 
-__device__ __forceinline__ void combine_row(const AttentionArgs& a, int n_split, const float* part_o,
-                                            const float* part_ml, int64_t batch_rows, int64_t row, int lane);
-
-// Variant "fused combine": after writing its split's partial rows, the CTA counts itself in
-// counters[row tile] (zeroed by the launcher); the last split of the row tile to arrive merges every
-// split's partials of its rows (combine_row, in split order: the same floats whichever CTA is last).
-// flag: a shared int the CTA no longer needs.
-__device__ __forceinline__ void merge_if_last(const AttentionArgs& a, unsigned* counters, const float* part_o,
-                                              const float* part_ml, int i0, int rows, int64_t rb, int G, int h,
-                                              int32_t* flag) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    *flag = atomicAdd(&counters[blockIdx.y * gridDim.x + blockIdx.x], 1u) == gridDim.z - 1;
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-  for (int r = threadIdx.x / 32; r < min(kRows, rows - i0); r += kThreads / 32) {
-    const int i = i0 + r;
-    combine_row(a, gridDim.z, part_o, part_ml, batch_rows, (rb + i / G) * a.nh + h * G + i % G, threadIdx.x % 32);
-  }
-}
-
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <bool kFp8, bool kLo = true>
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
-                                                                              float* part_ml, unsigned* counters) {
+                                                                              float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -165,10 +141,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
   // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
   // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
-  __shared__ int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
+  __shared__ __align__(16) int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
   static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
-    kv_tile_rows<kKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
+    kv_tile_rows<kKeys, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
   };
   auto copy_tile = [&](uint16_t* dst, float* sc, const void* pool, const float* pool_scale, int kt) {
     if constexpr (kFp8)
@@ -199,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     for (int kk = 0; kk < HD / 16; ++kk) {
       const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
       const uint64_t dk = k_desc + (((kk / 4) * kKeys * 128 + off) >> 4);
-      if constexpr (kLo) wgmma_m64n96k16_ss_bf16(sacc, ql_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
+      wgmma_m64n96k16_ss_bf16(sacc, ql_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
       wgmma_m64n96k16_ss_bf16(sacc, qh_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
     }
     wgmma_commit();
@@ -225,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint64_t dv = v_desc + ((kk * 16 * 128) >> 4);
-      if constexpr (kLo) wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
+      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
       wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
     }
     wgmma_commit();
@@ -236,7 +212,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   }
 
   write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
-  if (counters) merge_if_last(a, counters, part_o, part_ml, i0, rows, rb, G, h, &key_rows[0][0]);
 #else
   __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
 #endif
@@ -255,7 +230,7 @@ constexpr int kDStaticSmem = 2 * kDKeys * 4 + 16;
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_kernel(AttentionArgs a, float* part_o,
-                                                                                    float* part_ml, unsigned* counters) {
+                                                                                    float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -305,11 +280,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
   const int n_tiles = static_cast<int>((kv_len + kDKeys - 1) / kDKeys);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  __shared__ int32_t key_rows[2][kDKeys];
+  __shared__ __align__(16) int32_t key_rows[2][kDKeys];
   __shared__ float order_slot;  // written, never read (see the softmax below)
   static_assert(sizeof(key_rows) + sizeof(order_slot) <= kDStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
-    kv_tile_rows<kDKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kDKeys, kv_len, bs, kvh, h);
+    kv_tile_rows<kDKeys, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kDKeys, kv_len, bs, kvh, h);
   };
   auto copy_k = [&](int kt) {
     if constexpr (kFp8)
@@ -417,30 +392,35 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_ker
     wgmma_fence_operand(o);
   }
   write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
-  if (counters) merge_if_last(a, counters, part_o, part_ml, i0, rows, rb, G, h, &key_rows[0][0]);
 #else
   __trap();
 #endif
 }
 
-// Row `row` of the batch (one warp) merged from its key splits in split order (deterministic):
-// weights exp2(m_c - M) (a split in which the row saw no key has m_c = -inf and weight 0; split 0
-// holds key 0, which every row sees), O = sum_c O_c w_c / sum_c l_c w_c, times sigmoid(gate) when
-// gated. The partials are read through L2 (other CTAs wrote them during this kernel or an earlier one).
-__device__ __forceinline__ void combine_row(const AttentionArgs& a, int n_split, const float* part_o,
-                                            const float* part_ml, int64_t batch_rows, int64_t row, int lane) {
+// One warp per (token, query head) row of the batch merges the row's key splits in split order
+// (deterministic): weights exp2(m_c - M) (a split in which the row saw no key has m_c = -inf and
+// weight 0; split 0 holds key 0, which every row sees), O = sum_c O_c w_c / sum_c l_c w_c, times
+// sigmoid(gate) when gated.
+constexpr int kCombineWarps = 8;
+__global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(AttentionArgs a, int n_split,
+                                                                             const float* part_o,
+                                                                             const float* part_ml) {
+  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= batch_rows) return;
   float M = -INFINITY;
-  for (int c = 0; c < n_split; ++c) M = fmaxf(M, __ldcg(part_ml + (c * batch_rows + row) * 2));
+  for (int c = 0; c < n_split; ++c) M = fmaxf(M, part_ml[(c * batch_rows + row) * 2]);
   float lsum = 0.0f, acc[HD / 32] = {};
   for (int c = 0; c < n_split; ++c) {
     const int64_t slot = c * batch_rows + row;
-    const float mc = __ldcg(part_ml + slot * 2);
+    const float mc = part_ml[slot * 2];
     if (mc == -INFINITY) continue;
     const float w = exp2f(mc - M);
-    lsum += __ldcg(part_ml + slot * 2 + 1) * w;
+    lsum += part_ml[slot * 2 + 1] * w;
 #pragma unroll
     for (int q = 0; q < HD / 128; ++q) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(part_o + slot * HD + q * 128 + lane * 4));
+      const float4 x = *reinterpret_cast<const float4*>(part_o + slot * HD + q * 128 + lane * 4);
       acc[4 * q] += x.x * w;
       acc[4 * q + 1] += x.y * w;
       acc[4 * q + 2] += x.z * w;
@@ -456,17 +436,6 @@ __device__ __forceinline__ void combine_row(const AttentionArgs& a, int n_split,
       if (a.gate) y *= sigmoid_f(a.gate[off]);
       a.out[off] = y;
     }
-}
-
-// One warp per (token, query head) row of the batch merges the row's key splits.
-constexpr int kCombineWarps = 8;
-__global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(AttentionArgs a, int n_split,
-                                                                             const float* part_o,
-                                                                             const float* part_ml) {
-  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  if (row >= batch_rows) return;
-  combine_row(a, n_split, part_o, part_ml, batch_rows, row, threadIdx.x % 32);
 }
 
 // Key splits per CTA: enough that a launch of few CTAs (a short chunk after a long prefix: an agent
@@ -503,44 +472,37 @@ bool attention_prefill_wgmma_available() {
 
 namespace {
 template <class Kernel>
-void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys, bool fused) {
-  static int64_t allowed[8] = {};
-  static std::vector<const void*> seen;
-  size_t idx = std::find(seen.begin(), seen.end(), reinterpret_cast<const void*>(kernel)) - seen.begin();
-  if (idx == seen.size()) seen.push_back(reinterpret_cast<const void*>(kernel));
+void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys) {
+  static int64_t allowed[4] = {};
+  static const void* seen[4] = {};
+  int idx = 0;
+  while (seen[idx] && seen[idx] != reinterpret_cast<const void*>(kernel)) ++idx;
+  seen[idx] = reinterpret_cast<const void*>(kernel);
   allow_smem(kernel, smem, allowed[idx]);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
   const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), keys);
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr, nullptr);
+    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
   const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-  const size_t n_counters = static_cast<size_t>(grid.x) * grid.y;
-  CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float) +
-                                     n_counters * sizeof(unsigned));
+  CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  unsigned* counters = reinterpret_cast<unsigned*>(part_ml + n_split * batch_rows * 2);
-  if (fused) CUDA_CHECK(cudaMemsetAsync(counters, 0, n_counters * sizeof(unsigned), be.stream()));
-  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml, fused ? counters : nullptr);
+  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
-  if (fused) return;
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
 }
 template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a) {
-  const int v = attention_prefill_wgmma_variant;
-  const bool fused = v == 3 || v == 4;
-  if (v == 1 || v == 4)
-    return launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys, fused);
-  if (v == 2) return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, false>, kSmem, kKeys, false);
-  launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8>, kSmem, kKeys, fused);
+  if (attention_prefill_wgmma_variant == 1)
+    return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8>, kSmem, kKeys);
+  launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys);
 }
 }  // namespace
 
