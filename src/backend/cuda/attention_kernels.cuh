@@ -45,9 +45,6 @@ void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8)
 // when this build has sm_90a code, the device is compute 9.0 and its shared memory suffices.
 bool attention_prefill_wgmma_available();
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8);
-// A/B variants of the wgmma kernel (gpu_ops' forced runs): 0 deferred P·V (64-key tiles), 1 the
-// 96-key kernel with S, softmax and P·V in turn.
-extern int attention_prefill_wgmma_variant;
 void launch_attention_decode(CudaBackend& be, const AttentionArgs& a, bool fp8);
 
 }  // namespace sparkserve

@@ -154,7 +154,7 @@ int g_prefill_forced = -1;
 // The prefill kernel of a head dim: the wgmma kernel where it runs (sm_90a build on compute 9.0,
 // head_dim 256), else the mma.sync kernel.
 bool prefill_takes_wgmma(int64_t hd) {
-  if (g_prefill_forced >= 0) return g_prefill_forced >= 1 && hd == 256;
+  if (g_prefill_forced >= 0) return g_prefill_forced == 1 && hd == 256;
   return hd == 256 && attention_prefill_wgmma_available();
 }
 
@@ -164,9 +164,8 @@ bool prefill_takes_wgmma(int64_t hd) {
 // host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, -1 automatic);
 // false when the forced kernel cannot run here (then nothing changes).
 bool attention_prefill_force(int kernel) {
-  if (kernel >= 1 && !attention_prefill_wgmma_available()) return false;
+  if (kernel == 1 && !attention_prefill_wgmma_available()) return false;
   g_prefill_forced = kernel;
-  attention_prefill_wgmma_variant = kernel >= 2 ? kernel - 1 : 0;
   return true;
 }
 

@@ -42,44 +42,20 @@ struct SwChunk {
 // copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
 // swizzle depends on key % 8 only), so a copy is an address and the cp.async (load_kv_tile's
 // general loop spent ~45 instructions on each, and the warps sat in it).
-template <int NK>
 __device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
-  static_assert(kThreads == 256 && HD == 256 && NK % 32 == 0, "32 chunks per key row, 8 keys per pass");
+  static_assert(kThreads == 256 && HD == 256 && kKeys % 32 == 0, "32 chunks per key row, 8 keys per pass");
   const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
-  uint16_t* dst = tile + sw128_chunk<NK>(k0, c) * 8;
+  uint16_t* dst = tile + sw128_chunk<kKeys>(k0, c) * 8;
   const uint16_t* src = pool + c * 8;
-  // The thread's rows (kv_tile_rows<NK, true>: keys k0 + 8 i side by side), by 16-byte loads.
-  int32_t r[NK / 8];
+  // The thread's rows (kv_tile_rows<kKeys, true>: keys k0 + 8 i side by side), by 16-byte loads: one
+  // shared load per row was a dependent chain in front of each copy, where the warps' stalls sat.
+  int32_t r[kKeys / 8];
 #pragma unroll
-  for (int v = 0; v < NK / 32; ++v)
-    *reinterpret_cast<int4*>(r + 4 * v) = reinterpret_cast<const int4*>(rows + k0 * (NK / 8))[v];
+  for (int v = 0; v < kKeys / 32; ++v)
+    *reinterpret_cast<int4*>(r + 4 * v) = reinterpret_cast<const int4*>(rows + k0 * (kKeys / 8))[v];
 #pragma unroll
-  for (int i = 0; i < NK / 8; ++i)
+  for (int i = 0; i < kKeys / 8; ++i)
     cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(r[i], 0)) * HD, r[i] >= 0 ? 16 : 0);
-}
-
-// The CTA's output rows (r = 0, 1 of the thread): o / l (gated) into a.out, or with key splits the
-// split's unnormalised rows and (max, sum) into part_o / part_ml.
-__device__ __forceinline__ void write_rows(const AttentionArgs& a, const float (&o)[HD / 8][4], const float (&m)[2],
-                                           float (&l)[2], int w0, int warp, int g8, int lane, int rows, int64_t rb,
-                                           int G, int h, float* part_o, float* part_ml) {
-  finish_row_sums(l);
-  const int64_t batch_rows = static_cast<int64_t>(a.L.total_rows) * a.nh;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = w0 + warp * 16 + g8 + 8 * r;
-    if (i >= rows) continue;
-    const int64_t row = (rb + i / G) * a.nh + h * G + i % G;
-    if (!part_o) {
-      store_row<HD>(a, o, r, l[r], row * HD, 0, lane);
-      continue;
-    }
-    const int64_t slot = blockIdx.z * batch_rows + row;
-#pragma unroll
-    for (int nt = 0; nt < HD / 8; ++nt)
-      *reinterpret_cast<float2*>(part_o + slot * HD + nt * 8 + (lane % 4) * 2) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
-    if (lane % 4 == 0) *reinterpret_cast<float2*>(part_ml + slot * 2) = make_float2(m[r], l[r]);
-  }
 }
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
@@ -150,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     if constexpr (kFp8)
       load_kv_tile<HD, kKeys, kThreads, true>(dst, sc, pool, pool_scale, key_rows[kt % 2], SwChunk<kKeys>{});
     else
-      copy_tile_bf16<kKeys>(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
+      copy_tile_bf16(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
   };
 
   tile_rows(t_begin);
@@ -211,189 +187,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     wgmma_fence_operand(o);
   }
 
-  write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
+  finish_row_sums(l);
+  const int64_t batch_rows = static_cast<int64_t>(L.total_rows) * a.nh;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = w0 + warp * 16 + g8 + 8 * r;
+    if (i >= rows) continue;
+    const int64_t row = (rb + i / G) * a.nh + h * G + i % G;
+    if (!part_o) {
+      store_row<HD>(a, o, r, l[r], row * HD, 0, lane);
+      continue;
+    }
+    const int64_t slot = blockIdx.z * batch_rows + row;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt)
+      *reinterpret_cast<float2*>(part_o + slot * HD + nt * 8 + (lane % 4) * 2) = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    if (lane % 4 == 0) *reinterpret_cast<float2*>(part_ml + slot * 2) = make_float2(m[r], l[r]);
+  }
 #else
   __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
-#endif
-}
-
-// A/B variant "defer": 64-key tiles, P·V of tile kt - 1 issued right behind S of tile kt, so that
-// it runs on the tensor cores while the warpgroup does tile kt's softmax (FlashAttention-3's
-// intra-warpgroup overlap); o is rescaled once P·V lands. K single-buffered (its next tile copied
-// as soon as every warpgroup is past S), V double-buffered (tile kt's copy issued at the top of
-// tile kt, consumed at tile kt + 1). Shared memory: Q hi + lo 128 KB, K 32 KB, 2 x V 32 KB, fp8
-// scales (K and V double) 1 KB, +1 KB alignment, and a 512-byte table of pool rows.
-constexpr int kDKeys = 64;
-constexpr int kDKvBytes = kDKeys * HD * 2;
-constexpr int kDSmem = 2 * kQBytes + 3 * kDKvBytes + 4 * kDKeys * 4 + 1024;
-constexpr int kDStaticSmem = 2 * kDKeys * 4 + 16;
-
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_kernel(AttentionArgs a, float* part_o,
-                                                                                    float* part_ml) {
-#ifdef SPARKSERVE_HAS_WGMMA
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint16_t* q_hi = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* q_lo = reinterpret_cast<uint16_t*>(smem + kQBytes);
-  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes);
-  uint16_t* v_tiles = reinterpret_cast<uint16_t*>(smem + 2 * kQBytes + kDKvBytes);  // [2][kDKeys * HD]
-  float* k_sc = reinterpret_cast<float*>(smem + 2 * kQBytes + 3 * kDKvBytes);      // [2][kDKeys]
-  float* v_sc = k_sc + 2 * kDKeys;                                                  // [2][kDKeys]
-
-  const DeviceLayout& L = a.L;
-  const int G = a.group, h = blockIdx.y;
-  int w = blockIdx.x, s = 0, tiles = 0;
-  for (; s < L.num_seqs; ++s) {
-    tiles = (L.num_tokens(s) * G + kRows - 1) / kRows;
-    if (w < tiles) break;
-    w -= tiles;
-  }
-  if (s >= L.num_seqs) return;
-  const int tile = tiles - 1 - w;
-  const int rows = L.num_tokens(s) * G;
-  const int64_t start = L.start_pos(s), rb = L.row_begin(s);
-  const int i0 = tile * kRows;
-  const int64_t kv_len = start + (min(i0 + kRows, rows) - 1) / G + 1;
-  const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
-  const int32_t* table = L.table(s);
-
-  load_q_split<HD, kRows, kThreads>(q_hi, q_lo, a, rb, h, i0, rows, SwChunk<kRows>{});
-
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g8 = lane / 4;
-  const int w0 = i0 + wg * 64;
-  const int64_t wg_first = start + min(w0, rows - 1) / G + 1;
-  int64_t limit[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) limit[e] = start + min(w0 + warp * 16 + g8 + 8 * e, rows - 1) / G + 1;
-  float o[HD / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float scale2 = a.scale * kLog2e;
-  const uint64_t qh_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_hi) + wg * 64 * 128);
-  const uint64_t ql_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_lo) + wg * 64 * 128);
-  const uint64_t k_desc = sw128_desc(k_tile);
-  const uint64_t v_desc0 = sw128_desc(v_tiles, kDKeys * 128);
-  constexpr uint64_t kVBufStep = kDKvBytes >> 4;
-
-  const int n_tiles = static_cast<int>((kv_len + kDKeys - 1) / kDKeys);
-  const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
-  const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  __shared__ __align__(16) int32_t key_rows[2][kDKeys];
-  __shared__ float order_slot;  // written, never read (see the softmax below)
-  static_assert(sizeof(key_rows) + sizeof(order_slot) <= kDStaticSmem, "the launcher's shared-memory sum");
-  auto tile_rows = [&](int kt) {
-    kv_tile_rows<kDKeys, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kDKeys, kv_len, bs, kvh, h);
-  };
-  auto copy_k = [&](int kt) {
-    if constexpr (kFp8)
-      load_kv_tile<HD, kDKeys, kThreads, true>(k_tile, k_sc + (kt % 2) * kDKeys, a.kv.k, a.kv.k_scale,
-                                               key_rows[kt % 2], SwChunk<kDKeys>{});
-    else
-      copy_tile_bf16<kDKeys>(k_tile, static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2]);
-  };
-  auto copy_v = [&](int kt) {
-    uint16_t* dst = v_tiles + (kt % 2) * (kDKeys * HD);
-    if constexpr (kFp8)
-      load_kv_tile<HD, kDKeys, kThreads, true>(dst, v_sc + (kt % 2) * kDKeys, a.kv.v, a.kv.v_scale, key_rows[kt % 2],
-                                               SwChunk<kDKeys>{});
-    else
-      copy_tile_bf16<kDKeys>(dst, static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2]);
-  };
-
-  // Per tile kt: [barrier: K(kt) and V(kt - 1) landed, every warpgroup past P·V(kt - 2)] issue S(kt)
-  // and P·V(kt - 1); copy V(kt); wait for S(kt); rows of kt + 1; [barrier: every warpgroup past
-  // S(kt)] copy K(kt + 1); softmax(kt); wait for P·V(kt - 1); rescale o; P(kt) fragments.
-  // cp.async groups per tile: V(kt), then K(kt + 1); at the top of tile kt + 1 all have landed.
-  tile_rows(t_begin);
-  {  // the V buffer of tile t_begin - 1 (read once, with P = 0) zeroed: no NaN bit patterns
-    uint4* vz = reinterpret_cast<uint4*>(v_tiles + ((t_begin + 1) % 2) * (kDKeys * HD));
-    for (int i = threadIdx.x; i < kDKvBytes / 16; i += kThreads) vz[i] = make_uint4(0, 0, 0, 0);
-  }
-  fence_proxy_async();
-  __syncthreads();
-  if (t_begin < t_end) copy_k(t_begin);
-  cp_async_commit();
-  uint32_t ph[kDKeys / 16][4], pl[kDKeys / 16][4];  // P of the previous tile
-#pragma unroll
-  for (int kk = 0; kk < kDKeys / 16; ++kk) ph[kk][0] = ph[kk][1] = ph[kk][2] = ph[kk][3] = pl[kk][0] = pl[kk][1] =
-      pl[kk][2] = pl[kk][3] = 0u;
-  for (int kt = t_begin; kt < t_end; ++kt) {
-    const int64_t key0 = static_cast<int64_t>(kt) * kDKeys;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-
-    float sacc[kDKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kDKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-    wgmma_fence_operand(sacc);
-    wgmma_fence_operand(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int off = (kk % 4) * 32;
-      const uint64_t dk = k_desc + (((kk / 4) * kDKeys * 128 + off) >> 4);
-      wgmma_m64n64k16_ss_bf16(sacc, ql_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
-      wgmma_m64n64k16_ss_bf16(sacc, qh_desc + (((kk / 4) * kRows * 128 + off) >> 4), dk);
-    }
-    wgmma_commit();
-    // P·V(kt - 1); on the first tile P = 0 over the zeroed other V buffer: an exact no-op, issued
-    // anyway because a wgmma under a branch costs every tile its overlap (ptxas closes the group
-    // again at the merge, so that the wait for S would also wait for P·V).
-    {
-      const uint64_t dvb = v_desc0 + ((kt + 1) % 2) * kVBufStep;
-#pragma unroll
-      for (int kk = 0; kk < kDKeys / 16; ++kk) {
-        const uint64_t dv = dvb + ((kk * 16 * 128) >> 4);
-        wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-        wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-      }
-    }
-    wgmma_commit();
-    copy_v(kt);
-    cp_async_commit();
-    if (kt + 1 < t_end) tile_rows(kt + 1);
-    wgmma_wait<1>();  // S(kt) done; P·V(kt - 1) may still run
-    wgmma_fence_operand(sacc);
-    __syncthreads();  // every warpgroup past S(kt): K free; rows of kt + 1 in place
-    if (kt + 1 < t_end) copy_k(kt + 1);
-    cp_async_commit();
-    float corr[2];
-    softmax_scores<kDKeys>(sacc, m, l, corr, scale2, kFp8 ? k_sc + (kt % 2) * kDKeys : nullptr, key0,
-                           key0 + kDKeys > wg_first, limit, lane);
-    // A shared store of a value every probability feeds (the row sums) pins the softmax above the
-    // wait: ptxas keeps the wait below a store, and else hoists it to the K copy, so that the
-    // softmax would not overlap P·V(kt - 1).
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(&order_slot)), "f"(l[0] + l[1]) : "memory");
-    wgmma_wait<0>();  // P·V(kt - 1) landed
-    wgmma_fence_operand(o);
-    rescale_rows<HD / 8>(o, corr);
-#pragma unroll
-    for (int kk = 0; kk < kDKeys / 16; ++kk)
-      p_fragments<kDKeys>(sacc, kFp8 ? v_sc + (kt % 2) * kDKeys : nullptr, kk, lane, ph[kk], pl[kk]);
-  }
-  if (t_begin < t_end) {  // P·V of the last tile
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    const uint64_t dvb = v_desc0 + ((t_end - 1) % 2) * kVBufStep;
-    wgmma_fence_operand(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDKeys / 16; ++kk) {
-      const uint64_t dv = dvb + ((kk * 16 * 128) >> 4);
-      wgmma_m64n256k16_rs_bf16_tn(o, pl[kk], dv);
-      wgmma_m64n256k16_rs_bf16_tn(o, ph[kk], dv);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(o);
-  }
-  write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
-#else
-  __trap();
 #endif
 }
 
@@ -442,9 +254,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
 // turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
 // the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
 constexpr int kMaxSplits = 16;
-int prefill_splits(int64_t ctas, int64_t max_len, int sms, int keys) {
+int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
   if (ctas >= sms) return 1;
-  const double tiles = static_cast<double>((max_len + keys - 1) / keys);
+  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
   int best = 1;
   double best_t = tiles + 2.0;
   for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
@@ -465,26 +277,23 @@ bool attention_prefill_wgmma_available() {
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return std::max(kSmem + kStaticSmem, kDSmem + kDStaticSmem) <= optin;
+    return kSmem + kStaticSmem <= optin;
   }();
   return ok;
 }
 
 namespace {
-template <class Kernel>
-void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys) {
-  static int64_t allowed[4] = {};
-  static const void* seen[4] = {};
-  int idx = 0;
-  while (seen[idx] && seen[idx] != reinterpret_cast<const void*>(kernel)) ++idx;
-  seen[idx] = reinterpret_cast<const void*>(kernel);
-  allow_smem(kernel, smem, allowed[idx]);
+template <bool kFp8>
+void launch(CudaBackend& be, const AttentionArgs& a) {
+  static int64_t allowed = 0;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
-  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), keys);
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr);
+    kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -492,21 +301,13 @@ void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int s
   CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml);
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
 }
-template <bool kFp8>
-void launch(CudaBackend& be, const AttentionArgs& a) {
-  if (attention_prefill_wgmma_variant == 1)
-    return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8>, kSmem, kKeys);
-  launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys);
-}
 }  // namespace
-
-int attention_prefill_wgmma_variant = 0;
 
 void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);

@@ -66,15 +66,6 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
-// The same for A fragments an in-flight wgmma reads from registers: used after the wait that
-// retires it, it keeps the registers live (unreusable) until then.
-template <int N>
-__device__ __forceinline__ void wgmma_fence_operand(uint32_t (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // tensor cores' async proxy; a barrier after it publishes them to the whole block.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -106,19 +97,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_bf16_tn(float (&d)[32][4], c
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
-// d += a b: wgmma m64n64k16, A and B (bf16) from shared memory through their descriptors, both K-major.
-__device__ __forceinline__ void wgmma_m64n64k16_ss_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b));
-}
 // d += a b: wgmma m64n96k16, A and B (bf16) from shared memory through their descriptors, both K-major.
 __device__ __forceinline__ void wgmma_m64n96k16_ss_bf16(float (&d)[12][4], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
