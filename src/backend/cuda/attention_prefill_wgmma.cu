@@ -38,6 +38,7 @@ struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
+#ifdef SPARKSERVE_HAS_WGMMA  // (only the sm_90a pass has the kernel that uses it)
 // A bf16 K or V tile (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async: thread t
 // copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
 // swizzle depends on key % 8 only), so a copy is an address and the cp.async (load_kv_tile's
@@ -57,6 +58,7 @@ __device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* p
   for (int i = 0; i < kKeys / 8; ++i)
     cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(r[i], 0)) * HD, r[i] >= 0 ? 16 : 0);
 }
+#endif
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
