@@ -12,7 +12,8 @@
 // (not 64) because S reads Q hi, Q lo and K from shared memory for every k16 step: at 64 keys that is
 // the whole shared-memory bandwidth at the tensor cores' rate, at 96 five sixths (and a third fewer
 // tiles, barriers and softmax passes); measured 5% faster than 64-key tiles and than 48-key tiles
-// with K and V double-buffered (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
+// with K and V double-buffered, and 2% faster than 64-key tiles with P·V deferred behind the next
+// tile's S so that the softmax overlaps it (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
 // new tokens after a long cached prefix: an agent turn) also splits the keys over CTAs
 // (prefill_splits); each split writes its unnormalised rows with their max and sum, and
 // prefill_combine_kernel merges them in split order.
