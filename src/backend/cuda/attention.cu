@@ -43,46 +43,46 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(KvView kv, KvType ty
   if (s < 0) return;
   const int64_t pos = L.start_pos(s) + (r - L.row_begin(s));
   const int64_t row = kv_row_index(L, s, pos, kv.block_size, kv.kvh, h);
-  store_kv_row<kThreads>(kv.k, kv.k_scale, type, row, k + (r * kv.kvh + h) * hd, hd, red);
-  store_kv_row<kThreads>(kv.v, kv.v_scale, type, row, v + (r * kv.kvh + h) * hd, hd, red);
+  store_kv_row<kThreads>(kv.k, kv.k_scale, type, row, k + (r * kv.kvh + h) * hd, hd, red, threadIdx.x);
+  store_kv_row<kThreads>(kv.v, kv.v_scale, type, row, v + (r * kv.kvh + h) * hd, hd, red, threadIdx.x);
 }
 
-// attention_prep: one block per (row, head) over nh query heads then kvh key heads. The head's
-// vector is normalised (zero-centred RMSNorm, sum of squares in double as norm.cu) into shared
-// memory, rotated there as rope_kernel does, and written out; key heads also go to the KV pools
-// with their value rows (kv_write_kernel's rounding).
-constexpr int kPrepThreads = 128;
+// attention_prep: one warp per (row, head) over nh query heads then kvh key heads (a block per
+// vector spent most of its time in its barriers: ~6,000 blocks of 128 threads for a few hundred
+// tokens). The head's vector is normalised (zero-centred RMSNorm, sum of squares in double as
+// norm.cu) into shared memory, rotated there as rope_kernel does, and written out; key heads also
+// go to the KV pools with their value rows (kv_write_kernel's rounding).
+constexpr int kPrepWarps = 4;
 
-__global__ void __launch_bounds__(kPrepThreads) attention_prep_kernel(
+__global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
     float* q, float* gate, const float* qg, float* k, const float* v, const float* q_norm_w, const float* k_norm_w,
     float eps, const int32_t* pos, const float* inv_freq, int64_t half, KvView kv, KvType type, DeviceLayout L,
-    int64_t nh) {
-  extern __shared__ float xs[];  // [hd]
-  __shared__ double part[kPrepThreads / 32];
-  __shared__ float red[kPrepThreads / 32];
-  const int64_t row = blockIdx.x, hh = blockIdx.y, kvh = kv.kvh, hd = kv.hd;
+    int64_t nh, int64_t T) {
+  extern __shared__ float xs_all[];  // [kPrepWarps][hd]
+  const int lane = threadIdx.x % 32;
+  const int64_t kvh = kv.kvh, hd = kv.hd, heads = nh + kvh;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kPrepWarps + threadIdx.x / 32;
+  if (item >= T * heads) return;  // warp-uniform; nothing below synchronises more than the warp
+  const int64_t row = item / heads, hh = item % heads;
+  float* xs = xs_all + (threadIdx.x / 32) * hd;
   const bool is_q = hh < nh;
   const int64_t kh = hh - nh;
   const float* src = is_q ? qg + (row * nh + hh) * 2 * hd : k + (row * kvh + kh) * hd;
   const float* w = is_q ? q_norm_w : k_norm_w;
   double ss = 0;
-  for (int64_t c = threadIdx.x; c < hd; c += kPrepThreads) {
+  for (int64_t c = lane; c < hd; c += 32) {
     const float x = src[c];
     xs[c] = x;
     ss += static_cast<double>(x) * x;
     if (is_q) gate[(row * nh + hh) * hd + c] = src[hd + c];
   }
   ss = warp_sum_d(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  double tot = 0;
-  for (int i = 0; i < kPrepThreads / 32; ++i) tot += part[i];
-  const float r = static_cast<float>(1.0 / sqrt(tot / static_cast<double>(hd) + eps));
-  for (int64_t c = threadIdx.x; c < hd; c += kPrepThreads) xs[c] = xs[c] * r * (1.0f + w[c]);
-  __syncthreads();
+  const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(hd) + eps));
+  for (int64_t c = lane; c < hd; c += 32) xs[c] = xs[c] * r * (1.0f + w[c]);
+  __syncwarp();
   const float t = static_cast<float>(pos[row]);
   float* dst = is_q ? q + (row * nh + hh) * hd : k + (row * kvh + kh) * hd;
-  for (int64_t c = threadIdx.x; c < hd; c += kPrepThreads) {
+  for (int64_t c = lane; c < hd; c += 32) {
     float y = xs[c];
     if (c < 2 * half) {
       const int64_t f = c < half ? c : c - half;
@@ -91,15 +91,15 @@ __global__ void __launch_bounds__(kPrepThreads) attention_prep_kernel(
       const float x1 = xs[f], x2 = xs[f + half];
       y = c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn;
     }
-    dst[c] = y;  // the pool write below reads back only this thread's own elements
+    dst[c] = y;  // the pool write below reads back only this lane's own elements
   }
   if (is_q) return;
   const int s = L.span_of_row(static_cast<int>(row));
   if (s < 0) return;
   const int64_t p = L.start_pos(s) + (row - L.row_begin(s));
   const int64_t pool_row = kv_row_index(L, s, p, kv.block_size, kvh, kh);
-  store_kv_row<kPrepThreads>(kv.k, kv.k_scale, type, pool_row, dst, hd, red);
-  store_kv_row<kPrepThreads>(kv.v, kv.v_scale, type, pool_row, v + (row * kvh + kh) * hd, hd, red);
+  store_kv_row<32>(kv.k, kv.k_scale, type, pool_row, dst, hd, nullptr, lane);
+  store_kv_row<32>(kv.v, kv.v_scale, type, pool_row, v + (row * kvh + kh) * hd, hd, nullptr, lane);
 }
 
 constexpr int kAttnWarps = 4;
@@ -258,13 +258,14 @@ void CudaBackend::attention_prep(const Tensor& q, const Tensor& gate, const Tens
   if (T == 0) return;
   DeviceLayout L = device_layout(batch);
   const float* inv_freq = rope_inv_freq(rotary_dim, theta);
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(nh + kvh));
-  const size_t shmem = static_cast<size_t>(hd) * sizeof(float);
+  const int64_t items = T * (nh + kvh);
+  const size_t shmem = static_cast<size_t>(hd) * kPrepWarps * sizeof(float);
   CHECK_MSG(shmem <= 40 * 1024, "CUDA attention_prep: head_dim too large");
-  attention_prep_kernel<<<grid, kPrepThreads, shmem, stream_>>>(
+  attention_prep_kernel<<<static_cast<unsigned>((items + kPrepWarps - 1) / kPrepWarps), kPrepWarps * 32, shmem,
+                          stream_>>>(
       q.ptr<float>(), gate.ptr<float>(), qg.ptr<const float>(), k.ptr<float>(), v.ptr<const float>(),
       q_norm_w.ptr<const float>(), k_norm_w.ptr<const float>(), eps, positions.ptr<const int32_t>(), inv_freq, half,
-      kv, kv_type(pool), L, nh);
+      kv, kv_type(pool), L, nh, T);
   CUDA_CHECK_LAUNCH();
 }
 

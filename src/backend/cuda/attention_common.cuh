@@ -49,29 +49,30 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// Block-wide (every thread of the block calls it): stores row `row` of one pool, the hd values x[c]
-// for c = threadIdx.x, threadIdx.x + kThreads, ... (each thread reads only its own c), rounded as
-// the CPU's store_row does. red: shared [kThreads / 32].
+// Block-wide (every thread of the block calls it; kThreads = 32: warp-wide, tid = the lane): stores
+// row `row` of one pool, the hd values x[c] for c = tid, tid + kThreads, ... (each thread reads only
+// its own c), rounded as the CPU's store_row does. red: shared [kThreads / 32] (unused for a warp).
 template <int kThreads>
 __device__ void store_kv_row(void* pool, float* scales, KvType type, int64_t row, const float* x, int64_t hd,
-                             float* red) {
+                             float* red, int tid) {
   if (type == KvType::kF32) {
-    for (int64_t c = threadIdx.x; c < hd; c += kThreads) static_cast<float*>(pool)[row * hd + c] = x[c];
+    for (int64_t c = tid; c < hd; c += kThreads) static_cast<float*>(pool)[row * hd + c] = x[c];
   } else if (type == KvType::kBf16) {
-    for (int64_t c = threadIdx.x; c < hd; c += kThreads)
-      static_cast<uint16_t*>(pool)[row * hd + c] = f32_to_bf16_bits(x[c]);
+    for (int64_t c = tid; c < hd; c += kThreads) static_cast<uint16_t*>(pool)[row * hd + c] = f32_to_bf16_bits(x[c]);
   } else {
     float amax = 0.0f;
-    for (int64_t c = threadIdx.x; c < hd; c += kThreads) amax = fmaxf(amax, fabsf(x[c]));
+    for (int64_t c = tid; c < hd; c += kThreads) amax = fmaxf(amax, fabsf(x[c]));
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    __syncthreads();  // red may hold the previous call's values
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+    if constexpr (kThreads > 32) {
+      __syncthreads();  // red may hold the previous call's values
+      if (tid % 32 == 0) red[tid / 32] = amax;
+      __syncthreads();
+      for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, red[w]);
+    }
     const float s = fp8_token_scale_from_amax(amax);
-    for (int64_t c = threadIdx.x; c < hd; c += kThreads)
+    for (int64_t c = tid; c < hd; c += kThreads)
       static_cast<uint8_t*>(pool)[row * hd + c] = f32_to_fp8(__fdiv_rn(x[c], s));
-    if (threadIdx.x == 0) scales[row] = s;
+    if (tid == 0) scales[row] = s;
   }
 }
 

@@ -12,7 +12,8 @@
 // (not 64) because S reads Q hi, Q lo and K from shared memory for every k16 step: at 64 keys that is
 // the whole shared-memory bandwidth at the tensor cores' rate, at 96 five sixths (and a third fewer
 // tiles, barriers and softmax passes); measured 5% faster than 64-key tiles and than 48-key tiles
-// with K and V double-buffered (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
+// with K and V double-buffered, and 2% faster than 64-key tiles with P·V deferred behind the next
+// tile's S so that the softmax overlaps it (docs/performance.md). A launch of fewer CTAs than SMs (a few hundred
 // new tokens after a long cached prefix: an agent turn) also splits the keys over CTAs
 // (prefill_splits); each split writes its unnormalised rows with their max and sum, and
 // prefill_combine_kernel merges them in split order.
@@ -38,21 +39,27 @@ struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
+#ifdef SPARKSERVE_HAS_WGMMA  // (only the sm_90a pass has the kernel that uses it)
 // A bf16 K or V tile (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async: thread t
 // copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart (the
-// swizzle depends on key % 8 only), so a copy is a row lookup, an address and the cp.async
-// (load_kv_tile's general loop spent ~45 instructions on each, and the warps sat in it).
+// swizzle depends on key % 8 only), so a copy is an address and the cp.async (load_kv_tile's
+// general loop spent ~45 instructions on each, and the warps sat in it).
 __device__ __forceinline__ void copy_tile_bf16(uint16_t* tile, const uint16_t* pool, const int32_t* rows) {
-  static_assert(kThreads == 256 && HD == 256 && kKeys % 8 == 0, "32 chunks per key row, 8 keys per pass");
+  static_assert(kThreads == 256 && HD == 256 && kKeys % 32 == 0, "32 chunks per key row, 8 keys per pass");
   const int c = threadIdx.x % 32, k0 = threadIdx.x / 32;
   uint16_t* dst = tile + sw128_chunk<kKeys>(k0, c) * 8;
   const uint16_t* src = pool + c * 8;
+  // The thread's rows (kv_tile_rows<kKeys, true>: keys k0 + 8 i side by side), by 16-byte loads: one
+  // shared load per row was a dependent chain in front of each copy, where the warps' stalls sat.
+  int32_t r[kKeys / 8];
 #pragma unroll
-  for (int i = 0; i < kKeys / 8; ++i) {
-    const int32_t row = rows[k0 + 8 * i];
-    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(row, 0)) * HD, row >= 0 ? 16 : 0);
-  }
+  for (int v = 0; v < kKeys / 32; ++v)
+    *reinterpret_cast<int4*>(r + 4 * v) = reinterpret_cast<const int4*>(rows + k0 * (kKeys / 8))[v];
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i)
+    cp_async16(dst + i * 64 * 8, src + static_cast<int64_t>(max(r[i], 0)) * HD, r[i] >= 0 ? 16 : 0);
 }
+#endif
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
@@ -113,10 +120,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
   // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
   // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
-  __shared__ int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
+  __shared__ __align__(16) int32_t key_rows[2][kKeys];  // pool rows < 2^31 (kv_view checks)
   static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
-    kv_tile_rows<kKeys>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
+    kv_tile_rows<kKeys, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kKeys, kv_len, bs, kvh, h);
   };
   auto copy_tile = [&](uint16_t* dst, float* sc, const void* pool, const float* pool_scale, int kt) {
     if constexpr (kFp8)

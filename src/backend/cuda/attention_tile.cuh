@@ -10,6 +10,15 @@ namespace sparkserve {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// 2^x by the hardware's approximation with subnormal results flushed to zero (exp2f adds a
+// rescaling around it for them: three more instructions per probability). A flushed probability is
+// below 2^-126 of the row's largest, which is 1: it changes no f32 sum it enters.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The warp's Q slice [16 rows, d0 .. d0 + DW) as A fragments split into bf16 hi / lo.
 // q_off: the element offset of the thread's two rows.
 template <int DW>
@@ -34,7 +43,9 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qh)[DW / 16][4], uin
 // 0 .. NK-1 into rows[NK] (shared): one block-table lookup per key and tile, which the tile's 16-byte
 // copies then share (a lookup per copy, with its 64-bit division, cost more issue slots than the
 // tensor-core work of the tile). Visible to the block after the caller's next __syncthreads.
-template <int NK, class Row>
+// kByCopier: key j's row at (j % 8) * (NK / 8) + j / 8 instead of j, so that a thread copying keys
+// k0, k0 + 8, ... (the wgmma kernel's bf16 copies) reads its NK / 8 rows with vector loads.
+template <int NK, bool kByCopier = false, class Row>
 __device__ __forceinline__ void kv_tile_rows(Row* rows, const int32_t* table, int64_t key0, int64_t len,
                                              int64_t block_size, int64_t kvh, int64_t head) {
   if (threadIdx.x < NK) {
@@ -43,7 +54,8 @@ __device__ __forceinline__ void kv_tile_rows(Row* rows, const int32_t* table, in
     const int64_t j = key0 + threadIdx.x;
     const uint32_t pos = static_cast<uint32_t>(j), bs = static_cast<uint32_t>(block_size);
     const uint32_t blk = pos / bs;
-    rows[threadIdx.x] = static_cast<Row>(
+    const int slot = kByCopier ? (threadIdx.x % 8) * (NK / 8) + threadIdx.x / 8 : threadIdx.x;
+    rows[slot] = static_cast<Row>(
         j < len ? (static_cast<int64_t>(table[blk]) * block_size + (pos - blk * bs)) * kvh + head : -1);
   }
 }
@@ -201,7 +213,7 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
     const float m_new = fmaxf(m[r], tmax[r]);
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
-    corr[r] = exp2f(m[r] - m_use[r]);
+    corr[r] = exp2_ftz(m[r] - m_use[r]);
     m[r] = m_new;
     l[r] *= corr[r];
   }
@@ -220,7 +232,7 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
   for (int j = 0; j < NK / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float p = exp2f(sacc[j][e] - m_use[e >> 1]);
+      const float p = exp2_ftz(sacc[j][e] - m_use[e >> 1]);
       l[e >> 1] += p;
       sacc[j][e] = p;
     }
