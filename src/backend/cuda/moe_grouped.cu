@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs 
           const __half2 h = __floats2half2_rn(y[m], y[m + 4]);
           w[m] = *reinterpret_cast<const uint32_t*>(&h);
         }
-        const int64_t group = a.chunk_major ? chunk_major_group(i / 8) : i / 8;
+        const int64_t group = a.chunk_major ? chunk_major_group(i / 8, row) : i / 8;
         if (i < K) *reinterpret_cast<uint4*>(o + 8 * group) = out;
       }
     }
@@ -312,6 +312,7 @@ void set_pairs(GroupGemmArgs& g, const PlanArgs& pa, int64_t max_pairs) {
   g.pair_rows = pa.pair_rows;
   g.num_pairs = pa.num_pairs;
   g.max_pairs = max_pairs;
+  g.x_rows = pa.T * pa.k;
 }
 
 GroupGemmArgs gemm_args(const Linear& w, const __half* xq) {

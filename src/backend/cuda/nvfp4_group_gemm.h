@@ -49,7 +49,8 @@ struct GroupGemmArgs {
   int64_t num_experts = 1;  // E (the weights' first dimension)
   bool modelopt = false;
   int64_t M = 0, K = 0;
-  const __half* xq = nullptr;  // [rows, P, K] prepared activations
+  const __half* xq = nullptr;  // [x_rows, P, K] prepared activations
+  int64_t x_rows = 0;
   // Work pairs (expert, first row, rows): device lists with a device count (grouped MoE), or, when
   // pair_e is null, the static tiling of rows [0, dense_rows) for expert 0 (dense Linear).
   const int32_t* pair_e = nullptr;
