@@ -25,9 +25,9 @@ int64_t e2m1_round_mismatches_probe(Backend& b);
 
 namespace {
 
-constexpr int kTiles = 5;
+constexpr int kTiles = 6;
 const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma",
-                                        "small-N sliced"};
+                                        "small-N sliced", "small-N sliced half"};
 constexpr int kLargeMmaSync = 1, kSliced = 4;
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted

@@ -404,7 +404,7 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.slot_of = slot_of;
   pr.E = E;
   pr.spb = slots <= 4096 ? 1 : k;
-  pr.chunk_major = tile == GroupTile::kSliceN;
+  pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
   for (int i = 0; i < times(1); ++i) {
     prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), kPrepThreads, 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
@@ -451,7 +451,7 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);
   PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
-  pr.chunk_major = tile == GroupTile::kSliceN;
+  pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
   prepare_rows_kernel<<<static_cast<unsigned>(T), kPrepThreads, 0, b.stream()>>>(pr);
   CUDA_CHECK_LAUNCH();
   GroupGemmArgs g = gemm_args(w, xq.as<__half>());

@@ -29,7 +29,9 @@ namespace sparkserve {
 // pair: prefill; shared-memory pipeline and mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma
 // (128 rows per pair: prefill on sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the
 // same kernel with 64 rows per pair and 2 CTAs per SM (a few dozen tokens per expert).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kSliceN };
+// kSliceNHalf: kSliceN with items of 128 weight rows instead of 256 (one m16 tile per warp): twice the
+// items, for an even share per CTA when the routed experts are few.
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kSliceN, kSliceNHalf };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -83,7 +85,7 @@ void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
 // bn: the wgmma tile's activation rows per pair (64 or 128).
 void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
-void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a);
+void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a, bool half_items);
 bool group_slice_takes(const Linear& w, bool gate_up);
 
 }  // namespace sparkserve
