@@ -19,6 +19,7 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -300,8 +301,11 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
 }
 
 // The MoE's small-N regime: the K-sliced kernel where both projections' shapes fit it, else kSmallN.
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
-  return moe_shapes_take(gate_up, down, GroupTile::kSliceN) ? GroupTile::kSliceN : GroupTile::kSmallN;
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
+  if (!moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSmallN;
+  // DIAGNOSTIC (device A/B only, to be removed before landing)
+  static const double half_max = std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX") ? std::atof(std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX")) : 0.0;
+  return per_expert <= half_max ? GroupTile::kSliceNHalf : GroupTile::kSliceN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -354,7 +358,9 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
                       : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSliceMaxRows,
-                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
+                                  kMoeMediumMaxRows,
+                                  moe_small_tile(gate_up, down, static_cast<double>(slots) / static_cast<double>(E)),
+                                  moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();
