@@ -302,7 +302,7 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
 GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
   if (!moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSmallN;
   // DIAGNOSTIC (device A/B only, to be removed before landing)
-  static const double half_max = std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX") ? std::atof(std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX")) : 0.0;
+  static const double half_max = std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX") ? std::atof(std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX")) : 0.99;
   return per_expert <= half_max ? GroupTile::kSliceNHalf : GroupTile::kSliceN;
 }
 
@@ -407,10 +407,13 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.offsets = pa.offsets;
   pr.slot_of = slot_of;
   pr.E = E;
-  pr.spb = slots <= 4096 ? 1 : k;
+  // Slots per prepare block: one for few tokens (enough blocks), two up to 4096 slots (~one wave of
+  // blocks at the 35B's 338 tokens x 8), else the token's all (x read once).
+  pr.spb = slots <= 1024 ? 1 : (slots <= 4096 ? 2 : k);
   pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
   for (int i = 0; i < times(1); ++i) {
-    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), prep_threads(H), 0, s>>>(pr);
+    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>((k + pr.spb - 1) / pr.spb)),
+                          prep_threads(H), 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
   }
 

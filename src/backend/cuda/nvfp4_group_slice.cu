@@ -3,18 +3,19 @@
 // ~300-token prompt of the 35B-A3B: every expert touched, ~10 rows each; batched decode).
 //
 // Memory-bound on the weights. An item is a pair x 128 gate rows + their 128 up rows (plain: 256
-// consecutive rows), a ring stage one 256-k slice of the item's rows and of the pair's 16 activation
-// rows, all copied by the copy engine as 2-D tensor boxes (gate_up: 36 KB of weights and scales, 8 KB of
-// activations per distinct activation partition); each consumer warp owns two m16 tiles of one half
-// (gate_up: warps 0-3 the gate rows, 4-7 the matching up rows; plain: 32 rows) over the whole K, so its
-// two tiles share every activation load, its accumulators live across the item's stages (no partial
-// sums; a stage is released by each warp's arrival). At a gate_up item's end the up warps hand their sums
-// to the gate warps through shared memory. The activations (and the down input this kernel's gate_up
-// writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh). Shared memory of a stage:
-// [rows][128] payload bytes (128-byte swizzled: 16-byte unit u of row r at u ^ (r % 8)), [rows][16]
-// block scales, then [box][16][512] activation bytes.
-// Measured before (H200): with the activations read through L1 by each warp (ld.global.nc), the warps
-// stalled on them (long scoreboard ~6 per issue) and gate_up ran at ~1.75 TB/s of weights.
+// consecutive rows; kSliceNHalf: half of each), a ring stage one 128-k slice of the item's rows and of the
+// pair's 16 activation rows, all copied by the copy engine as 2-D tensor boxes (gate_up: 20 KB of weights
+// and scales, 4 KB of activations per distinct activation partition); each consumer warp owns one or
+// two m16 tiles of one half (gate_up: warps 0-3 the gate rows, 4-7 the matching up rows) over the whole
+// K, so its tiles share every activation load, its accumulators live across the item's stages (no
+// partial sums; a stage is released by each warp's arrival). At a gate_up item's end the up warps hand
+// their sums to the gate warps through the item's last stage. The activations (and the down input this
+// kernel's gate_up writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh). Shared
+// memory of a stage: [rows][64] payload bytes, [rows][16] block scales (256 k: this slice's and the
+// next's), then [box][16][256] activation bytes.
+// Measured (H200, 35B, 338 tokens, distinct gate / up scales): with the activations read by each warp
+// through L1 (ld.global.nc), gate_up 157 us; copied into 2 stages of 256 k per CTA, 129 us (the warps
+// still waited on the stages: long scoreboard 3 per issue, 0.53 issued per scheduler).
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -25,24 +26,26 @@
 namespace sparkserve {
 namespace {
 
-constexpr int kChunk = 128;      // k per chunk: 64 payload bytes and 8 block scales per row
 // kTiles: m16 tiles per warp (2: items of 256 rows, the pair's activation loads shared by two tiles; 1:
 // items of 128 rows, twice as many items for the CTAs to share out evenly when there are few). Ring
-// stages per CTA: 2 of 45-53 KB at 2 tiles, 3 of 27-35 KB at 1 (two CTAs per SM either way).
+// stages per CTA: 4 of 24-28 KB at 2 tiles, 6 of 14-18 KB at 1 (two CTAs per SM either way).
 template <int kTiles>
-constexpr int kStagesOf = kTiles == 2 ? 2 : 3;
+constexpr int kStagesOf = kTiles == 2 ? 4 : 6;
 constexpr int kPairRows = 16;    // activation rows per work pair (group_tile_n): 2 n8 column tiles
 constexpr int kColTiles = kPairRows / 8;
-// The mbarriers first, then the ring from the next 1024-byte boundary (the 128-byte swizzle's atom).
-constexpr int kRingSlack = 128 + 1024;
+// The mbarriers first, then the ring from the next 128-byte boundary.
+constexpr int kRingSlack = 128 + 128;
 
-constexpr int kSliceK = 256, kSliceBytes = kSliceK / 2, kSliceScales = kSliceK / 16;
+// A slice: 128 k = 64 payload bytes per weight row (one chunk: a lane's 16 bytes of rows g and g + 8 per
+// tile; consecutive rows, 64 bytes apart, fall on different banks). Its block scales come in boxes of 16
+// bytes (the copy engine's least box width), 256 k, so each stage holds its slice's and the next's.
+constexpr int kSliceK = 128, kSliceBytes = kSliceK / 2, kSliceScales = 16;
 constexpr int kSliceWarps = 8;
 template <int kTiles>
 constexpr int kItemRows = kSliceWarps * 16 * kTiles;  // weight rows per item and stage: 256 or 128
 template <int kTiles>
-constexpr int kWeightBytes = kItemRows<kTiles> * (kSliceBytes + kSliceScales);  // 36,864 or 18,432
-constexpr int kActBoxBytes = kPairRows * kSliceK * 2;                        // 8,192
+constexpr int kWeightBytes = kItemRows<kTiles> * (kSliceBytes + kSliceScales);  // 20,480 or 10,240
+constexpr int kActBoxBytes = kPairRows * kSliceK * 2;                        // 4,096
 // Activation boxes per stage: gate_up with two partitions whose input scales differ reads two (the gate
 // warps partition 0, the up warps partition 1), else one.
 template <int kTiles>
@@ -57,11 +60,6 @@ constexpr int64_t slice_smem_bytes(int act_boxes) {
 struct SliceShape {
   int slices, items_per_pair, act_boxes;
 };
-
-// Row of shared-memory rows 0..7 that lane group g reads as its A rows g (and g + 8): consecutive g,
-// which one quarter warp's 16-byte loads pair up, land in different 64-byte halves of the swizzled 128
-// bytes (bank-conflict free). The epilogues write row sigma(g) accordingly.
-__device__ __forceinline__ int sigma(int g) { return ((g & 1) << 2) | (g >> 1); }
 
 // The activation partitions of an item's boxes: gate_up box 0 = partition 0 (gate warps), box 1 =
 // partition 1 (up warps, only where its input scale differs from partition 0's); plain: the one box of
@@ -119,12 +117,13 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
         const int upr = gate + static_cast<int>(a.M / 2);
         tma_load_2d(st, wmap, s * kSliceBytes, gate, bar, policy);
         tma_load_2d(st + (kRows / 2) * kSliceBytes, wmap, s * kSliceBytes, upr, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes, smap, s * kSliceScales, gate, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes + (kRows / 2) * kSliceScales, smap, s * kSliceScales, upr, bar, policy);
+        tma_load_2d(st + kRows * kSliceBytes, smap, s / 2 * kSliceScales, gate, bar, policy);
+        tma_load_2d(st + kRows * kSliceBytes + (kRows / 2) * kSliceScales, smap, s / 2 * kSliceScales, upr, bar,
+                    policy);
       } else {
         const int row = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * kRows);
         tma_load_2d(st, wmap, s * kSliceBytes, row, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes, smap, s * kSliceScales, row, bar, policy);
+        tma_load_2d(st + kRows * kSliceBytes, smap, s / 2 * kSliceScales, row, bar, policy);
       }
       const ActCopy q{st, bar, s, start, p, up};
       if (waited) {
@@ -145,8 +144,8 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
   }
 }
 
-// One 128-k chunk of a warp's two tiles: A operands from the stage's swizzled payload (rows sigma(g) and
-// sigma(g) + 8 of each tile at `w`, 16-byte unit offset wo; the second tile 16 rows below), scales at
+// One 128-k chunk of a warp's tiles: A operands from the stage's payload (rows g and g + 8 of each tile
+// at `w`; the second tile 16 rows below), scales at
 // sc; B from the activation box x (rows g and 8 + g, byte offsets xo[i] of step i) for kN n8 column tiles.
 template <int kTiles, int kN>
 __device__ __forceinline__ void slice_chunk(float (&acc)[kTiles][2][4], const uint8_t* w, const uint8_t* sc,
@@ -194,25 +193,18 @@ __device__ __forceinline__ uint32_t slice_item(float (&acc)[kTiles][2][4], const
                                                uint64_t* full, uint64_t* empty, uint32_t& slot, uint32_t& phase,
                                                int box, int par, bool hold_last, int warp, int lane) {
   constexpr int kStages = kStagesOf<kTiles>, kRows = kItemRows<kTiles>;
-  const int g = lane / 4, t = lane % 4, sg = sigma(g), r = 16 * kTiles * warp + sg;
+  const int g = lane / 4, t = lane % 4, r = 16 * kTiles * warp + g;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
-  // 16-byte unit 4c + t of row r sits at (4c + t) ^ sg (the swizzle; r % 8 == sg).
-  int wo[2];
+  int xo[4];  // step i of lane t at 8-group 4i + t of the chunk-major row, halves swapped in odd rows
 #pragma unroll
-  for (int c = 0; c < 2; ++c) wo[c] = 16 * ((4 * c + t) ^ sg);
+  for (int i = 0; i < 4; ++i) xo[i] = 64 * (i ^ par) + 16 * t;
   uint32_t last_slot = slot;
   for (int s = 0; s < sh.slices; ++s) {
     mbar_wait(&full[slot], phase);
     const uint8_t* st = ring + slot * stage_bytes;
     const uint8_t* sc = st + kRows * kSliceBytes;
     const uint8_t* x = st + kWeightBytes<kTiles> + box * kActBoxBytes + g * 2 * kSliceK;
-#pragma unroll
-    for (int c = 0; c < kSliceK / kChunk; ++c) {
-      int xo[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xo[i] = 2 * kChunk * c + 64 * (i ^ par) + 16 * t;
-      slice_chunk<kTiles, kN>(acc, st + r * kSliceBytes + wo[c], sc + r * kSliceScales + 8 * c + 2 * t, x, xo);
-    }
+    slice_chunk<kTiles, kN>(acc, st + r * kSliceBytes + 16 * t, sc + r * kSliceScales + 8 * (s & 1) + 2 * t, x, xo);
     __syncwarp();
     if (lane == 0 && !(hold_last && s == sh.slices - 1)) mbar_arrive(&empty[slot]);
     last_slot = slot;
@@ -231,7 +223,7 @@ template <bool kGateUp, int kTiles>
 __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
                                               uint64_t* full, uint64_t* empty, int first, int last, int warp,
                                               int lane) {
-  const int g = lane / 4, t = lane % 4, sg = sigma(g);
+  const int g = lane / 4, t = lane % 4;
   const int64_t M = a.M;
   const int Mp = static_cast<int>(M / a.P);
   pdl_wait();
@@ -281,7 +273,7 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile)
           store_gate_up<2, true>(acc[tile], up[tile], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2,
-                                 start, row0 + 16 * tile, 0, rows, sg, t);
+                                 start, row0 + 16 * tile, 0, rows, g, t);
       }
     } else {
 #pragma unroll
@@ -289,7 +281,7 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
         const int64_t r = row0 + 16 * tile;
         const int p = static_cast<int>(r / Mp);
         const float f = global_factor(a.w_global[e * a.P + p], a.in_scale[e * a.P + p], a.modelopt);
-        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, sg, t);
+        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, g, t);
       }
     }
   }
@@ -304,7 +296,7 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
   constexpr int kStages = kStagesOf<kTiles>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kStages;
-  uint8_t* ring = smem + (((smem_addr(smem) + 128 + 1023) & ~1023u) - smem_addr(smem));
+  uint8_t* ring = smem + (((smem_addr(smem) + 128 + 127) & ~127u) - smem_addr(smem));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_launch_dependents();
   if (threadIdx.x == 0) {
@@ -343,14 +335,14 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   sh.slices = static_cast<int>(a.K / kSliceK);
   sh.items_per_pair = static_cast<int>(kGateUp ? (a.M / 2) / (kRows / 2) : a.M / kRows);
   sh.act_boxes = act_boxes(a);
-  // Payload [E·M rows, K/2 bytes] in boxes of 128 bytes (128-byte swizzle), block scales [E·M, K/16] in
-  // boxes of 16, with no L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB
+  // Payload [E·M rows, K/2 bytes] in boxes of 64 bytes, block scales [E·M, K/16] in boxes of 16, with no
+  // L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB
   // from DRAM for its 302 MB (the promoted halves, marked evict-first like the rest, were gone before
   // the next slice's copy). Activations [rows, P, K] fp16: one map per partition read (0 and P - 1),
   // boxes of 16 rows x 256 k.
   const int box_rows = kGateUp ? kRows / 2 : kRows;
   const CUtensorMap wmap = tensor_map_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 2, a.K / 2,
-                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
   const CUtensorMap smap =
       tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16, a.K / 16, box_rows,
                     kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
