@@ -81,7 +81,7 @@ template <bool kGateUp, int kTiles>
 __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const SliceShape& sh, const CUtensorMap* wmap,
                                               const CUtensorMap* smap, const CUtensorMap* xmap0,
                                               const CUtensorMap* xmap1, uint8_t* ring, uint64_t* full, uint64_t* empty,
-                                              int first, int last) {
+                                              int items) {
   const uint64_t policy = evict_first_policy(), keep = evict_normal_policy();
   constexpr int kStages = kStagesOf<kTiles>, kRows = kItemRows<kTiles>;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
@@ -100,7 +100,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
   int npending = 0;
   bool waited = false;
   uint32_t seq = 0, slot = 0, phase = 0;
-  for (int item = first; item < last; ++item) {
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
     const WorkPair wp = work_pair(a, pair, kPairRows);
     const int64_t e = wp.e;
@@ -130,7 +130,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
         copy_act(q);
       } else {
         pending[npending++] = q;
-        if (npending == kStages || (item == last - 1 && s == sh.slices - 1)) {
+        if (npending == kStages || (item + static_cast<int>(gridDim.x) >= items && s == sh.slices - 1)) {
           pdl_wait();
           waited = true;
           for (int i = 0; i < npending; ++i) copy_act(pending[i]);
@@ -221,14 +221,14 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;"
 
 template <bool kGateUp, int kTiles>
 __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
-                                              uint64_t* full, uint64_t* empty, int first, int last, int warp,
+                                              uint64_t* full, uint64_t* empty, int items, int warp,
                                               int lane) {
   const int g = lane / 4, t = lane % 4;
   const int64_t M = a.M;
   const int Mp = static_cast<int>(M / a.P);
   pdl_wait();
   uint32_t slot = 0, phase = 0;
-  for (int item = first; item < last; ++item) {
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
     const WorkPair wp = work_pair(a, pair, kPairRows);
     const int64_t e = wp.e, start = wp.start;
@@ -307,13 +307,13 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;
-  const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
-  const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
+  // CTA c takes items c, c + grid, ...: the items of one pair (consecutive) run on neighbouring CTAs at
+  // the same time, so the pair's activation slices are read from DRAM once and from L2 by the others.
+  const int items = static_cast<int>(num_work_pairs(a, kPairRows) * sh.items_per_pair);
   if (warp == kSliceWarps) {
-    if (lane == 0) slice_produce<kGateUp, kTiles>(a, sh, &wmap, &smap, &xmap0, &xmap1, ring, full, empty, first, last);
+    if (lane == 0) slice_produce<kGateUp, kTiles>(a, sh, &wmap, &smap, &xmap0, &xmap1, ring, full, empty, items);
   } else {
-    slice_consume<kGateUp, kTiles>(a, sh, ring, full, empty, first, last, warp, lane);
+    slice_consume<kGateUp, kTiles>(a, sh, ring, full, empty, items, warp, lane);
   }
 }
 
