@@ -24,8 +24,9 @@ namespace sparkserve {
 // prepare_rows_kernel (moe_grouped.cu) writes them.
 // Tile regimes: kSmallN (at most 8 rows per pair: dense layers at a few tokens, and the MoE where
 // kSliceN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kSliceN (at
-// most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights streamed
-// through shared memory by the copy engine in 256-k slices, nvfp4_group_slice.cu), kLargeN (64 rows per
+// most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights and the
+// pair's activations streamed through shared memory by the copy engine in 128-k slices,
+// nvfp4_group_slice.cu), kLargeN (64 rows per
 // pair: prefill; shared-memory pipeline and mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma
 // (128 rows per pair: prefill on sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the
 // same kernel with 64 rows per pair and 2 CTAs per SM (a few dozen tokens per expert).

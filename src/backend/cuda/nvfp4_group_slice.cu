@@ -28,7 +28,8 @@ namespace {
 
 // kTiles: m16 tiles per warp (2: items of 256 rows, the pair's activation loads shared by two tiles; 1:
 // items of 128 rows, twice as many items for the CTAs to share out evenly when there are few). Ring
-// stages per CTA: 4 of 24-28 KB at 2 tiles, 6 of 14-18 KB at 1 (two CTAs per SM either way).
+// stages per CTA: 4 of 24-28 KB at 2 tiles, 6 of 14-18 KB at 1 (two CTAs per SM either way; where two do
+// not fit, sm_120's 100 KB, one CTA of as many as fit: ring_fit).
 template <int kTiles>
 constexpr int kStagesOf = kTiles == 2 ? 4 : 6;
 constexpr int kPairRows = 16;    // activation rows per work pair (group_tile_n): 2 n8 column tiles
@@ -52,13 +53,9 @@ template <int kTiles>
 __host__ __device__ constexpr int slice_stage_bytes(int act_boxes) {
   return kWeightBytes<kTiles> + act_boxes * kActBoxBytes;
 }
-template <int kTiles>
-constexpr int64_t slice_smem_bytes(int act_boxes) {
-  return kRingSlack + kStagesOf<kTiles> * slice_stage_bytes<kTiles>(act_boxes);
-}
 
 struct SliceShape {
-  int slices, items_per_pair, act_boxes;
+  int slices, items_per_pair, act_boxes, stages;
 };
 
 // The activation partitions of an item's boxes: gate_up box 0 = partition 0 (gate warps), box 1 =
@@ -83,7 +80,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
                                               const CUtensorMap* xmap1, uint8_t* ring, uint64_t* full, uint64_t* empty,
                                               int items) {
   const uint64_t policy = evict_first_policy(), keep = evict_normal_policy();
-  constexpr int kStages = kStagesOf<kTiles>, kRows = kItemRows<kTiles>;
+  constexpr int kRows = kItemRows<kTiles>;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
   struct ActCopy {  // a stage's activation copies
     uint8_t* st;
@@ -96,7 +93,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
     tma_load_2d(act, q.p ? xmap1 : xmap0, q.s * kSliceK, q.start, q.bar, keep);
     if (q.up) tma_load_2d(act + kActBoxBytes, xmap1, q.s * kSliceK, q.start, q.bar, keep);
   };
-  ActCopy pending[kStages];  // the first stages' activation copies, waiting for the previous kernel
+  ActCopy pending[kStagesOf<kTiles>];  // the first stages' activation copies, waiting for the previous kernel
   int npending = 0;
   bool waited = false;
   uint32_t seq = 0, slot = 0, phase = 0;
@@ -108,7 +105,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
     const int p = item_partition(a, e, mg, kGateUp, kRows);
     const bool up = kGateUp && up_box(a, e);
     for (int s = 0; s < sh.slices; ++s, ++seq) {
-      if (seq >= static_cast<uint32_t>(kStages)) mbar_wait(&empty[slot], phase ^ 1u);
+      if (seq >= static_cast<uint32_t>(sh.stages)) mbar_wait(&empty[slot], phase ^ 1u);
       uint8_t* st = ring + slot * stage_bytes;
       uint64_t* bar = &full[slot];
       mbar_arrive_expect_tx(bar, kWeightBytes<kTiles> + (up ? 2 : 1) * kActBoxBytes);
@@ -130,13 +127,13 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
         copy_act(q);
       } else {
         pending[npending++] = q;
-        if (npending == kStages || (item + static_cast<int>(gridDim.x) >= items && s == sh.slices - 1)) {
+        if (npending == sh.stages || (item + static_cast<int>(gridDim.x) >= items && s == sh.slices - 1)) {
           pdl_wait();
           waited = true;
           for (int i = 0; i < npending; ++i) copy_act(pending[i]);
         }
       }
-      if (++slot == static_cast<uint32_t>(kStages)) {
+      if (++slot == static_cast<uint32_t>(sh.stages)) {
         slot = 0;
         phase ^= 1u;
       }
@@ -192,7 +189,7 @@ template <int kTiles, int kN>
 __device__ __forceinline__ uint32_t slice_item(float (&acc)[kTiles][2][4], const SliceShape& sh, uint8_t* ring,
                                                uint64_t* full, uint64_t* empty, uint32_t& slot, uint32_t& phase,
                                                int box, int par, bool hold_last, int warp, int lane) {
-  constexpr int kStages = kStagesOf<kTiles>, kRows = kItemRows<kTiles>;
+  constexpr int kRows = kItemRows<kTiles>;
   const int g = lane / 4, t = lane % 4, r = 16 * kTiles * warp + g;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
   int xo[4];  // step i of lane t at 8-group 4i + t of the chunk-major row, halves swapped in odd rows
@@ -208,7 +205,7 @@ __device__ __forceinline__ uint32_t slice_item(float (&acc)[kTiles][2][4], const
     __syncwarp();
     if (lane == 0 && !(hold_last && s == sh.slices - 1)) mbar_arrive(&empty[slot]);
     last_slot = slot;
-    if (++slot == static_cast<uint32_t>(kStages)) {
+    if (++slot == static_cast<uint32_t>(sh.stages)) {
       slot = 0;
       phase ^= 1u;
     }
@@ -293,14 +290,13 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
                        const __grid_constant__ CUtensorMap smap, const __grid_constant__ CUtensorMap xmap0,
                        const __grid_constant__ CUtensorMap xmap1) {
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int kStages = kStagesOf<kTiles>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + kStagesOf<kTiles>;
   uint8_t* ring = smem + (((smem_addr(smem) + 128 + 127) & ~127u) - smem_addr(smem));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_launch_dependents();
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < sh.stages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kSliceWarps);
     }
@@ -320,12 +316,22 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
 // Activation boxes per stage for a call: two only for gate_up with two partitions.
 int act_boxes(const GroupGemmArgs& a) { return a.gate_up && a.P == 2 ? 2 : 1; }
 
-// CTAs per SM: 2 where their shared memory fits (sm_90, sm_100), else 1 (sm_120's 100 KB), else 0.
-int slice_blocks_per_sm(int64_t smem) {
+// CTAs per SM and ring stages per CTA: two CTAs of kStagesOf stages where they fit (sm_90, sm_100), else
+// one CTA of as many stages as fit up to kStagesOf, at least 2 (sm_120's 100 KB), else none.
+struct RingFit {
+  int blocks, stages;
+  int64_t smem;
+};
+template <int kTiles>
+RingFit ring_fit(int act_boxes) {
   const SmemLimits& l = smem_limits();
-  for (int blocks = 2; blocks >= 1; --blocks)
-    if (std::min(l.optin, l.per_sm / blocks - l.reserved) >= smem) return blocks;
-  return 0;
+  const int64_t stage = slice_stage_bytes<kTiles>(act_boxes);
+  for (int blocks = 2; blocks >= 1; --blocks) {
+    const int64_t room = std::min(l.optin, l.per_sm / blocks - l.reserved) - kRingSlack;
+    const int stages = static_cast<int>(std::min<int64_t>(kStagesOf<kTiles>, room / stage));
+    if (stages >= (blocks == 2 ? kStagesOf<kTiles> : 2)) return {blocks, stages, kRingSlack + stages * stage};
+  }
+  return {0, 0, 0};
 }
 
 template <bool kGateUp, int kTiles>
@@ -335,6 +341,8 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   sh.slices = static_cast<int>(a.K / kSliceK);
   sh.items_per_pair = static_cast<int>(kGateUp ? (a.M / 2) / (kRows / 2) : a.M / kRows);
   sh.act_boxes = act_boxes(a);
+  const RingFit fit = ring_fit<kTiles>(sh.act_boxes);
+  sh.stages = fit.stages;
   // Payload [E·M rows, K/2 bytes] in boxes of 64 bytes, block scales [E·M, K/16] in boxes of 16, with no
   // L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB
   // from DRAM for its 302 MB (the promoted halves, marked evict-first like the rest, were gone before
@@ -354,15 +362,14 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   };
   const CUtensorMap xmap0 = xmap(0), xmap1 = xmap(a.P - 1);
   auto kern = group_slice_kernel<kGateUp, kTiles>;
-  const int64_t smem = slice_smem_bytes<kTiles>(sh.act_boxes);
   static int64_t allowed = 0;
-  allow_smem(kern, smem, allowed);
+  allow_smem(kern, fit.smem, allowed);
   const int64_t pairs = a.pair_e ? a.max_pairs : (a.dense_rows + kPairRows - 1) / kPairRows;
   CHECK(pairs * sh.items_per_pair < (int64_t{1} << 31));
-  const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{slice_blocks_per_sm(smem)} * b.sm_count());
+  const int64_t grid = std::min<int64_t>(pairs * sh.items_per_pair, int64_t{fit.blocks} * b.sm_count());
   if (grid <= 0) return;
-  launch_with_pdl(kern, static_cast<unsigned>(grid), (kSliceWarps + 1) * 32, smem, b.stream(), a, sh, wmap, smap, xmap0,
-                  xmap1);
+  launch_with_pdl(kern, static_cast<unsigned>(grid), (kSliceWarps + 1) * 32, fit.smem, b.stream(), a, sh, wmap, smap,
+                  xmap0, xmap1);
 }
 
 }  // namespace
@@ -371,8 +378,7 @@ bool group_slice_takes(const Linear& w, bool gate_up) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
   if (!tensor_maps_available() || P < 1 || P > 2 || K % kSliceK != 0 || M % P != 0) return false;
   const int boxes = gate_up && P == 2 ? 2 : 1;
-  if (slice_blocks_per_sm(std::max(slice_smem_bytes<1>(boxes), slice_smem_bytes<2>(boxes))) == 0)
-    return false;
+  if (ring_fit<1>(boxes).blocks == 0 || ring_fit<2>(boxes).blocks == 0) return false;
   // 16-byte aligned payload and scales (the tensor maps' rule; their rows, K/2 and K/16 bytes, are too).
   if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0 || (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) != 0)
     return false;
