@@ -19,7 +19,6 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -182,9 +181,9 @@ struct PrepareArgs {
 // 1 for few: one block per slot, enough blocks to fill the GPU). Each thread holds one 16-value block of
 // x per pass and quantizes it for each slot and partition with that expert's input scale (CPU-exact:
 // quant_math.cuh's block scales, e2m1_round's codes), storing the values e2m1·sf as fp16 in two 16-byte
-// 8-groups in the order 0,4,1,5,2,6,3,7. One block scale per thread and block, no shuffles. (Measured
-// before, H200, 338 tokens x 8 slots of the 35B with distinct gate / up scales: 8 values per lane
-// sharing block scales over lane pairs, 21 us; 4 values per lane, 33 us.)
+// 8-groups in the order 0,4,1,5,2,6,3,7. One block scale per thread and block, no shuffles. (Measured,
+// H200, ncu, 338 tokens x 8 slots of the 35B with distinct gate / up scales: 12.6 us; 8 values per lane
+// sharing block scales over lane pairs, 21 us; 4 values per lane, 33 us. Two slots per block: 12.8.)
 constexpr int kPrepMaxThreads = 256;
 int prep_threads(int64_t K) { return static_cast<int>(std::min<int64_t>(kPrepMaxThreads, (K / 16 + 31) / 32 * 32)); }
 __global__ void __launch_bounds__(kPrepMaxThreads) prepare_rows_kernel(PrepareArgs a) {
@@ -299,11 +298,17 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
 }
 
 // The MoE's small-N regime: the K-sliced kernel where both projections' shapes fit it, else kSmallN.
+// Below one row per expert (decode batches under 32 tokens at top-8 of 256) its items of 128 rows
+// (kSliceNHalf): the few pairs (~100 experts at 16 tokens) make 256-row items too few to share out
+// evenly over the CTAs (measured, H200, 122B decode at batch 16: 17.28 ms per step vs 17.82 with 256-row
+// items; batch 64, 2 rows per expert, 32.28 either way; op at 32 tokens 334 vs 308 us). The 128-row items
+// also where the 256-row ones do not fit (sm_120's shared memory with two gate_up input scales).
+constexpr double kMoeSliceHalfBelowRows = 1.0;
 GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
-  if (!moe_shapes_take(gate_up, down, GroupTile::kSliceN)) return GroupTile::kSmallN;
-  // DIAGNOSTIC (device A/B only, to be removed before landing)
-  static const double half_max = std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX") ? std::atof(std::getenv("SPARKSERVE_DIAG_SLICE_HALF_MAX")) : 0.99;
-  return per_expert <= half_max ? GroupTile::kSliceNHalf : GroupTile::kSliceN;
+  const bool full = moe_shapes_take(gate_up, down, GroupTile::kSliceN);
+  const bool half = moe_shapes_take(gate_up, down, GroupTile::kSliceNHalf);
+  if (half && (per_expert < kMoeSliceHalfBelowRows || !full)) return GroupTile::kSliceNHalf;
+  return full ? GroupTile::kSliceN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -407,13 +412,10 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.offsets = pa.offsets;
   pr.slot_of = slot_of;
   pr.E = E;
-  // Slots per prepare block: one for few tokens (enough blocks), two up to 4096 slots (~one wave of
-  // blocks at the 35B's 338 tokens x 8), else the token's all (x read once).
-  pr.spb = slots <= 1024 ? 1 : (slots <= 4096 ? 2 : k);
+  pr.spb = slots <= 4096 ? 1 : k;
   pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
   for (int i = 0; i < times(1); ++i) {
-    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>((k + pr.spb - 1) / pr.spb)),
-                          prep_threads(H), 0, s>>>(pr);
+    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), prep_threads(H), 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
   }
 

@@ -265,7 +265,8 @@ bool group_tile_fits(GroupTile t) {
 bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
   if (!is_nvfp4(w.format) || w.activation != ActivationQuant::kNvfp4) return false;
   if (!w.input_scale.data || !w.global_scale.data || w.partitions < 1) return false;
-  if (t == GroupTile::kSliceN || t == GroupTile::kSliceNHalf) return group_slice_takes(w, gate_up);
+  if (t == GroupTile::kSliceN || t == GroupTile::kSliceNHalf)
+    return group_slice_takes(w, gate_up, t == GroupTile::kSliceNHalf);
   const int64_t k_step = t == GroupTile::kSmallN ? 128 : kBK, tm = group_tile_m(t), N = w.out_features;
   if (w.in_features % k_step != 0 || N % w.partitions != 0) return false;
   if (gate_up ? !(w.partitions <= 2 && (N / 2) % (tm / 2) == 0) : (N / w.partitions) % tm != 0) return false;

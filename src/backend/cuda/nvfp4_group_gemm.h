@@ -25,7 +25,7 @@ namespace sparkserve {
 // Tile regimes: kSmallN (at most 8 rows per pair: dense layers at a few tokens, and the MoE where
 // kSliceN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kSliceN (at
 // most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights and the
-// pair's activations streamed through shared memory by the copy engine in 128-k slices,
+// pair's activations streamed through shared memory by the copy engine in 256-k slices,
 // nvfp4_group_slice.cu), kLargeN (64 rows per
 // pair: prefill; shared-memory pipeline and mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma
 // (128 rows per pair: prefill on sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the
@@ -87,6 +87,6 @@ void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
 void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
 void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a, bool half_items);
-bool group_slice_takes(const Linear& w, bool gate_up);
+bool group_slice_takes(const Linear& w, bool gate_up, bool half_items);
 
 }  // namespace sparkserve

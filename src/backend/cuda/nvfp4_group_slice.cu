@@ -3,19 +3,19 @@
 // ~300-token prompt of the 35B-A3B: every expert touched, ~10 rows each; batched decode).
 //
 // Memory-bound on the weights. An item is a pair x 128 gate rows + their 128 up rows (plain: 256
-// consecutive rows; kSliceNHalf: half of each), a ring stage one 128-k slice of the item's rows and of the
-// pair's 16 activation rows, all copied by the copy engine as 2-D tensor boxes (gate_up: 20 KB of weights
-// and scales, 4 KB of activations per distinct activation partition); each consumer warp owns one or
-// two m16 tiles of one half (gate_up: warps 0-3 the gate rows, 4-7 the matching up rows) over the whole
-// K, so its tiles share every activation load, its accumulators live across the item's stages (no
-// partial sums; a stage is released by each warp's arrival). At a gate_up item's end the up warps hand
-// their sums to the gate warps through the item's last stage. The activations (and the down input this
+// consecutive rows; kSliceNHalf: half of each), a ring stage one 256-k slice of the item's rows and of the
+// pair's 16 activation rows, all copied by the copy engine as 2-D tensor boxes (gate_up: 36 KB of weights
+// and scales, 8 KB of activations per distinct activation partition); each consumer warp owns two (one)
+// m16 tiles of one half (gate_up: warps 0-3 the gate rows, 4-7 the matching up rows) over the whole K,
+// so its tiles share every activation load, its accumulators live across the item's stages (no partial
+// sums; a stage is released by each warp's arrival). At a gate_up item's end the up warps hand their
+// sums to the gate warps through the item's last stage. The activations (and the down input this
 // kernel's gate_up writes) are in the chunk-major prepared layout (nvfp4_group_common.cuh). Shared
-// memory of a stage: [rows][64] payload bytes, [rows][16] block scales (256 k: this slice's and the
-// next's), then [box][16][256] activation bytes.
-// Measured (H200, 35B, 338 tokens, distinct gate / up scales): with the activations read by each warp
-// through L1 (ld.global.nc), gate_up 157 us; copied into 2 stages of 256 k per CTA, 129 us (the warps
-// still waited on the stages: long scoreboard 3 per issue, 0.53 issued per scheduler).
+// memory of a stage: [rows][128] payload bytes (128-byte swizzled: 16-byte unit u of row r at
+// u ^ (r % 8)), [rows][16] block scales, then [box][16][512] activation bytes.
+// Measured (H200, 35B, 338 tokens, distinct gate / up scales; docs/performance.md): with the activations
+// read by each warp through L1 (ld.global.nc), gate_up 157 us; copied into the stages, 129 us. Slices of
+// 128 k in 4 stages per CTA (64-byte rows) were slower: 160 us.
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -26,27 +26,25 @@
 namespace sparkserve {
 namespace {
 
+constexpr int kChunk = 128;      // k per chunk: 64 payload bytes and 8 block scales per row
 // kTiles: m16 tiles per warp (2: items of 256 rows, the pair's activation loads shared by two tiles; 1:
 // items of 128 rows, twice as many items for the CTAs to share out evenly when there are few). Ring
-// stages per CTA: 4 of 24-28 KB at 2 tiles, 6 of 14-18 KB at 1 (two CTAs per SM either way; where two do
+// stages per CTA: 2 of 45-53 KB at 2 tiles, 3 of 27-35 KB at 1 (two CTAs per SM either way; where two do
 // not fit, sm_120's 100 KB, one CTA of as many as fit: ring_fit).
 template <int kTiles>
-constexpr int kStagesOf = kTiles == 2 ? 4 : 6;
+constexpr int kStagesOf = kTiles == 2 ? 2 : 3;
 constexpr int kPairRows = 16;    // activation rows per work pair (group_tile_n): 2 n8 column tiles
 constexpr int kColTiles = kPairRows / 8;
-// The mbarriers first, then the ring from the next 128-byte boundary.
-constexpr int kRingSlack = 128 + 128;
+// The mbarriers first, then the ring from the next 1024-byte boundary (the 128-byte swizzle's atom).
+constexpr int kRingSlack = 128 + 1024;
 
-// A slice: 128 k = 64 payload bytes per weight row (one chunk: a lane's 16 bytes of rows g and g + 8 per
-// tile; consecutive rows, 64 bytes apart, fall on different banks). Its block scales come in boxes of 16
-// bytes (the copy engine's least box width), 256 k, so each stage holds its slice's and the next's.
-constexpr int kSliceK = 128, kSliceBytes = kSliceK / 2, kSliceScales = 16;
+constexpr int kSliceK = 256, kSliceBytes = kSliceK / 2, kSliceScales = kSliceK / 16;
 constexpr int kSliceWarps = 8;
 template <int kTiles>
 constexpr int kItemRows = kSliceWarps * 16 * kTiles;  // weight rows per item and stage: 256 or 128
 template <int kTiles>
-constexpr int kWeightBytes = kItemRows<kTiles> * (kSliceBytes + kSliceScales);  // 20,480 or 10,240
-constexpr int kActBoxBytes = kPairRows * kSliceK * 2;                        // 4,096
+constexpr int kWeightBytes = kItemRows<kTiles> * (kSliceBytes + kSliceScales);  // 36,864 or 18,432
+constexpr int kActBoxBytes = kPairRows * kSliceK * 2;                        // 8,192
 // Activation boxes per stage: gate_up with two partitions whose input scales differ reads two (the gate
 // warps partition 0, the up warps partition 1), else one.
 template <int kTiles>
@@ -57,6 +55,11 @@ __host__ __device__ constexpr int slice_stage_bytes(int act_boxes) {
 struct SliceShape {
   int slices, items_per_pair, act_boxes, stages;
 };
+
+// Row of shared-memory rows 0..7 that lane group g reads as its A rows g (and g + 8): consecutive g,
+// which one quarter warp's 16-byte loads pair up, land in different 64-byte halves of the swizzled 128
+// bytes (bank-conflict free). The epilogues write row sigma(g) accordingly.
+__device__ __forceinline__ int sigma(int g) { return ((g & 1) << 2) | (g >> 1); }
 
 // The activation partitions of an item's boxes: gate_up box 0 = partition 0 (gate warps), box 1 =
 // partition 1 (up warps, only where its input scale differs from partition 0's); plain: the one box of
@@ -78,7 +81,7 @@ template <bool kGateUp, int kTiles>
 __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const SliceShape& sh, const CUtensorMap* wmap,
                                               const CUtensorMap* smap, const CUtensorMap* xmap0,
                                               const CUtensorMap* xmap1, uint8_t* ring, uint64_t* full, uint64_t* empty,
-                                              int items) {
+                                              int first, int last) {
   const uint64_t policy = evict_first_policy(), keep = evict_normal_policy();
   constexpr int kRows = kItemRows<kTiles>;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
@@ -97,7 +100,7 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
   int npending = 0;
   bool waited = false;
   uint32_t seq = 0, slot = 0, phase = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  for (int item = first; item < last; ++item) {
     const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
     const WorkPair wp = work_pair(a, pair, kPairRows);
     const int64_t e = wp.e;
@@ -114,20 +117,19 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
         const int upr = gate + static_cast<int>(a.M / 2);
         tma_load_2d(st, wmap, s * kSliceBytes, gate, bar, policy);
         tma_load_2d(st + (kRows / 2) * kSliceBytes, wmap, s * kSliceBytes, upr, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes, smap, s / 2 * kSliceScales, gate, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes + (kRows / 2) * kSliceScales, smap, s / 2 * kSliceScales, upr, bar,
-                    policy);
+        tma_load_2d(st + kRows * kSliceBytes, smap, s * kSliceScales, gate, bar, policy);
+        tma_load_2d(st + kRows * kSliceBytes + (kRows / 2) * kSliceScales, smap, s * kSliceScales, upr, bar, policy);
       } else {
         const int row = static_cast<int>(e * a.M + static_cast<int64_t>(mg) * kRows);
         tma_load_2d(st, wmap, s * kSliceBytes, row, bar, policy);
-        tma_load_2d(st + kRows * kSliceBytes, smap, s / 2 * kSliceScales, row, bar, policy);
+        tma_load_2d(st + kRows * kSliceBytes, smap, s * kSliceScales, row, bar, policy);
       }
       const ActCopy q{st, bar, s, start, p, up};
       if (waited) {
         copy_act(q);
       } else {
         pending[npending++] = q;
-        if (npending == sh.stages || (item + static_cast<int>(gridDim.x) >= items && s == sh.slices - 1)) {
+        if (npending == sh.stages || (item == last - 1 && s == sh.slices - 1)) {
           pdl_wait();
           waited = true;
           for (int i = 0; i < npending; ++i) copy_act(pending[i]);
@@ -141,8 +143,8 @@ __device__ __forceinline__ void slice_produce(const GroupGemmArgs& a, const Slic
   }
 }
 
-// One 128-k chunk of a warp's tiles: A operands from the stage's payload (rows g and g + 8 of each tile
-// at `w`; the second tile 16 rows below), scales at
+// One 128-k chunk of a warp's two tiles: A operands from the stage's swizzled payload (rows sigma(g) and
+// sigma(g) + 8 of each tile at `w`, 16-byte unit offset wo; the second tile 16 rows below), scales at
 // sc; B from the activation box x (rows g and 8 + g, byte offsets xo[i] of step i) for kN n8 column tiles.
 template <int kTiles, int kN>
 __device__ __forceinline__ void slice_chunk(float (&acc)[kTiles][2][4], const uint8_t* w, const uint8_t* sc,
@@ -190,18 +192,25 @@ __device__ __forceinline__ uint32_t slice_item(float (&acc)[kTiles][2][4], const
                                                uint64_t* full, uint64_t* empty, uint32_t& slot, uint32_t& phase,
                                                int box, int par, bool hold_last, int warp, int lane) {
   constexpr int kRows = kItemRows<kTiles>;
-  const int g = lane / 4, t = lane % 4, r = 16 * kTiles * warp + g;
+  const int g = lane / 4, t = lane % 4, sg = sigma(g), r = 16 * kTiles * warp + sg;
   const int stage_bytes = slice_stage_bytes<kTiles>(sh.act_boxes);
-  int xo[4];  // step i of lane t at 8-group 4i + t of the chunk-major row, halves swapped in odd rows
+  // 16-byte unit 4c + t of row r sits at (4c + t) ^ sg (the swizzle; r % 8 == sg).
+  int wo[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) xo[i] = 64 * (i ^ par) + 16 * t;
+  for (int c = 0; c < 2; ++c) wo[c] = 16 * ((4 * c + t) ^ sg);
   uint32_t last_slot = slot;
   for (int s = 0; s < sh.slices; ++s) {
     mbar_wait(&full[slot], phase);
     const uint8_t* st = ring + slot * stage_bytes;
     const uint8_t* sc = st + kRows * kSliceBytes;
     const uint8_t* x = st + kWeightBytes<kTiles> + box * kActBoxBytes + g * 2 * kSliceK;
-    slice_chunk<kTiles, kN>(acc, st + r * kSliceBytes + 16 * t, sc + r * kSliceScales + 8 * (s & 1) + 2 * t, x, xo);
+#pragma unroll
+    for (int c = 0; c < kSliceK / kChunk; ++c) {
+      int xo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xo[i] = 2 * kChunk * c + 64 * (i ^ par) + 16 * t;
+      slice_chunk<kTiles, kN>(acc, st + r * kSliceBytes + wo[c], sc + r * kSliceScales + 8 * c + 2 * t, x, xo);
+    }
     __syncwarp();
     if (lane == 0 && !(hold_last && s == sh.slices - 1)) mbar_arrive(&empty[slot]);
     last_slot = slot;
@@ -218,14 +227,14 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;"
 
 template <bool kGateUp, int kTiles>
 __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const SliceShape& sh, uint8_t* ring,
-                                              uint64_t* full, uint64_t* empty, int items, int warp,
+                                              uint64_t* full, uint64_t* empty, int first, int last, int warp,
                                               int lane) {
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4, t = lane % 4, sg = sigma(g);
   const int64_t M = a.M;
   const int Mp = static_cast<int>(M / a.P);
   pdl_wait();
   uint32_t slot = 0, phase = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  for (int item = first; item < last; ++item) {
     const int pair = item / sh.items_per_pair, mg = item % sh.items_per_pair;
     const WorkPair wp = work_pair(a, pair, kPairRows);
     const int64_t e = wp.e, start = wp.start;
@@ -270,7 +279,7 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile)
           store_gate_up<2, true>(acc[tile], up[tile], fg, fu, a.act_modelopt ? 1.0f / d_in : d_in, a.act, M / 2,
-                                 start, row0 + 16 * tile, 0, rows, g, t);
+                                 start, row0 + 16 * tile, 0, rows, sg, t);
       }
     } else {
 #pragma unroll
@@ -278,7 +287,7 @@ __device__ __forceinline__ void slice_consume(const GroupGemmArgs& a, const Slic
         const int64_t r = row0 + 16 * tile;
         const int p = static_cast<int>(r / Mp);
         const float f = global_factor(a.w_global[e * a.P + p], a.in_scale[e * a.P + p], a.modelopt);
-        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, g, t);
+        store_plain<2>(acc[tile], f, a.out, a.ldo, a.out_row, start, r, 0, rows, sg, t);
       }
     }
   }
@@ -292,7 +301,7 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kStagesOf<kTiles>;
-  uint8_t* ring = smem + (((smem_addr(smem) + 128 + 127) & ~127u) - smem_addr(smem));
+  uint8_t* ring = smem + (((smem_addr(smem) + 128 + 1023) & ~1023u) - smem_addr(smem));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_launch_dependents();
   if (threadIdx.x == 0) {
@@ -303,13 +312,13 @@ __global__ void __launch_bounds__((kSliceWarps + 1) * 32, 2)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  // CTA c takes items c, c + grid, ...: the items of one pair (consecutive) run on neighbouring CTAs at
-  // the same time, so the pair's activation slices are read from DRAM once and from L2 by the others.
-  const int items = static_cast<int>(num_work_pairs(a, kPairRows) * sh.items_per_pair);
+  const int64_t items = num_work_pairs(a, kPairRows) * sh.items_per_pair;
+  const int first = static_cast<int>(blockIdx.x * items / gridDim.x);
+  const int last = static_cast<int>((blockIdx.x + 1) * items / gridDim.x);
   if (warp == kSliceWarps) {
-    if (lane == 0) slice_produce<kGateUp, kTiles>(a, sh, &wmap, &smap, &xmap0, &xmap1, ring, full, empty, items);
+    if (lane == 0) slice_produce<kGateUp, kTiles>(a, sh, &wmap, &smap, &xmap0, &xmap1, ring, full, empty, first, last);
   } else {
-    slice_consume<kGateUp, kTiles>(a, sh, ring, full, empty, items, warp, lane);
+    slice_consume<kGateUp, kTiles>(a, sh, ring, full, empty, first, last, warp, lane);
   }
 }
 
@@ -343,14 +352,14 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
   sh.act_boxes = act_boxes(a);
   const RingFit fit = ring_fit<kTiles>(sh.act_boxes);
   sh.stages = fit.stages;
-  // Payload [E·M rows, K/2 bytes] in boxes of 64 bytes, block scales [E·M, K/16] in boxes of 16, with no
-  // L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB
+  // Payload [E·M rows, K/2 bytes] in boxes of 128 bytes (128-byte swizzle), block scales [E·M, K/16] in
+  // boxes of 16, with no L2 promotion: measured with 256-byte promotion, the gate_up call read 496 MB
   // from DRAM for its 302 MB (the promoted halves, marked evict-first like the rest, were gone before
   // the next slice's copy). Activations [rows, P, K] fp16: one map per partition read (0 and P - 1),
   // boxes of 16 rows x 256 k.
   const int box_rows = kGateUp ? kRows / 2 : kRows;
   const CUtensorMap wmap = tensor_map_2d(a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 2, a.K / 2,
-                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+                                         box_rows, kSliceBytes, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE);
   const CUtensorMap smap =
       tensor_map_2d(a.ws, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a.num_experts * a.M, a.K / 16, a.K / 16, box_rows,
                     kSliceScales, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
@@ -374,11 +383,11 @@ void launch(CudaBackend& b, const GroupGemmArgs& a) {
 
 }  // namespace
 
-bool group_slice_takes(const Linear& w, bool gate_up) {
+bool group_slice_takes(const Linear& w, bool gate_up, bool half_items) {
   const int64_t K = w.in_features, M = w.out_features, P = w.partitions;
   if (!tensor_maps_available() || P < 1 || P > 2 || K % kSliceK != 0 || M % P != 0) return false;
   const int boxes = gate_up && P == 2 ? 2 : 1;
-  if (ring_fit<1>(boxes).blocks == 0 || ring_fit<2>(boxes).blocks == 0) return false;
+  if ((half_items ? ring_fit<1>(boxes).blocks : ring_fit<2>(boxes).blocks) == 0) return false;
   // 16-byte aligned payload and scales (the tensor maps' rule; their rows, K/2 and K/16 bytes, are too).
   if ((reinterpret_cast<uintptr_t>(w.weight.data) & 15u) != 0 || (reinterpret_cast<uintptr_t>(w.weight_scale.data) & 15u) != 0)
     return false;
