@@ -53,9 +53,9 @@ struct MoeShape {
   bool distinct_scales = false;
 };
 
-constexpr int kTiles = 5;  // GroupTile order (nvfp4_group_gemm.h)
+constexpr int kTiles = 6;  // GroupTile order (nvfp4_group_gemm.h)
 const char* const kTileNames[kTiles] = {" grouped small-N", " grouped large-N mma.sync", " grouped large-N wgmma",
-                                        " grouped medium-N wgmma", " grouped small-N sliced"};
+                                        " grouped medium-N wgmma", " grouped small-N sliced", " grouped small-N sliced half"};
 
 // Whether the benchmark times tile regime `tile` at T tokens (256 experts, top-8: T/32 rows per expert).
 bool tile_timed(int tile, int64_t T) {
@@ -148,15 +148,21 @@ void bench_grouped_moe_shape(Backend& gpu, const MoeShape& sh) {
 // prefill sizes ("grouped moe").
 void bench_grouped_decode(Backend& gpu) {
   const std::vector<int64_t> Ts = {4, 8, 16, 32, 64, 128, 192, 256, 338, 384, 512};
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x18});
-  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x18});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x38});
+  bench_grouped_moe_shape(gpu, {"grouped decode nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, Ts, 0x38});
 }
 // The later turn of an agent session (a ~300-token prompt after a cached prefix) on the 35B: the op and
 // the sliced kernel around 8-16 rows per expert, with gate and up input scales equal and distinct.
 void bench_grouped_agent(Backend& gpu) {
   const std::vector<int64_t> Ts = {64, 256, 338, 384, 512};
-  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x18});
-  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B, gate/up scales differ)", 2048, 512, Ts, 0x18, true});
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, Ts, 0x30});
+  bench_grouped_moe_shape(gpu, {"grouped agent nvfp4 w4a4 (35B, gate/up scales differ)", 2048, 512, Ts, 0x30, true});
+}
+// Decode batches of 16-64 tokens (0.5-2 rows per routed expert): the op, the per-pair GEMVs and the
+// sliced kernel's two item sizes.
+void bench_grouped_batch(Backend& gpu) {
+  bench_grouped_moe_shape(gpu, {"grouped batch nvfp4 w4a4 (122B: 256 x 8, 3072/1024)", 3072, 1024, {12, 16, 32, 64}, 0x30, true});
+  bench_grouped_moe_shape(gpu, {"grouped batch nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512, {16, 64}, 0x30, true});
 }
 void bench_grouped_moe(Backend& gpu) {
   bench_grouped_moe_shape(gpu, {"grouped moe nvfp4 w4a4 (35B: 256 x 8, 2048/512)", 2048, 512,
@@ -254,6 +260,7 @@ const RegisterKernelBench kDecode("grouped decode", bench_grouped_decode);
 const RegisterKernelBench kAgentProfile("moe agent profile", profile_grouped_agent);
 const RegisterKernelBench kMoe("grouped moe", bench_grouped_moe);
 const RegisterKernelBench kAgent("grouped agent", bench_grouped_agent);
+const RegisterKernelBench kBatch("grouped batch", bench_grouped_batch);
 const RegisterKernelBench kMedium("grouped medium", bench_grouped_medium);
 const RegisterKernelBench kProfile("grouped profile", profile_grouped);
 const RegisterKernelBench kDense("grouped dense", bench_grouped_dense);

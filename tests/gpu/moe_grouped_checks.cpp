@@ -25,9 +25,9 @@ int64_t e2m1_round_mismatches_probe(Backend& b);
 
 namespace {
 
-constexpr int kTiles = 5;
+constexpr int kTiles = 6;
 const char* const kTileNames[kTiles] = {"small-N", "large-N mma.sync", "large-N wgmma", "medium-N wgmma",
-                                        "small-N sliced"};
+                                        "small-N sliced", "small-N sliced half"};
 constexpr int kLargeMmaSync = 1, kSliced = 4;
 
 // k distinct experts per token drawn with skewed popularity (expert e weighs 1/(1+e)^0.7: weighted
@@ -334,9 +334,10 @@ void check_decode_model_shapes(Harness& h) {
   }
 }
 
-// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 128/129 of 64
-// experts: 16 / 16.1 rows per expert, sliced / medium tile) and the sliced kernel's (pairs of at most
-// 16 rows: 16/17, 32/33, 64/65, 96/97; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
+// Decode batch sizes around the dispatch's edges (8/9 tokens: per-pair GEMVs / grouped; 31/33 of 256
+// experts: 0.97 / 1.03 rows per expert, sliced items of 128 / 256 rows; 128/129 of 64 experts: 16 / 16.1
+// rows per expert, sliced / medium tile) and the sliced kernel's (pairs of at most 16 rows: 16/17, 32/33,
+// 64/65, 96/97; 128: 4 rows per expert of 256), skewed routing and one expert in every token's
 // list (64 rows: 4 pairs), against the CPU (every regime forced too): group "moe_grouped_decode".
 void test_moe_grouped_decode(Harness& h) {
   const WeightFormat ct = WeightFormat::kNvfp4, mo = WeightFormat::kNvfp4ModelOpt;
@@ -346,6 +347,7 @@ void test_moe_grouped_decode(Harness& h) {
                                                {mo, "nvfp4-mo", 9, 64, 8, 512, 256, 2},
                                                {ct, "nvfp4", 16, 64, 8, 512, 256, 2},
                                                {mo, "nvfp4-mo", 17, 64, 8, 512, 256, 2},
+                                               {mo, "nvfp4-mo", 31, 256, 8, 256, 256, 2},
                                                {ct, "nvfp4", 33, 256, 8, 256, 256, 2},
                                                {ct, "nvfp4", 64, 64, 8, 256, 256, 2, false, 5},
                                                {ct, "nvfp4", 65, 64, 8, 512, 256, 2, true},

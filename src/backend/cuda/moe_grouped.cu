@@ -33,7 +33,7 @@ constexpr int kPlanThreads = 1024;
 constexpr int64_t kFusedRouteMaxT = 64;  // routing inside the single plan block: 2 tokens per warp at most
 constexpr int64_t kMaxExperts = 512;     // the plan's count table: 32 x E ints of shared memory
 constexpr int kMaxPerToken = 32;         // experts per token (the combine's order table)
-constexpr int kMaxPreparedK = 8192;      // activation row length the prepare kernel holds in registers
+constexpr int kMaxPreparedK = 8192;      // activation row length of the grouped paths
 // Dense Linear: one token stays on decode_gemv.cu's GEMV.
 constexpr int64_t kGroupedLinearMinRows = 2;
 
@@ -177,62 +177,60 @@ struct PrepareArgs {
   __half* xq;              // [rows, P, K] (nvfp4_group_gemm.h's prepared layout)
 };
 
-// Block (t, y): x[t] held in registers (8 values per thread per pass: one 8-group; two lanes per
-// 16-block), quantized for slots [y·spb, y·spb + spb) of token t and each partition with that expert's
-// input scale (CPU-exact: quant_math.cuh's block scales, e2m1_round's codes), the values e2m1·sf as fp16 stored by
-// each lane as one 16-byte group in the order 0,4,1,5,2,6,3,7. spb = k for many tokens (x read once per
-// token), 1 for few (one block per slot: enough blocks to fill the GPU). (With 4 values per lane, the
-// block scale's three divisions were shared by 4 values and the 8-groups formed by lane exchanges:
-// measured 75 instructions per value, 20 us for 338 tokens x 8 slots of the 35B, 33 with two partitions.)
-constexpr int kPrepThreads = 256, kPrepPasses = kMaxPreparedK / (8 * kPrepThreads);
-__global__ void __launch_bounds__(kPrepThreads) prepare_rows_kernel(PrepareArgs a) {
+// Block (t, y): slots [y·spb, y·spb + spb) of token t (spb = k for many tokens: x read once per token;
+// 1 for few: one block per slot, enough blocks to fill the GPU). Each thread holds one 16-value block of
+// x per pass and quantizes it for each slot and partition with that expert's input scale (CPU-exact:
+// quant_math.cuh's block scales, e2m1_round's codes), storing the values e2m1·sf as fp16 in two 16-byte
+// 8-groups in the order 0,4,1,5,2,6,3,7. One block scale per thread and block, no shuffles. (Measured,
+// H200, ncu, 338 tokens x 8 slots of the 35B with distinct gate / up scales: 12.6 us; 8 values per lane
+// sharing block scales over lane pairs, 21 us; 4 values per lane, 33 us. Two slots per block: 12.8.)
+constexpr int kPrepMaxThreads = 256;
+int prep_threads(int64_t K) { return static_cast<int>(std::min<int64_t>(kPrepMaxThreads, (K / 16 + 31) / 32 * 32)); }
+__global__ void __launch_bounds__(kPrepMaxThreads) prepare_rows_kernel(PrepareArgs a) {
   const int64_t t = blockIdx.x, K = a.K;
-  float4 v[kPrepPasses][2];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * a.spb, j1 = min(a.k, j0 + a.spb);
+  for (int64_t i = 16 * static_cast<int64_t>(threadIdx.x); i < K; i += 16 * static_cast<int64_t>(blockDim.x)) {
+    float x[16];
 #pragma unroll
-  for (int q = 0; q < kPrepPasses; ++q) {
-    const int64_t i = 8 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      v[q][h] = i < K ? *reinterpret_cast<const float4*>(a.x + t * K + i + 4 * h) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * a.spb;
-  for (int64_t j = j0; j < min(a.k, j0 + a.spb); ++j) {
-    const int64_t s = t * a.k + j;
-    int64_t e = 0, row = s;
-    if (a.ids) {
-      e = a.ids[s];
-      row = a.offsets[e] + a.chunk_base[(s / kPlanThreads) * a.E + e] + a.rank[s];
-      if (threadIdx.x == 0) a.slot_of[row] = static_cast<int32_t>(s);
+    for (int q = 0; q < 4; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(a.x + t * K + i + 4 * q);
+      x[4 * q] = v.x;
+      x[4 * q + 1] = v.y;
+      x[4 * q + 2] = v.z;
+      x[4 * q + 3] = v.w;
     }
-    for (int p = 0; p < a.P; ++p) {
-      const float in_s = a.in_scale[e * a.P + p];
-      if (p > 0 && in_s == a.in_scale[e * a.P]) continue;  // partition 0's values: the GEMM reads those
-      const float gs = a.modelopt ? 1.0f / in_s : in_s;
-      __half* o = a.xq + (row * a.P + p) * K;
+    float amax = 0.0f;
 #pragma unroll
-      for (int q = 0; q < kPrepPasses; ++q) {
-        const int64_t i = 8 * (static_cast<int64_t>(threadIdx.x) + q * kPrepThreads);
-        if (q * kPrepThreads * 8 >= K) break;  // whole passes only: the shuffle needs whole warps
-        const float x[8] = {v[q][0].x, v[q][0].y, v[q][0].z, v[q][0].w, v[q][1].x, v[q][1].y, v[q][1].z, v[q][1].w};
-        float amax = 0.0f;
-#pragma unroll
-        for (int m = 0; m < 8; ++m) amax = fmaxf(amax, fabsf(x[m]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 16-block's other half
+    for (int m = 0; m < 16; ++m) amax = fmaxf(amax, fabsf(x[m]));
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t s = t * a.k + j;
+      int64_t e = 0, row = s;
+      if (a.ids) {
+        e = a.ids[s];
+        row = a.offsets[e] + a.chunk_base[(s / kPlanThreads) * a.E + e] + a.rank[s];
+        if (threadIdx.x == 0 && i == 0) a.slot_of[row] = static_cast<int32_t>(s);
+      }
+      for (int p = 0; p < a.P; ++p) {
+        const float in_s = a.in_scale[e * a.P + p];
+        if (p > 0 && in_s == a.in_scale[e * a.P]) continue;  // partition 0's values: the GEMM reads those
+        const float gs = a.modelopt ? 1.0f / in_s : in_s;
         float sf, out_scale;
         nvfp4_block_scales(amax, gs, sf, out_scale);
-        float y[8];
+        __half* o = a.xq + (row * a.P + p) * K;
 #pragma unroll
-        for (int m = 0; m < 8; ++m)
-          y[m] = e2m1_round(fminf(fmaxf(__fmul_rn(x[m], out_scale), -6.0f), 6.0f)) * sf;
-        uint4 out;
-        uint32_t* w = &out.x;
+        for (int h = 0; h < 2; ++h) {
+          uint4 out;
+          uint32_t* w = &out.x;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const __half2 h = __floats2half2_rn(y[m], y[m + 4]);
-          w[m] = *reinterpret_cast<const uint32_t*>(&h);
+          for (int m = 0; m < 4; ++m) {
+            const float y0 = e2m1_round(fminf(fmaxf(__fmul_rn(x[8 * h + m], out_scale), -6.0f), 6.0f)) * sf;
+            const float y1 = e2m1_round(fminf(fmaxf(__fmul_rn(x[8 * h + m + 4], out_scale), -6.0f), 6.0f)) * sf;
+            const __half2 hv = __floats2half2_rn(y0, y1);
+            w[m] = *reinterpret_cast<const uint32_t*>(&hv);
+          }
+          const int64_t group = i / 8 + h;
+          *reinterpret_cast<uint4*>(o + 8 * (a.chunk_major ? chunk_major_group(group, row) : group)) = out;
         }
-        const int64_t group = a.chunk_major ? chunk_major_group(i / 8) : i / 8;
-        if (i < K) *reinterpret_cast<uint4*>(o + 8 * group) = out;
       }
     }
   }
@@ -300,8 +298,17 @@ bool moe_shapes_take(const Linear& gate_up, const Linear& down, GroupTile tile) 
 }
 
 // The MoE's small-N regime: the K-sliced kernel where both projections' shapes fit it, else kSmallN.
-GroupTile moe_small_tile(const Linear& gate_up, const Linear& down) {
-  return moe_shapes_take(gate_up, down, GroupTile::kSliceN) ? GroupTile::kSliceN : GroupTile::kSmallN;
+// Below one row per expert (decode batches under 32 tokens at top-8 of 256) its items of 128 rows
+// (kSliceNHalf): the few pairs (~100 experts at 16 tokens) make 256-row items too few to share out
+// evenly over the CTAs (measured, H200, 122B decode at batch 16: 17.28 ms per step vs 17.82 with 256-row
+// items; batch 64, 2 rows per expert, 32.28 either way; op at 32 tokens 334 vs 308 us). The 128-row items
+// also where the 256-row ones do not fit (sm_120's shared memory with two gate_up input scales).
+constexpr double kMoeSliceHalfBelowRows = 1.0;
+GroupTile moe_small_tile(const Linear& gate_up, const Linear& down, double per_expert) {
+  const bool full = moe_shapes_take(gate_up, down, GroupTile::kSliceN);
+  const bool half = moe_shapes_take(gate_up, down, GroupTile::kSliceNHalf);
+  if (half && (per_expert < kMoeSliceHalfBelowRows || !full)) return GroupTile::kSliceNHalf;
+  return full ? GroupTile::kSliceN : GroupTile::kSmallN;
 }
 
 // The plan's work pairs for a GEMM.
@@ -312,6 +319,7 @@ void set_pairs(GroupGemmArgs& g, const PlanArgs& pa, int64_t max_pairs) {
   g.pair_rows = pa.pair_rows;
   g.num_pairs = pa.num_pairs;
   g.max_pairs = max_pairs;
+  g.x_rows = pa.T * pa.k;
 }
 
 GroupGemmArgs gemm_args(const Linear& w, const __half* xq) {
@@ -353,7 +361,9 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const GroupTile tile =
       force_tile >= 0 ? static_cast<GroupTile>(force_tile)
                       : pick_tile(static_cast<double>(slots) / static_cast<double>(E), kMoeSliceMaxRows,
-                                  kMoeMediumMaxRows, moe_small_tile(gate_up, down), moe_takes);
+                                  kMoeMediumMaxRows,
+                                  moe_small_tile(gate_up, down, static_cast<double>(slots) / static_cast<double>(E)),
+                                  moe_takes);
   const int64_t tn = group_tile_n(tile);
   const int64_t max_pairs = std::min(slots, (slots + tn - 1) / tn + E);
   const cudaStream_t s = b.stream();
@@ -403,9 +413,9 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   pr.slot_of = slot_of;
   pr.E = E;
   pr.spb = slots <= 4096 ? 1 : k;
-  pr.chunk_major = tile == GroupTile::kSliceN;
+  pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
   for (int i = 0; i < times(1); ++i) {
-    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), kPrepThreads, 0, s>>>(pr);
+    prepare_rows_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(k / pr.spb)), prep_threads(H), 0, s>>>(pr);
     CUDA_CHECK_LAUNCH();
   }
 
@@ -450,8 +460,8 @@ bool grouped_linear_impl(CudaBackend& b, float* out, const float* x, int64_t T, 
   const int64_t P = w.partitions, K = w.in_features;
   CudaBackend::Scratch xq(&b, static_cast<size_t>(T * P * K) * 2);
   PrepareArgs pr = prepare_args(w, x, xq.as<__half>());
-  pr.chunk_major = tile == GroupTile::kSliceN;
-  prepare_rows_kernel<<<static_cast<unsigned>(T), kPrepThreads, 0, b.stream()>>>(pr);
+  pr.chunk_major = tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf;
+  prepare_rows_kernel<<<static_cast<unsigned>(T), prep_threads(K), 0, b.stream()>>>(pr);
   CUDA_CHECK_LAUNCH();
   GroupGemmArgs g = gemm_args(w, xq.as<__half>());
   g.dense_rows = T;

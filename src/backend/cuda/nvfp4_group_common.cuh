@@ -112,14 +112,15 @@ __device__ __forceinline__ float global_factor(float w_global, float in_scale, b
 
 // e2m1_value(f32_to_e2m1(x)) (quant_math.cuh: core/nvfp4.cpp's threshold table, ties to the even
 // mantissa, zero always +0) for x in [-6, 6], by rounding on the E2M1 grid with ties to even: steps of
-// 0.5 below 2, of 1 below 4, of 2 from 4 (5 goes to 4); the scalings by powers of two are exact. Checked
-// equal to the table for every float in [0, 6] (1,086,324,737 values, a host program). Branch-free,
-// ~12 instructions instead of ~40.
+// 0.5 below 2, of 1 below 4, of 2 from 4 (5 goes to 4). The round is the magic-number add: x + c with c
+// = 1.5·2^(22+k) lands in a binade whose spacing is the grid's step 2^(k-1) (k = 0, 1, 2 for |x| below
+// 2, below 4, from 4: c's exponent from |x|'s, at least 1's), so the f32 addition rounds x to the grid
+// (ties to even), and subtracting c is exact (+0 for a zero result). Checked equal to the table, sign
+// of zero included, for every float in [-6, 6] (a host program, and the device check
+// e2m1_round_mismatches_probe). 5 instructions (the grid rounding by steps it replaces: ~12).
 __device__ __forceinline__ float e2m1_round(float x) {
-  const float a = fabsf(x);
-  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f), step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  const float m = __fmul_rn(step, rintf(__fmul_rn(a, inv)));
-  return x < 0.0f && m != 0.0f ? -m : m;
+  const float c = __uint_as_float(max(__float_as_uint(x) & 0x7F800000u, 0x3F800000u) + 0x0B400000u);
+  return __fsub_rn(__fadd_rn(x, c), c);
 }
 
 // Slot of value i (0..7) of an 8-group in the prepared layout (0,4,1,5,2,6,3,7).
@@ -128,10 +129,12 @@ __device__ __forceinline__ int prepared_slot(int i) { return 2 * (i % 4) + i / 4
 // The chunk-major variant of the prepared layout (GroupTile::kSliceN): within each 128-k chunk the
 // sixteen 8-groups, numbered 4t + i (lane t of a quad takes groups 4t .. 4t + 3 of a chunk, one per
 // step i), are stored in the order 4i + t, so the four lanes of a quad read 64 contiguous bytes of a row
-// per step instead of four 16-byte pieces 64 bytes apart: half the 32-byte sectors per load. Position
-// of 8-group `group` of a row:
-__host__ __device__ __forceinline__ int64_t chunk_major_group(int64_t group) {
-  return (group & ~int64_t{15}) | ((group & 3) << 2) | ((group >> 2) & 3);
+// per step instead of four 16-byte pieces 64 bytes apart. In odd rows the two 64-byte halves of each
+// 128 bytes trade places: the kernel copies a slice of 16 rows into shared memory at a 512-byte stride,
+// and the two rows a quarter warp reads per 16-byte load then fall on different banks. Position of
+// 8-group `group` of activation row `row`:
+__host__ __device__ __forceinline__ int64_t chunk_major_group(int64_t group, int64_t row) {
+  return ((group & ~int64_t{15}) | ((group & 3) << 2) | ((group >> 2) & 3)) ^ ((row & 1) << 2);
 }
 
 // The activation partition a GEMM reads for weight partition p of expert e: a partition whose input
@@ -170,7 +173,7 @@ __device__ __forceinline__ void store_gate_up(const float (&gate)[kNT][4], const
       for (int rr = 0; rr < 2; ++rr) {
         const float q = e2m1_round(fminf(fmaxf(__fmul_rn(v[c + 2 * rr], out_scale), -6.0f), 6.0f));
         const int64_t group = i_base / 8 + rr;
-        arow[8 * (kChunkMajor ? chunk_major_group(group) : group)] = __float2half_rn(q * sf);
+        arow[8 * (kChunkMajor ? chunk_major_group(group, start + col) : group)] = __float2half_rn(q * sf);
       }
     }
   }
@@ -246,6 +249,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// L2 policy for data several CTAs re-read (the activations): the ordinary priority, above the weights'.
+__device__ __forceinline__ uint64_t evict_normal_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 

@@ -241,11 +241,14 @@ bool is_wgmma_tile(GroupTile t) {
 
 }  // namespace
 
-int64_t group_tile_m(GroupTile t) { return t == GroupTile::kSmallN ? 32 : 256; }
+int64_t group_tile_m(GroupTile t) {
+  return t == GroupTile::kSmallN ? 32 : (t == GroupTile::kSliceNHalf ? 128 : 256);
+}
 int64_t group_tile_n(GroupTile t) {
   switch (t) {
     case GroupTile::kSmallN: return 8;
-    case GroupTile::kSliceN: return 16;
+    case GroupTile::kSliceN:
+    case GroupTile::kSliceNHalf: return 16;
     case GroupTile::kLargeN:
     case GroupTile::kMediumNWgmma: return 64;
     case GroupTile::kLargeNWgmma: return 128;
@@ -255,13 +258,15 @@ int64_t group_tile_n(GroupTile t) {
 bool group_tile_fits(GroupTile t) {
   if (is_wgmma_tile(t)) return group_wgmma_available();
   // The gate_up variant's stages (two activation operands) are the larger.
-  return t == GroupTile::kSmallN || t == GroupTile::kSliceN || LargeGateUp::kSmem <= smem_budget();
+  return t == GroupTile::kSmallN || t == GroupTile::kSliceN || t == GroupTile::kSliceNHalf ||
+         LargeGateUp::kSmem <= smem_budget();
 }
 
 bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
   if (!is_nvfp4(w.format) || w.activation != ActivationQuant::kNvfp4) return false;
   if (!w.input_scale.data || !w.global_scale.data || w.partitions < 1) return false;
-  if (t == GroupTile::kSliceN) return group_slice_takes(w, gate_up);
+  if (t == GroupTile::kSliceN || t == GroupTile::kSliceNHalf)
+    return group_slice_takes(w, gate_up, t == GroupTile::kSliceNHalf);
   const int64_t k_step = t == GroupTile::kSmallN ? 128 : kBK, tm = group_tile_m(t), N = w.out_features;
   if (w.in_features % k_step != 0 || N % w.partitions != 0) return false;
   if (gate_up ? !(w.partitions <= 2 && (N / 2) % (tm / 2) == 0) : (N / w.partitions) % tm != 0) return false;
@@ -271,8 +276,8 @@ bool group_gemm_takes(const Linear& w, GroupTile t, bool gate_up) {
 void launch_group_gemm(CudaBackend& b, const GroupGemmArgs& a, GroupTile tile) {
   if (tile == GroupTile::kSmallN)
     launch_group_gemv(b, a);
-  else if (tile == GroupTile::kSliceN)
-    launch_group_slice(b, a);
+  else if (tile == GroupTile::kSliceN || tile == GroupTile::kSliceNHalf)
+    launch_group_slice(b, a, tile == GroupTile::kSliceNHalf);
   else if (is_wgmma_tile(tile))
     launch_group_wgmma(b, a, static_cast<int>(group_tile_n(tile)));
   else if (a.gate_up)

@@ -24,12 +24,15 @@ namespace sparkserve {
 // prepare_rows_kernel (moe_grouped.cu) writes them.
 // Tile regimes: kSmallN (at most 8 rows per pair: dense layers at a few tokens, and the MoE where
 // kSliceN does not take the shapes; weights streamed into registers, nvfp4_group_gemv.cu), kSliceN (at
-// most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights streamed
-// through shared memory by the copy engine in 256-k slices, nvfp4_group_slice.cu), kLargeN (64 rows per
+// most 16 rows per pair: the MoE from a few dozen tokens to ~16 tokens per expert; weights and the
+// pair's activations streamed through shared memory by the copy engine in 256-k slices,
+// nvfp4_group_slice.cu), kLargeN (64 rows per
 // pair: prefill; shared-memory pipeline and mma.sync, nvfp4_group_gemm.cu, every target), kLargeNWgmma
 // (128 rows per pair: prefill on sm_90a's warpgroup MMA, nvfp4_group_wgmma.cu) and kMediumNWgmma, the
 // same kernel with 64 rows per pair and 2 CTAs per SM (a few dozen tokens per expert).
-enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kSliceN };
+// kSliceNHalf: kSliceN with items of 128 weight rows instead of 256 (one m16 tile per warp): twice the
+// items, for an even share per CTA when the routed experts are few.
+enum class GroupTile { kSmallN, kLargeN, kLargeNWgmma, kMediumNWgmma, kSliceN, kSliceNHalf };
 // Weight rows one work item covers (gate_up: half gate rows, half the matching up rows), and
 // activation rows per pair at most.
 int64_t group_tile_m(GroupTile t);
@@ -49,7 +52,8 @@ struct GroupGemmArgs {
   int64_t num_experts = 1;  // E (the weights' first dimension)
   bool modelopt = false;
   int64_t M = 0, K = 0;
-  const __half* xq = nullptr;  // [rows, P, K] prepared activations
+  const __half* xq = nullptr;  // [x_rows, P, K] prepared activations
+  int64_t x_rows = 0;
   // Work pairs (expert, first row, rows): device lists with a device count (grouped MoE), or, when
   // pair_e is null, the static tiling of rows [0, dense_rows) for expert 0 (dense Linear).
   const int32_t* pair_e = nullptr;
@@ -82,7 +86,7 @@ void launch_group_gemv(CudaBackend& b, const GroupGemmArgs& a);
 // bn: the wgmma tile's activation rows per pair (64 or 128).
 void launch_group_wgmma(CudaBackend& b, const GroupGemmArgs& a, int bn);
 bool group_wgmma_available();
-void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a);
-bool group_slice_takes(const Linear& w, bool gate_up);
+void launch_group_slice(CudaBackend& b, const GroupGemmArgs& a, bool half_items);
+bool group_slice_takes(const Linear& w, bool gate_up, bool half_items);
 
 }  // namespace sparkserve
