@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
       tmpl_req["tools"] = parsed->tools;
       tmpl_req["add_generation_prompt"] = true;
       tmpl_req["chat_template_kwargs"] = parsed->chat_template_kwargs;
-      auto context = build_chat_context(tmpl_req, tmpl->special_tokens);
+      auto context = build_chat_context(std::move(tmpl_req), tmpl->special_tokens);
       b = Clock::now();
       if (!context.ok()) die(context.message());
       t["context"][turn].push_back(ms(a, b));

@@ -67,6 +67,15 @@ struct Linear {
 // A copy of one sequence's GDN state taken inside a forward (a prefix-cache snapshot): once the first
 // `tokens` of its span's tokens are folded in, every GDN layer's conv and recurrent state goes to pool
 // row `row` as well as on to the rest of the span.
+// One copy of a batch (Backend::copy_batch): dst = src, byte for byte.
+struct TensorCopy {
+  Tensor dst, src;  // same dtype and element count, both in the backend's memory
+};
+
+// Aborts unless `copies` is a valid copy_batch list (matching dtype and size, independent copies);
+// every backend's copy_batch calls it first.
+void check_copy_batch(const std::vector<TensorCopy>& copies);
+
 struct GdnStateSave {
   int64_t tokens = 0;  // 0 < tokens <= the span's tokens
   int32_t row = -1;    // a pool row other than any span's slot
@@ -183,9 +192,14 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* host_src) = 0;   // dst.nbytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;       // src.nbytes() bytes
   virtual void fill_zero(const Tensor& t) = 0;
-  // dst = src, byte for byte: same dtype and element count, both in this backend's memory, not
-  // overlapping (state rows and KV blocks: prefix-cache snapshots and copy-on-write blocks).
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  // Every dst = its src, byte for byte (state rows and KV blocks: prefix-cache snapshots and
+  // copy-on-write blocks). The copies are independent: no destination overlaps a source or another
+  // destination (checked; sources may overlap each other), so the result does not depend on their
+  // order and a device backend runs them all in one go (a snapshot restore is ~80 copies, whose
+  // separate launches cost more host time than the GPU takes to move the bytes).
+  virtual void copy_batch(const std::vector<TensorCopy>& copies) = 0;
+  // One copy: copy_batch of {dst, src}.
+  void copy(const Tensor& dst, const Tensor& src);
   // Waits for queued work (no-op on CPU).
   virtual void synchronize() {}
   // Host memory that upload() reads fastest (CUDA: page-locked), for the loader's one reused staging

@@ -26,11 +26,11 @@ void GdnSlots::zero_row(int32_t row) {
   for (auto& b : rec_) backend_->fill_zero(b.tensor().rows(row, 1));
 }
 
-void GdnSlots::copy_row(int32_t src, int32_t dst) {
+void GdnSlots::add_row_copies(int32_t src, int32_t dst, std::vector<TensorCopy>& out) const {
   CHECK(src >= 0 && src < num_rows() && dst >= 0 && dst < num_rows() && src != dst);
   for (size_t l = 0; l < conv_.size(); ++l) {
-    backend_->copy(conv_[l].tensor().rows(dst, 1), conv_[l].tensor().rows(src, 1));
-    backend_->copy(rec_[l].tensor().rows(dst, 1), rec_[l].tensor().rows(src, 1));
+    out.push_back({conv_[l].tensor().rows(dst, 1), conv_[l].tensor().rows(src, 1)});
+    out.push_back({rec_[l].tensor().rows(dst, 1), rec_[l].tensor().rows(src, 1)});
   }
 }
 

@@ -27,8 +27,9 @@ class GdnSlots {
 
   // Zeroes row `row` in every layer (the state of an empty sequence).
   void zero_row(int32_t row);
-  // Copies row src's conv and recurrent state into row dst, in every layer.
-  void copy_row(int32_t src, int32_t dst);
+  // Appends the copies that make row dst's conv and recurrent state row src's, in every layer (for
+  // Backend::copy_batch).
+  void add_row_copies(int32_t src, int32_t dst, std::vector<TensorCopy>& out) const;
 
  private:
   Backend* backend_;

@@ -29,11 +29,11 @@ KvCache::KvCache(Backend& backend, int num_layers, int32_t num_blocks, int64_t b
   }
 }
 
-void KvCache::copy_block(int32_t src, int32_t dst) {
+void KvCache::add_block_copies(int32_t src, int32_t dst, std::vector<TensorCopy>& out) const {
   CHECK(src >= 0 && src < num_blocks_ && dst >= 0 && dst < num_blocks_ && src != dst);
   for (const KvPool& p : pools_)
     for (const Tensor* t : {&p.k, &p.v, &p.k_scale, &p.v_scale})
-      if (t->data) backend_->copy(t->rows(dst, 1), t->rows(src, 1));
+      if (t->data) out.push_back({t->rows(dst, 1), t->rows(src, 1)});
 }
 
 }  // namespace sparkserve

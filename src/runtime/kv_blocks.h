@@ -27,8 +27,9 @@ class KvCache {
   int64_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }
 
-  // Copies block src's keys and values (every position, every layer, fp8 scales too) into block dst.
-  void copy_block(int32_t src, int32_t dst);
+  // Appends the copies that make block dst's keys and values (every position, every layer, fp8
+  // scales too) block src's (for Backend::copy_batch).
+  void add_block_copies(int32_t src, int32_t dst, std::vector<TensorCopy>& out) const;
 
  private:
   Backend* backend_;

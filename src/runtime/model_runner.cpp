@@ -1,5 +1,7 @@
 #include "runtime/model_runner.h"
 
+#include <algorithm>
+
 #include "runtime/sequence.h"
 
 namespace sparkserve {
@@ -10,13 +12,41 @@ CacheGeometry Qwen35Runner::geometry() const {
 }
 
 void Qwen35Runner::run_ops(const std::vector<StateOp>& ops) {
+  // The copies go to the backend as batches, whose copies run at once (Backend::copy_batch). An op
+  // that touches a row or block a pending copy writes, or writes one it reads, first sends the
+  // pending batch: the state ends as running the ops one by one in list order leaves it.
+  struct Use {
+    bool kv;  // a KV block (else a GDN state row)
+    int32_t index;
+    bool write;
+  };
+  std::vector<Use> pending;
+  std::vector<TensorCopy> batch;
+  auto clashes = [&](bool kv, int32_t index, bool write) {
+    return std::any_of(pending.begin(), pending.end(),
+                       [&](const Use& u) { return u.kv == kv && u.index == index && (u.write || write); });
+  };
+  auto flush = [&] {
+    if (!batch.empty()) state_.backend().copy_batch(batch);
+    batch.clear();
+    pending.clear();
+  };
   for (const StateOp& op : ops) {
-    switch (op.kind) {
-      case StateOp::Kind::kZeroState: state_.gdn().zero_row(op.dst); break;
-      case StateOp::Kind::kCopyState: state_.gdn().copy_row(op.src, op.dst); break;
-      case StateOp::Kind::kCopyKvBlock: state_.kv().copy_block(op.src, op.dst); break;
+    const bool kv = op.kind == StateOp::Kind::kCopyKvBlock;
+    if (op.kind == StateOp::Kind::kZeroState) {
+      if (clashes(false, op.dst, true)) flush();
+      state_.gdn().zero_row(op.dst);
+      continue;
     }
+    if (clashes(kv, op.src, false) || clashes(kv, op.dst, true)) flush();
+    if (kv)
+      state_.kv().add_block_copies(op.src, op.dst, batch);
+    else
+      state_.gdn().add_row_copies(op.src, op.dst, batch);
+    pending.push_back({kv, op.src, false});
+    pending.push_back({kv, op.dst, true});
   }
+  flush();
 }
 
 Expected<StepOutput> Qwen35Runner::execute(const StepPlan& plan) {

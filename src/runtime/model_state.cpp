@@ -9,7 +9,8 @@ int64_t gdn_state_bytes(const ModelConfig& c) {
 }
 
 ModelState::ModelState(Backend& backend, const ModelConfig& c, const StateLimits& limits)
-    : limits_(limits),
+    : backend_(&backend),
+      limits_(limits),
       kv_(backend, count_layers(c, LayerType::kFullAttention) + (limits.mtp ? 1 : 0), limits.num_kv_blocks,
           limits.block_size, c.num_key_value_heads, c.head_dim, limits.kv_dtype),
       gdn_(backend, count_layers(c, LayerType::kLinearAttention), limits.max_sequences, limits.num_snapshots,

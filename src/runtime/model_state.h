@@ -32,6 +32,7 @@ class ModelState {
  public:
   ModelState(Backend& backend, const ModelConfig& config, const StateLimits& limits);
 
+  Backend& backend() { return *backend_; }
   KvCache& kv() { return kv_; }
   GdnSlots& gdn() { return gdn_; }
   const StateLimits& limits() const { return limits_; }
@@ -39,6 +40,7 @@ class ModelState {
   const StatePools& pools() const { return pools_; }
 
  private:
+  Backend* backend_;
   StateLimits limits_;
   KvCache kv_;
   GdnSlots gdn_;

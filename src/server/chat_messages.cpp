@@ -154,16 +154,16 @@ std::optional<ApiError> normalize_message(RequestJson& m, const std::string& pat
 
 }  // namespace
 
-ApiResult<RequestJson> normalize_chat_messages(const RequestJson& messages) {
+ApiResult<RequestJson> normalize_chat_messages(RequestJson messages) {
   if (!messages.is_array()) return type_error("messages", "a list of messages", messages);
   if (messages.empty()) return bad_request("`messages` must contain at least one message.", "messages");
-  RequestJson out = messages;
+  RequestJson out = std::move(messages);
   for (size_t i = 0; i < out.size(); ++i)
     if (auto e = normalize_message(out[i], at("messages", i))) return *e;
   return out;
 }
 
-ApiResult<RequestJson> validate_tools(const RequestJson& tools) {
+ApiResult<RequestJson> validate_tools(RequestJson tools) {
   if (!tools.is_array()) return type_error("tools", "a list", tools);
   for (size_t i = 0; i < tools.size(); ++i) {
     const RequestJson& t = tools[i];

@@ -14,14 +14,16 @@ namespace sparkserve {
 // assistant / tool; content a string, null where allowed, or a list of text and image_url parts
 // (their shape; server/image_input.h loads the images); tool_calls
 // with a function name and JSON arguments; string reasoning fields and tool_call_id) and
-// returns a copy where `reasoning` is mapped to `reasoning_content` (the template's name) and
+// returns them where `reasoning` is mapped to `reasoning_content` (the template's name) and
 // tool-call arguments given as JSON text are parsed into objects (vLLM does the same; the
-// Qwen template iterates arguments|items). Audio / video parts are refused.
-ApiResult<RequestJson> normalize_chat_messages(const RequestJson& messages);
+// Qwen template iterates arguments|items). Audio / video parts are refused. Takes the messages by
+// value: a request parser moves its body's messages in (an agent's are ~30 KB of JSON).
+ApiResult<RequestJson> normalize_chat_messages(RequestJson messages);
 
 // tools: the request's "tools" value: a list of {"type":"function","function":{"name",
 // "description"?, "parameters"?, "strict"?}}.
-ApiResult<RequestJson> validate_tools(const RequestJson& tools);
+// Returns them as they are (moved in, as the messages above).
+ApiResult<RequestJson> validate_tools(RequestJson tools);
 
 // An OpenAI function tool from another API's tool object (Anthropic {name, description,
 // input_schema}, Responses {type: "function", name, description, parameters}): its "name",

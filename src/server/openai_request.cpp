@@ -284,12 +284,13 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const ServedMod
   const RequestJson* messages = r.raw("messages");
   if (!messages) return bad_request("`messages` is required.", "messages");
   if (auto e = too_many_messages(*messages, info)) return *e;
-  auto normalized = normalize_chat_messages(*messages);
+  // The body's messages and tools move into the request (nothing reads them from the body later).
+  auto normalized = normalize_chat_messages(std::move((*json)["messages"]));
   if (!normalized.ok()) return normalized.error();
   c.messages = std::move(normalized).value();
 
-  if (const RequestJson* tools = r.raw("tools")) {
-    auto t = validate_tools(*tools);
+  if (r.raw("tools")) {
+    auto t = validate_tools(std::move((*json)["tools"]));
     if (!t.ok()) return t.error();
     c.tools = std::move(t).value();
   }

@@ -215,12 +215,16 @@ ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& me
                                   int64_t* generation_prompt_start) {
   auto images = load_chat_images(messages, ctx.image_input);
   if (!images.ok()) return images.error();
-  OrderedJson tmpl_req = OrderedJson::object();
-  tmpl_req["messages"] = messages;
-  if (!tools.is_null()) tmpl_req["tools"] = tools;
-  tmpl_req["add_generation_prompt"] = add_generation_prompt;
-  tmpl_req["chat_template_kwargs"] = chat_template_kwargs;
-  auto rendered = render_chat_request(*ctx.chat_template, tmpl_req);
+  // The template request, built for each render: the render takes its messages and tools.
+  auto template_request = [&](bool with_generation_prompt) {
+    OrderedJson r = OrderedJson::object();
+    r["messages"] = messages;
+    if (!tools.is_null()) r["tools"] = tools;
+    r["add_generation_prompt"] = with_generation_prompt;
+    r["chat_template_kwargs"] = chat_template_kwargs;
+    return r;
+  };
+  auto rendered = render_chat_request(*ctx.chat_template, template_request(add_generation_prompt));
   if (!rendered.ok()) return bad_request("chat template " + ctx.chat_template->origin + ": " + rendered.message(), "messages");
   if (auto e = over_context_bytes(ctx, rendered->size(), "the rendered chat prompt", "messages")) return *e;
   auto ids = ctx.tokenizer->encode(*rendered);
@@ -235,8 +239,7 @@ ApiResult<ChatPrompt> encode_chat(const ServeContext& ctx, const RequestJson& me
         known && text.size() > known->text.size() && text.ends_with(known->text)) {
       suffix_tokens = known->tokens;
     } else {
-      tmpl_req["add_generation_prompt"] = false;
-      auto bare = render_chat_request(*ctx.chat_template, tmpl_req);
+      auto bare = render_chat_request(*ctx.chat_template, template_request(false));
       // The suffix alone tokenizes as it does inside the prompt when it starts with a special token
       // (e.g. <|im_start|>); otherwise the count may be off by a merge, which only moves the hint.
       if (bare.ok() && text.size() > bare->size() && text.compare(0, bare->size(), *bare) == 0)

@@ -48,6 +48,7 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector
     const auto b = static_cast<unsigned char>(entries_[i].pattern[0]);
     by_first_byte_[b].push_back(i);
     first_byte_[b] = true;
+    lookahead_ = std::max(lookahead_, entries_[i].pattern.size() + 4);
   }
   for (auto& bucket : by_first_byte_) {
     std::stable_sort(bucket.begin(), bucket.end(), [&](uint32_t a, uint32_t b) {
@@ -57,9 +58,9 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector
 }
 
 // HF's AddedVocabulary::find_matches over aho-corasick LeftmostLongest matches.
-void AddedTokenMatcher::split(std::string_view text, std::vector<TextSegment>& out) const {
-  size_t start_offset = 0;  // end of the last emitted segment
-  size_t scan = 0;          // where the automaton resumes: the end of the last raw match
+void AddedTokenMatcher::split(std::string_view text, std::vector<TextSegment>& out, SplitResume from) const {
+  size_t start_offset = from.segment_begin;  // end of the last emitted segment
+  size_t scan = from.scan;                   // where the automaton resumes: the end of the last raw match
   const size_t n = text.size();
   while (scan < n) {
     // Leftmost position where some pattern matches; the longest pattern there.
@@ -106,7 +107,7 @@ void AddedTokenMatcher::split(std::string_view text, std::vector<TextSegment>& o
       }
     }
     if (start_offset < start) out.push_back({start_offset, start, -1});
-    out.push_back({start, stop, tok.id});
+    out.push_back({start, stop, tok.id, scan});
     start_offset = stop;
   }
   if (start_offset < n) out.push_back({start_offset, n, -1});

@@ -96,7 +96,7 @@ Expected<ChatTemplate> load_chat_template(const std::string& model_dir) {
   return chat_template_from_source(src, cfg_path.string(), cfg_path.string());
 }
 
-Expected<OrderedJson> build_chat_context(const OrderedJson& request, const OrderedJson& special_tokens) {
+Expected<OrderedJson> build_chat_context(OrderedJson request, const OrderedJson& special_tokens) {
   if (!request.is_object()) return make_error("the request body must be a JSON object");
   auto msgs = request.find("messages");
   if (msgs == request.end()) return make_error("request.messages is required");
@@ -104,11 +104,11 @@ Expected<OrderedJson> build_chat_context(const OrderedJson& request, const Order
 
   OrderedJson messages = OrderedJson::array();
   for (size_t i = 0; i < msgs->size(); ++i) {
-    const OrderedJson& in = (*msgs)[i];
+    OrderedJson& in = (*msgs)[i];
     std::string where = "messages[" + std::to_string(i) + "]";
     if (!in.is_object()) return make_error(where + " must be an object");
     if (!in.contains("role") || !in["role"].is_string()) return make_error(where + ".role must be a string");
-    OrderedJson m = in;
+    OrderedJson m = std::move(in);
     const auto& content = m.find("content");
     if (content != m.end() && !(content->is_string() || content->is_array() || content->is_null()))
       return make_error(where + ".content must be a string, an array of content parts, or null");
@@ -161,7 +161,7 @@ Expected<OrderedJson> build_chat_context(const OrderedJson& request, const Order
   auto tools = request.find("tools");
   if (tools != request.end() && !tools->is_null() && !tools->is_array())
     return make_error("request.tools must be an array");
-  ctx["tools"] = tools != request.end() ? *tools : OrderedJson(nullptr);
+  ctx["tools"] = tools != request.end() ? std::move(*tools) : OrderedJson(nullptr);
   ctx["documents"] = nullptr;
   auto agp = request.find("add_generation_prompt");
   if (agp != request.end() && !agp->is_boolean()) return make_error("request.add_generation_prompt must be a boolean");
@@ -169,8 +169,8 @@ Expected<OrderedJson> build_chat_context(const OrderedJson& request, const Order
   return ctx;
 }
 
-Expected<std::string> render_chat_request(const ChatTemplate& tmpl, const OrderedJson& request) {
-  SS_ASSIGN_OR_RETURN(OrderedJson ctx, build_chat_context(request, tmpl.special_tokens));
+Expected<std::string> render_chat_request(const ChatTemplate& tmpl, OrderedJson request) {
+  SS_ASSIGN_OR_RETURN(OrderedJson ctx, build_chat_context(std::move(request), tmpl.special_tokens));
   return tmpl.compiled.render(ctx);
 }
 

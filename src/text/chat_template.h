@@ -30,10 +30,12 @@ Expected<ChatTemplate> chat_template_from_source(const std::string& source, cons
 // The render context for an OpenAI chat request body: messages (assistant tool-call arguments
 // given as JSON strings parsed into objects, empty ones becoming {}; `reasoning` copied to
 // `reasoning_content` when that is absent), tools (None when absent), add_generation_prompt
-// (default true), the special tokens, and every chat_template_kwargs entry.
-Expected<OrderedJson> build_chat_context(const OrderedJson& request, const OrderedJson& special_tokens);
+// (default true), the special tokens, and every chat_template_kwargs entry. The request's messages
+// and tools move into the context (an agent's are ~50 KB of JSON: pass the request as an rvalue
+// unless it is needed again).
+Expected<OrderedJson> build_chat_context(OrderedJson request, const OrderedJson& special_tokens);
 
 // build_chat_context + render.
-Expected<std::string> render_chat_request(const ChatTemplate& tmpl, const OrderedJson& request);
+Expected<std::string> render_chat_request(const ChatTemplate& tmpl, OrderedJson request);
 
 }  // namespace sparkserve

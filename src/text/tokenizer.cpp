@@ -67,6 +67,8 @@ WordCache& thread_word_cache(uint64_t owner) {
 
 // Shorter fragments: the word cache suffices.
 constexpr size_t kFragmentCacheMinBytes = 1024;
+// Shorter texts are not worth remembering whole (PromptMemo).
+constexpr size_t kPromptMemoMinBytes = 1024;
 
 std::atomic<uint64_t> next_serial{1};
 
@@ -172,13 +174,19 @@ Expected<Tokenizer> Tokenizer::from_json_text_unchecked(std::string_view tokeniz
 }
 
 Expected<std::vector<TokenId>> Tokenizer::encode(std::string_view text) const {
-  if (auto bad = find_invalid_utf8(text)) {
+  // A text that starts as a recently encoded one did resumes after the memo's last added token
+  // that both texts share (text/prompt_memo.h); the part before it was valid UTF-8 there.
+  PromptMemo* memo = raw_matcher_.empty() || text.size() < kPromptMemoMinBytes ? nullptr : fragments_.memo.get();
+  const PromptMemo::Found found = memo ? memo->find(text) : PromptMemo::Found{};
+  const SplitResume from = found.point ? found.point->split : SplitResume{};
+  if (auto bad = find_invalid_utf8(text.substr(from.segment_begin))) {
+    const size_t at = from.segment_begin + *bad;
     return make_error("input is not valid UTF-8: invalid byte 0x" +
                       [](unsigned char c) {
                         const char* hex = "0123456789abcdef";
                         return std::string{hex[c >> 4], hex[c & 15]};
-                      }(static_cast<unsigned char>(text[*bad])) +
-                      " at byte offset " + std::to_string(*bad));
+                      }(static_cast<unsigned char>(text[at])) +
+                      " at byte offset " + std::to_string(at));
   }
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 4);
@@ -186,11 +194,27 @@ Expected<std::vector<TokenId>> Tokenizer::encode(std::string_view text) const {
     SS_RETURN_IF_ERROR(encode_fragment_cached(text, ids));
     return ids;
   }
+  auto entry = memo ? std::make_shared<PromptMemo::Entry>() : nullptr;
+  if (found.point) {
+    ids.assign(found.entry->ids.begin(), found.entry->ids.begin() + static_cast<ptrdiff_t>(found.point->num_ids));
+    entry->points.assign(found.entry->points.data(), found.point + 1);
+  }
   std::vector<TextSegment> segs;
-  raw_matcher_.split(text, segs);
+  raw_matcher_.split(text, segs, from);
   for (const TextSegment& s : segs) {
-    if (s.token >= 0) ids.push_back(s.token);
-    else SS_RETURN_IF_ERROR(encode_fragment_cached(text.substr(s.begin, s.end - s.begin), ids));
+    if (s.token < 0) {
+      SS_RETURN_IF_ERROR(encode_fragment_cached(text.substr(s.begin, s.end - s.begin), ids));
+      continue;
+    }
+    ids.push_back(s.token);
+    if (!entry) continue;
+    const size_t needs = std::max(entry->points.empty() ? 0 : entry->points.back().needs, s.end + raw_matcher_.lookahead());
+    entry->points.push_back({SplitResume{s.end, s.match_end}, needs, ids.size()});
+  }
+  if (entry && text.size() <= memo->max_text_bytes()) {
+    entry->text = text;
+    entry->ids = ids;
+    memo->add(std::move(entry));
   }
   return ids;
 }

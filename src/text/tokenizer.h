@@ -29,6 +29,7 @@
 #include "text/fragment_cache.h"
 #include "text/normalizer.h"
 #include "text/pretokenizer.h"
+#include "text/prompt_memo.h"
 
 namespace sparkserve {
 
@@ -43,10 +44,15 @@ class Tokenizer {
   Expected<std::vector<TokenId>> encode(std::string_view text) const;
 
   // The fragment cache (text/fragment_cache.h) holds up to this many bytes of text and ids; 0 turns
-  // it off. Set it before the tokenizer is used (it drops what the cache holds).
+  // it and the prompt memo (text/prompt_memo.h) off. Set it before the tokenizer is used (it drops
+  // what the caches hold).
   static constexpr size_t kDefaultFragmentCacheBytes = 64 << 20;
-  void set_fragment_cache_bytes(size_t max_bytes) { fragments_.cache = std::make_unique<FragmentCache>(max_bytes); }
+  // The prompt memo keeps the last kPromptMemoEntries texts of at most kPromptMemoMaxBytes each (a
+  // 262K-token prompt is ~1 MiB), with their ids and resume points.
+  static constexpr size_t kPromptMemoEntries = 8, kPromptMemoMaxBytes = 1 << 20;
+  void set_fragment_cache_bytes(size_t max_bytes) { fragments_ = FragmentCacheSlot(max_bytes); }
   const FragmentCache& fragment_cache() const { return *fragments_.cache; }
+  const PromptMemo* prompt_memo() const { return fragments_.memo.get(); }
 
   // Raw bytes of the ids (not necessarily valid UTF-8 when the ids cut a character; HF's decode
   // would then show U+FFFD, see utf8_lossy in text/utf8.h). Ids that name no token are skipped,
@@ -102,14 +108,19 @@ class Tokenizer {
   uint64_t serial_ = 0;  // identifies this instance's entries in the per-thread word cache
   // Fragments (text between added tokens) of 1 KB or more -> ids, for all threads; a copied or
   // moved Tokenizer gets a new, empty one of the same bound (so no Tokenizer is ever without one).
+  // The prompt memo comes and goes with it.
   struct FragmentCacheSlot {
-    explicit FragmentCacheSlot(size_t max_bytes) : cache(std::make_unique<FragmentCache>(max_bytes)) {}
+    explicit FragmentCacheSlot(size_t max_bytes)
+        : cache(std::make_unique<FragmentCache>(max_bytes)),
+          memo(max_bytes ? std::make_unique<PromptMemo>(kPromptMemoEntries, kPromptMemoMaxBytes) : nullptr) {}
     FragmentCacheSlot(const FragmentCacheSlot& o) : FragmentCacheSlot(o.cache->max_bytes()) {}
     FragmentCacheSlot& operator=(const FragmentCacheSlot& o) {
-      cache = std::make_unique<FragmentCache>(o.cache->max_bytes());
+      *this = FragmentCacheSlot(o.cache->max_bytes());
       return *this;
     }
+    FragmentCacheSlot& operator=(FragmentCacheSlot&&) = default;
     std::unique_ptr<FragmentCache> cache;
+    std::unique_ptr<PromptMemo> memo;
   };
   FragmentCacheSlot fragments_{kDefaultFragmentCacheBytes};
   std::optional<std::string> bos_token_, eos_token_, pad_token_, unk_token_;

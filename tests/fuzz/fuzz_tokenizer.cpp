@@ -2,7 +2,9 @@
 //   even: encode the rest with a tokenizer (the one in $SPARKSERVE_FUZZ_TOKENIZER_DIR if set,
 //         else a small built-in byte-level BPE with the Qwen3.5 pipeline and added tokens), then
 //         check invariants: invalid UTF-8 <=> error; decode(encode(x)) is valid UTF-8 and
-//         re-encodes to the same ids; every id has token bytes;
+//         re-encodes to the same ids; every id has token bytes; and the prompt memo: a 1 KB
+//         preamble + the first half of the rest, then the preamble + the whole rest (which resumes
+//         from the first), give the ids of a tokenizer without the memo;
 //   odd:  load the rest as a tokenizer.json document (must give a Tokenizer or an Error).
 #include <cstdint>
 #include <cstdlib>
@@ -65,6 +67,16 @@ const Tokenizer& fuzz_tokenizer() {
   return *tok;
 }
 
+// fuzz_tokenizer() without its fragment cache and prompt memo: every text encoded from scratch.
+const Tokenizer& from_scratch_tokenizer() {
+  static const std::unique_ptr<Tokenizer> tok = [] {
+    auto t = std::make_unique<Tokenizer>(fuzz_tokenizer());
+    t->set_fragment_cache_bytes(0);
+    return t;
+  }();
+  return *tok;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -82,6 +94,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // decode(encode(x)) is NFC(x); NFC is idempotent, so encoding it again gives the same ids.
     auto again = tok.encode(text);
     CHECK(again.ok() && *again == *ids);
+    const std::string added = tok.added_tokens().empty() ? "" : tok.added_tokens()[0].content;
+    const std::string preamble = std::string(1100, 'x') + added + " ";
+    for (const std::string& t : {preamble + std::string(rest.substr(0, rest.size() / 2)), preamble + std::string(rest)}) {
+      auto memo = tok.encode(t), plain = from_scratch_tokenizer().encode(t);
+      CHECK(memo.ok() == plain.ok());
+      if (memo.ok()) CHECK(*memo == *plain);
+    }
   } else {
     auto t = Tokenizer::from_json_text(rest);
     if (t.ok()) (void)t->encode("fuzz <|im_start|> text");

@@ -77,6 +77,32 @@ def test_ids_identical_on_an_unseen_corpus(name):
     assert not bad, "\n".join(bad[:5])
 
 
+@pytest.mark.parametrize("name", fx.MODELS)
+def test_ids_identical_on_texts_that_resend_earlier_ones(name):
+    # A chat client re-sends its conversation: each text starts with (most of) an earlier one, cut
+    # anywhere (inside an added token too), so the tokenizer resumes from its prompt memo.
+    import random
+    rng = random.Random(17)
+    pieces = CHUNKS[:400] + ["<|im_start|>", "<|im_end|>\n", "<think>\n", "</think>\n\n", "<tool_call>", "</tool_call>",
+                             "<tool_response>", "<|im_start", "<|im_end", "\n\n", " ", "<|endoftext|>"]
+    texts = []
+    for i in range(120):
+        if not texts or rng.random() < 0.15:
+            t = ""
+        else:
+            base = texts[-1 - rng.randrange(min(len(texts), 4))]
+            t = base[:rng.randrange(len(base) + 1)]
+        while len(t.encode()) < 1500 or rng.random() < 0.7:
+            t += rng.choice(pieces)[:rng.choice([5, 40, 400, 4000])]
+        texts.append(t)
+    model = fx.model_dir(name)
+    hf = HfTokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    ours = fx.encode_batch_cli(model, texts)
+    ref = [e.ids for e in hf.encode_batch(texts)]
+    bad = [describe(i, texts[i], o["ids"], r) for i, (o, r) in enumerate(zip(ours, ref)) if o["ids"] != r]
+    assert not bad, "%d of %d texts differ from HF tokenizers:\n%s" % (len(bad), len(texts), "\n".join(bad[:5]))
+
+
 def test_every_code_point_in_several_contexts():
     # Every code point (minus surrogates and "\n") in contexts that exercise the regex classes
     # (\s, \p{L}, \p{N}, \p{M}: Qwen3.5's pattern has \p{M}) and NFC reordering/composition.

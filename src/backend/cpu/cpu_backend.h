@@ -23,7 +23,7 @@ class CpuBackend final : public Backend {
   void upload(const Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(const Tensor& t) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_batch(const std::vector<TensorCopy>& copies) override;
 
   void embedding(const Tensor& out, const Tensor& ids, const Linear& table) override;
   void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& w, float eps) override;

@@ -35,12 +35,9 @@ void CpuBackend::download(void* host_dst, const Tensor& src) {
 
 void CpuBackend::fill_zero(const Tensor& t) { std::memset(t.data, 0, t.nbytes()); }
 
-void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
-  CHECK(dst.dtype == src.dtype && dst.numel() == src.numel());
-  const auto* s = static_cast<const char*>(src.data);
-  auto* d = static_cast<char*>(dst.data);
-  CHECK_MSG(d + dst.nbytes() <= s || s + src.nbytes() <= d, "copy between overlapping tensors");
-  std::memcpy(dst.data, src.data, dst.nbytes());
+void CpuBackend::copy_batch(const std::vector<TensorCopy>& copies) {
+  check_copy_batch(copies);
+  for (const TensorCopy& c : copies) std::memcpy(c.dst.data, c.src.data, c.dst.nbytes());
 }
 
 }  // namespace sparkserve

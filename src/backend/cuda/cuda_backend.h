@@ -73,7 +73,7 @@ class CudaBackend final : public Backend {
   void upload(const Tensor& dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(const Tensor& t) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_batch(const std::vector<TensorCopy>& copies) override;
   void synchronize() override;
   void* alloc_host_staging(size_t bytes) override;
   void free_host_staging(void* p) override;

@@ -89,16 +89,6 @@ void CudaBackend::fill_zero(const Tensor& t) {
   CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
 }
 
-void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
-  CHECK(dst.dtype == src.dtype && dst.numel() == src.numel());
-  const auto* s = static_cast<const char*>(src.data);
-  auto* d = static_cast<char*>(dst.data);
-  CHECK_MSG(d + dst.nbytes() <= s || s + src.nbytes() <= d, "copy between overlapping tensors");
-  if (dst.nbytes() == 0) return;
-  // Stream-ordered like every op: a snapshot taken after a forward sees that forward's writes.
-  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-}
-
 void CudaBackend::synchronize() {
   CHECK_MSG(!capturing_, "synchronize while recording a CUDA graph");
   CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -165,7 +165,14 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const FramePtr& f, std::
   step();
   switch (s.kind) {
     case StmtKind::Data: append(out, s.text); return Flow::Normal;
-    case StmtKind::Print: append(out, py_str(eval(*s.expr, f))); return Flow::Normal;
+    case StmtKind::Print: {
+      const Value v = eval(*s.expr, f);
+      // str() of a string is the string: appended without py_str's copy (message contents, the
+      // system prompt).
+      if (v.is_string()) append(out, v.str());
+      else append(out, py_str(v));
+      return Flow::Normal;
+    }
     case StmtKind::If:
       for (const auto& [test, body] : s.branches)
         if (!test || truthy(eval(*test, f))) return exec(body, f, out);

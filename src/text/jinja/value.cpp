@@ -28,9 +28,15 @@ void DictData::set(Value key, Value value) {
   items.emplace_back(std::move(key), std::move(value));
 }
 
+namespace {
+std::shared_ptr<const std::string> shared_text(std::string s) {
+  return s.empty() ? nullptr : std::make_shared<const std::string>(std::move(s));
+}
+}  // namespace
+
 Value Value::undefined(std::string hint) {
   Value v;
-  v.s_ = std::move(hint);
+  v.s_ = shared_text(std::move(hint));
   return v;
 }
 Value Value::none() {
@@ -41,7 +47,12 @@ Value Value::none() {
 Value::Value(bool b) : kind_(Kind::Bool), b_(b) {}
 Value::Value(int64_t i) : kind_(Kind::Int), i_(i) {}
 Value::Value(double d) : kind_(Kind::Float), f_(d) {}
-Value::Value(std::string s, bool markup) : kind_(Kind::String), markup_(markup), s_(std::move(s)) {}
+Value::Value(std::string s, bool markup) : kind_(Kind::String), markup_(markup), s_(shared_text(std::move(s))) {}
+
+const std::string& Value::str() const {
+  static const std::string empty;
+  return s_ ? *s_ : empty;
+}
 
 Value Value::list(std::vector<Value> items, bool is_tuple) {
   Value v;

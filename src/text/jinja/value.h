@@ -99,7 +99,7 @@ class Value {
   bool as_bool() const { return b_; }
   int64_t as_int() const { return kind_ == Kind::Bool ? (b_ ? 1 : 0) : i_; }  // Int or Bool
   double as_double() const;  // any number
-  const std::string& str() const { return s_; }  // String; for Undefined: the error hint
+  const std::string& str() const;  // String; for Undefined: the error hint
   const ListData& list_data() const { return *std::static_pointer_cast<const ListData>(obj_); }
   const std::vector<Value>& items() const { return list_data().items; }
   std::shared_ptr<const ListData> list_ptr() const { return std::static_pointer_cast<const ListData>(obj_); }
@@ -114,7 +114,9 @@ class Value {
   bool markup_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;
+  // Immutable and shared: copying a Value (a variable, an attribute, an argument) does not copy
+  // its text (a chat template passes an agent's ~50 KB of messages and system prompt around).
+  std::shared_ptr<const std::string> s_;  // null: ""
   std::shared_ptr<void> obj_;
 };
 

@@ -333,7 +333,10 @@ TEST(GdnSlots, ZeroAndCopyRows) {
     for (int64_t i = 0; i < r.numel(); ++i) r.ptr<float>()[i] = static_cast<float>(i + 100 * l);
     for (int64_t i = 0; i < c.numel(); ++i) c.ptr<float>()[i] = static_cast<float>(-i - 100 * l);
   }
-  slots.copy_row(0, 2);
+  std::vector<TensorCopy> copies;
+  slots.add_row_copies(0, 2, copies);
+  EXPECT_EQ(copies.size(), 4u);  // conv and recurrent rows of 2 layers
+  backend->copy_batch(copies);
   slots.zero_row(0);
   for (int l = 0; l < 2; ++l) {
     const Tensor r = slots.recurrent_pool(l), c = slots.conv_pool(l);
