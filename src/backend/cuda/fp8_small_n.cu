@@ -1,6 +1,6 @@
-// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; on sm_90a only up to
-// 16, where fp8_gemm_wgmma.cu's small-T tile takes over: linear.cu): tc_gemm.h's
-// fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
+// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
+// fp8_few_tokens.cu's one-kernel path up to 4 tokens and, on sm_90a, fp8_gemm_wgmma.cu's small-T
+// tile from 17): tc_gemm.h's fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
 // operand (8 per tile, up to 64), so each weight byte is read from HBM once per step whatever T is
 // (the GEMVs re-read the weights for every 8 tokens).
 //
