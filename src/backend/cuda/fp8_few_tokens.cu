@@ -40,6 +40,7 @@
 
 #include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
@@ -92,23 +93,7 @@ inline int64_t smem_bytes(int chunks_per_split, int T) {
   return raw_bytes(chunks_per_split, T) + codes_bytes(chunks_per_split, T) + 2 * kMaxT * 4;
 }
 
-// Two E4M3 codes (low 16 bits) -> f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
-  uint32_t h;
-  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(h) : "r"(v));
-  return h;
-}
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int s) {
-  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
-}
 
 // grid: (S, ceil(rows / 128)), clusters of (S, 1, 1): block (r, b) = K split r of row block b.
 __global__ void __launch_bounds__(kThreads) fp8_few_tokens_kernel(FewArgs a) {
@@ -149,10 +134,10 @@ __global__ void __launch_bounds__(kThreads) fp8_few_tokens_kernel(FewArgs a) {
   const int n4 = static_cast<int>(c1 - c0) * (kChunk / 4);  // float4 per token row of the slice
   for (int i = tid; i < T * n4; i += kThreads) {
     const int t = i / n4, c = i % n4;
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(raw + t * L + 4 * c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(a.x + t * a.K + k0 + 4 * c) : "memory");
+    cp_async16(raw + t * L + 4 * c, a.x + t * a.K + k0 + 4 * c);
   }
-  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+  cp_async_commit();
+  cp_async_wait_all();
   __syncthreads();
   // The partial amax of each token row over the slice, exchanged in the cluster.
   if (a.static_scale == nullptr) {
@@ -200,9 +185,9 @@ __global__ void __launch_bounds__(kThreads) fp8_few_tokens_kernel(FewArgs a) {
       const uint2 xb = *reinterpret_cast<const uint2*>(xp + off + 4 * s);
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        const uint32_t lo = word(wq[2 * i], s), hi = word(wq[2 * i + 1], s);
+        const uint32_t lo = code_word(wq[2 * i], s), hi = code_word(wq[2 * i + 1], s);
         const uint32_t af[4] = {e4m3x2_f16x2(lo), e4m3x2_f16x2(hi), e4m3x2_f16x2(lo >> 16), e4m3x2_f16x2(hi >> 16)};
-        mma_f16(acc[i], af, xb.x, xb.y);
+        mma_f16_16816(acc[i], af, xb.x, xb.y);
       }
     }
   };
