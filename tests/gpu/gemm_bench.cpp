@@ -6,9 +6,9 @@
 //   kernel, the cuBLASLt route and (T <= 512) the small-N kernel in pieces of 64 tokens (the
 //   fallback); the quantization alone;
 // - "gemm fp8 tiles": the wgmma kernel with each tile shape and K split forced;
-// - "gemm small-N": T = 2..64 tokens (batched decode, speculative verify) and 96: the mma.sync
-//   small-N kernel, the sm_90a wgmma kernel's small-T tile and the dispatch, µs and weight bytes per
-//   second against the measured copy bandwidth (the floor);
+// - "gemm small-N": T = 2..64 tokens (batched decode, speculative verify) and 96: the one-kernel
+//   few-token path (T <= 4), the mma.sync small-N kernel, the sm_90a wgmma kernel's small-T tile and
+//   the dispatch, µs and weight bytes per second against the measured copy bandwidth (the floor);
 // - "gemm small-T tile": the wgmma kernel's small-T tile with each K split forced;
 // - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
@@ -186,8 +186,8 @@ void bench_fp8_tiles(Backend& g) {
 }
 
 // The small-T regime (batched decode, speculative verify) at both models' shapes, T = 2..64 and
-// one step past it (96: the prefill tiles): the mma.sync kernel ("small-n", in pieces of 64 past
-// 64), the sm_90a wgmma kernel with its own plan ("wgmma") and linear's choice, µs and weight
+// one step past it (96: the prefill tiles): the few-token kernel ("few-tokens", T <= 4), the
+// mma.sync kernel ("small-n", in pieces of 64 past 64), the sm_90a wgmma kernel with its own plan ("wgmma") and linear's choice, µs and weight
 // bytes per second against the measured copy bandwidth (the floor).
 void bench_small_n(Backend& g) {
   const double copy = copy_bandwidth(g);
@@ -197,12 +197,12 @@ void bench_small_n(Backend& g) {
   for (const Shape& s : prefill_shapes()) {
     const double bytes = static_cast<double>(s.N) * (s.K + 4);
     auto ws = prefill_weights(g, s, 64);
-    for (int64_t T : {2, 4, 8, 16, 32, 48, 64, 96}) {
+    for (int64_t T : {2, 3, 4, 8, 16, 32, 48, 64, 96}) {
       const Tensor& x = xs.get(T, s.K);
       Buffer out(&g, DType::kF32, {T, s.N});
       const int iters = std::max<int>(static_cast<int>(ws.size()), 8);
-      for (auto [path, name] : {std::pair{LinearPath::kFp8SmallN, "small-n"}, {LinearPath::kFp8Wgmma, "wgmma"},
-                                {LinearPath::kDispatch, "dispatch"}}) {
+      for (auto [path, name] : {std::pair{LinearPath::kFp8FewTokens, "few-tokens"}, {LinearPath::kFp8SmallN, "small-n"},
+                                {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}}) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
       }

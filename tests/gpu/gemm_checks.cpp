@@ -1,5 +1,5 @@
 // gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, fp8_gemm_wgmma.cu,
-// fp8_small_n.cu, bf16_gemm.cu) and of
+// fp8_small_n.cu, fp8_few_tokens.cu, bf16_gemm.cu) and of
 // linear's dispatch around them, vs the CPU backend on fresh random inputs. Groups: gemm_fp8,
 // gemm_bf16, gemm_router.
 //
@@ -14,7 +14,7 @@
 // Bounds. Recursive f32 summation of K terms in any order errs by at most γ_K Σ|terms| with
 // γ_K ≈ K · 2^-24, so two f32 sums (CPU and GPU) differ by at most 2 K 2^-24 of the norm product:
 // 3.7e-4 at K = 3072, 9.8e-4 at K = 8192 (the worst case; random data gives ~sqrt(K) times less).
-// - W8A8 small-N, wgmma and cuBLASLt routes: exact f16 products (E4M3 values are exact in f16), f32 sums:
+// - W8A8 few-token, small-N, wgmma and cuBLASLt routes: exact f16 products (E4M3 values are exact in f16), f32 sums:
 //   2 K 2^-24. They are also held to the GEMVs' own bound, 1e-5 of max|ref| (kFp32): the same
 //   exact products summed in f32 in another order. (Hopper's FP8 tensor cores, measured and not
 //   kept, were 1.3e-4..2.1e-4 of max|ref|: their partial sums keep ~14 significant bits.)
@@ -155,11 +155,20 @@ void test_fp8(Harness& h) {
   };
   for (int64_t T : {1, 2, 3, 4, 8, 16, 32, 48, 64}) cases.push_back({T, 1536, 3072, 1, WeightFormat::kFp8Channel, dyn});
   cases.push_back({16, 1000, 1040, 1, WeightFormat::kFp8Channel, dyn});  // small T, K % 64 != 0
+  // The few-token kernel's clusters of K splits (fp8_few_tokens.cu): the 122B's qkv at a verify step's
+  // T (96 row blocks), out_proj's K at 3 tokens (16 splits of 8 chunks), 3 chunks (one split), static
+  // per-partition scales, a K of 16384 (a slice of 1024 at 16 splits), rows no multiple of 128.
+  cases.push_back({2, 12288, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({3, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({4, 1000, 192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({3, 520, 1024, 2, WeightFormat::kFp8Tensor, stat});
+  cases.push_back({4, 200, 16384, 1, WeightFormat::kFp8Channel, dyn});
   struct Path {
     LinearPath path;
     const char* name;
   };
-  const Path paths[] = {{LinearPath::kFp8SmallN, "small-n"}, {LinearPath::kFp8Gemm, "gemm-f16"},
+  const Path paths[] = {{LinearPath::kFp8FewTokens, "few-tokens"}, {LinearPath::kFp8SmallN, "small-n"},
+                        {LinearPath::kFp8Gemm, "gemm-f16"},
                         {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}};
   const bool hopper = fp8_wgmma_expected(*h.gpu);
   for (const Case& c : cases) {
@@ -177,8 +186,9 @@ void test_fp8(Harness& h) {
         // Allowed to decline: the small-N kernel at K % 64 != 0, cuBLASLt at rows that are no
         // multiple of 16 (the dispatch then runs the next path, checked by its own line), the wgmma
         // kernel off compute 9.0. Everything else, the model's shapes among them, must be taken.
-        const bool small_n = p.path == LinearPath::kFp8SmallN;
-        if ((small_n && c.K % 64 != 0) || (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0) ||
+        const bool small_n = p.path == LinearPath::kFp8SmallN, few = p.path == LinearPath::kFp8FewTokens;
+        if ((small_n && c.K % 64 != 0) || (few && (c.K % 64 != 0 || c.T > 4)) ||
+            (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0) ||
             (p.path == LinearPath::kFp8Wgmma && !hopper)) {
           std::printf("      %-10s %s: declined\n", p.name, shape.c_str());
           continue;

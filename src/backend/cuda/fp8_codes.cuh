@@ -12,6 +12,16 @@
 
 namespace sparkserve {
 
+// Two E4M3 codes (low 16 bits) -> f16x2, exact (one instruction; the mma.sync / wgmma A fragments).
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
+  uint32_t h;
+  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(h) : "r"(v));
+  return h;
+}
+// Word s (0..3) of 16 loaded bytes of codes: a lane's four codes of k16 step s.
+__device__ __forceinline__ uint32_t code_word(const uint4& v, int s) {
+  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+}
 // Four E4M3 codes (one word) as their f16 values (exact), codes 0, 1 in .x.
 __device__ __forceinline__ uint2 f16x4_of(uint32_t codes) {
   const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "backend/cuda/tensor_map.h"
@@ -97,15 +98,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
-}
-// Two E4M3 codes (low 16 bits) -> f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
-  uint32_t h;
-  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(h) : "r"(v));
-  return h;
-}
-__device__ __forceinline__ uint32_t word(const uint4& v, int s) {
-  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
 }
 
 template <int kBN>
@@ -202,7 +194,7 @@ __device__ __forceinline__ void consume(const WgmmaArgs& a, const uint8_t* smem,
         // Buffer s % 2 was read by step s - 2, complete since the last wait.
 #pragma unroll
         for (int m = 0; m < kMT; ++m) {
-          const uint32_t w0 = word(codes[m][0], s), w8 = word(codes[m][1], s);
+          const uint32_t w0 = code_word(codes[m][0], s), w8 = code_word(codes[m][1], s);
           frag[s % 2][m][0] = e4m3x2_f16x2(w0);
           frag[s % 2][m][1] = e4m3x2_f16x2(w8);
           frag[s % 2][m][2] = e4m3x2_f16x2(w0 >> 16);

@@ -1,6 +1,6 @@
-// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; on sm_90a only up to
-// 16, where fp8_gemm_wgmma.cu's small-T tile takes over: linear.cu): tc_gemm.h's
-// fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
+// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
+// fp8_few_tokens.cu's one-kernel path up to 4 tokens and, on sm_90a, fp8_gemm_wgmma.cu's small-T
+// tile from 17): tc_gemm.h's fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
 // operand (8 per tile, up to 64), so each weight byte is read from HBM once per step whatever T is
 // (the GEMVs re-read the weights for every 8 tokens).
 //
@@ -18,7 +18,9 @@
 
 #include <algorithm>
 
+#include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
 
@@ -43,23 +45,7 @@ struct SmallNArgs {
   int T, chunks_per_split, splits;
 };
 
-// Two E4M3 codes (low 16 bits) -> f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
-  uint32_t h;
-  asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(h) : "r"(v));
-  return h;
-}
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int s) {
-  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
-}
 
 // grid: (ceil(rows / 128), splits), 128 threads. NT token tiles of 8 (T <= 8 NT).
 template <int NT>
@@ -96,10 +82,10 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_small_n_kernel(SmallNArgs a) 
       for (int j = 0; j < NT; ++j) xb[j] = __ldg(reinterpret_cast<const uint2*>(xp[j] + c * kChunk + 4 * s));
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        const uint32_t lo = word(wq[2 * i], s), hi = word(wq[2 * i + 1], s);
+        const uint32_t lo = code_word(wq[2 * i], s), hi = code_word(wq[2 * i + 1], s);
         const uint32_t af[4] = {e4m3x2_f16x2(lo), e4m3x2_f16x2(hi), e4m3x2_f16x2(lo >> 16), e4m3x2_f16x2(hi >> 16)};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mma_f16(acc[i][j], af, xb[j].x, xb[j].y);
+        for (int j = 0; j < NT; ++j) mma_f16_16816(acc[i][j], af, xb[j].x, xb[j].y);
       }
     }
   };

@@ -1,6 +1,7 @@
 // y = x W^T on CUDA: one dispatch over the matmul regimes, each a named predicate on (T, weight):
 //   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
-//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_gemm_wgmma.cu's small-T tile on sm_90a from 17
+//   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_few_tokens.cu (one kernel) up to 4 tokens,
+//                                                           fp8_gemm_wgmma.cu's small-T tile on sm_90a from 17
 //                                                           tokens, else fp8_small_n.cu (mma.sync); weights
 //                                                           read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
@@ -38,6 +39,12 @@ bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8
 // 35B batch-16 step is 0.25 ms (2.7%) faster with the mma.sync kernel at 16 tokens; at 2-8 tokens
 // the two tie alone (each ahead on some shapes by < 3 us) and the 122B batch-4 step is faster with
 // the mma.sync kernel (8.73 against 8.98 ms).
+// Up to kFp8FewTokensMax tokens the one-kernel path first (fp8_few_tokens.cu): measured on the H200
+// (docs/performance.md "Few tokens"), 0.1-2.9 us faster than fp8_small_n.cu's three launches at all
+// 28 points (14 shapes of the 122B and 35B, T = 2 and 4; the wgmma tile is faster alone on the 122B's
+// q at 2 and 4 and qkv at 4), the 122B batch-4 step 8.77 -> 8.65 ms and its verify steps (batch 1,
+// k = 1 / 2 / 3) 7.27 -> 7.03, 8.13 -> 7.98, 8.93 -> 8.84 ms; from 8 tokens on it loses.
+bool fp8_few_tokens_regime(int64_t T) { return T >= 2 && T <= kFp8FewTokensMax; }
 bool fp8_tensor_core_regime(int64_t T, const Linear& w) { return T > kFp8SmallNMaxTokens && fp8_gemm_takes(w); }
 // Split-bf16 reads the weights once for any T; the bf16 GEMV does once per 8 tokens (lm_head at 16
 // tokens: 2.6 ms against 0.39 ms).
@@ -59,6 +66,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kDispatch:
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
+        if (fp8_few_tokens_regime(T) && fp8_few_tokens_linear(b, out, x, T, w)) return true;
         if (T >= kFp8WgmmaSmallMinTokens
                 ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
                 : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
@@ -81,6 +89,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       return true;
     case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
     case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
+    case LinearPath::kFp8FewTokens: return fp8_few_tokens_linear(b, out, x, T, w);
     case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);

@@ -11,6 +11,7 @@ enum class LinearPath : int {
   kDispatch = 0,        // what CudaBackend::linear picks
   kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
   kFp8SmallN,           // fp8_small_n.cu (any T, in pieces of 64 tokens)
+  kFp8FewTokens,        // fp8_few_tokens.cu (T <= 4)
   kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
   kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
   kBf16Split,           // bf16_gemm.cu

@@ -1,5 +1,5 @@
 // Tensor-core building blocks of the mma.sync kernels: asynchronous global->shared copies,
-// ldmatrix, the m16n8k16 bf16 MMA with f32 accumulators, and the hi/lo bf16 split of f32 values.
+// ldmatrix, the m16n8k16 bf16 and f16 MMAs with f32 accumulators, and the hi/lo bf16 split of f32 values.
 // sm_80+ instructions: they run on sm_90a, sm_100a and sm_120a alike.
 //
 // The split: hi = bf16(x), lo = bf16(x - hi) carries ~16 significant bits (|x - hi - lo| <= 2^-17 |x|),
@@ -42,13 +42,26 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-// d += a b: m16n8k16, bf16 operands, f32 accumulators (PTX fragment layouts).
+// d += a b: m16n8k16, f32 accumulators (PTX fragment layouts); bf16 operands, or f16 ones (kF16: the
+// W8A8 kernels' exact E4M3 values).
+template <bool kF16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#define SPARKSERVE_MMA_16816(type)                                                                               \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type                                            \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                         \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (kF16)
+    SPARKSERVE_MMA_16816("f16");
+  else
+    SPARKSERVE_MMA_16816("bf16");
+#undef SPARKSERVE_MMA_16816
+}
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_16816<false>(d, a, b0, b1);
+}
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma_16816<true>(d, a, b0, b1);
 }
 // d += a b: m16n8k8, bf16 operands, f32 accumulators (a: rows g / g + 8, columns 2 t4 + {0, 1}).
 __device__ __forceinline__ void mma_bf16_1688(float (&d)[4], const uint32_t (&a)[2], uint32_t b0) {

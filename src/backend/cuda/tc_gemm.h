@@ -56,13 +56,20 @@ void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits,
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
 void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
                        const float* ts, const float* ws);
-// out = x W^T for T = 2..64 tokens (batched decode, speculative verify; on sm_90a up to 16, the
-// wgmma kernel above): fp8_small_n.cu, weights on the MMA's M side streamed once, exact f16
+// out = x W^T for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
+// fp8_few_tokens_linear below up to 4 tokens and, on sm_90a, the wgmma kernel above from 17): fp8_small_n.cu, weights on the MMA's M side streamed once, exact f16
 // products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64 tokens (each reads the
 // weights again: the fallback where cuBLASLt is missing).
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
+// out = x W^T for 1..kFp8FewTokensMax tokens (decode at batch 2-4, a speculative verify step at
+// batch 1) in ONE kernel (fp8_few_tokens.cu): the activation quantization in its prologue, the
+// split-K partial sums added through a thread-block cluster's shared memory; the same numerics as
+// fp8_small_n_linear. fp8_w8a8_takes(w, 64); false (nothing launched) where it does not take the case.
+// x: [T, K] f32 (device) -> out: [T, N] f32 (device)
+bool fp8_few_tokens_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+inline constexpr int64_t kFp8FewTokensMax = 4;
 // linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
 inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 
