@@ -183,14 +183,16 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
                                                                const float* logits, int64_t V, int64_t vocab,
                                                                const int32_t* excluded, int num_excluded,
                                                                const RowDraw* rows) {
-  const RowDraw p = rows[blockIdx.y];
+  // Rows and blocks in the scan's reverse order: the columns it read last are still in L2.
+  const int64_t r = gridDim.y - 1 - blockIdx.y, chunk = gridDim.x - 1 - blockIdx.x;
+  const RowDraw p = rows[r];
   if (!(p.temperature > 0.0f)) return;
-  RowState& S = state[blockIdx.y];
+  RowState& S = state[r];
   if (S.bad_inv != 0 || S.possible == 0 || S.mode == kGeneral) return;
   const bool sums = S.mode == kNeedSums, list = S.mode == kListHoldsKept || p.top_p < 1.0f;
   const int thresh = S.thresh_bin;
   const double mx = key_value(S.max_key), cut = min_p_cut(p.min_p);
-  const float* row = logits + blockIdx.y * V;
+  const float* row = logits + r * V;
   __shared__ int32_t ex[kArgmaxMaxExcluded];
   __shared__ uint32_t offset[kPer][kThreads / 32];  // candidates before each (column group, warp)
   __shared__ double dtmp[kThreads / 32];
@@ -198,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
   __shared__ uint32_t base, block_n;
   for (int j = threadIdx.x; j < num_excluded; j += kThreads) ex[j] = excluded[j];
   __syncthreads();
-  const int64_t lo = blockIdx.x * kCols;
+  const int64_t lo = chunk * kCols;
   float s[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
       const uint32_t b = __ballot_sync(0xffffffffu, (is_cand >> u) & 1u);
       if ((is_cand >> u) & 1u) {
         const uint32_t at = base + offset[u][warp] + __popc(b & ((1u << lane) - 1u));
-        if (at < kCap) cand[blockIdx.y * kCap + at] = Cand{s[u], static_cast<int32_t>(lo + u * kThreads + threadIdx.x)};
+        if (at < kCap) cand[r * kCap + at] = Cand{s[u], static_cast<int32_t>(lo + u * kThreads + threadIdx.x)};
       }
     }
   }
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
     c.last = last;
     c.base = list ? base : 0;
     c.count = list ? block_n : 0;
-    chunks[blockIdx.y * gridDim.x + blockIdx.x] = c;
+    chunks[r * gridDim.x + chunk] = c;
   }
 }
 
