@@ -57,10 +57,10 @@ void check_draws(Harness& h) {
     for (const Params& ps : sets)
       for (const std::vector<int32_t>& ex : {std::vector<int32_t>{}, excluded}) {
         int64_t bad = 0, drawn = 0;
-        for (int rep = 0; rep < 4; ++rep) {
+        for (int rep = 0; rep < 3; ++rep) {
           std::vector<RowDraw> rows(static_cast<size_t>(R), ps.d);
           for (int64_t r = 0; r < R; ++r) {
-            rows[static_cast<size_t>(r)].u = rep == 3 ? 0.999999999 : uni(g_rng);
+            rows[static_cast<size_t>(r)].u = rep == 2 ? 0.999999999 : uni(g_rng);
             if (r % 8 == 7) rows[static_cast<size_t>(r)].temperature = 0.0f;  // not drawn
           }
           const auto a = h.cpu->draw(l.cpu(), vocab, ex, rows), b = h.gpu->draw(l.gpu(), vocab, ex, rows);
