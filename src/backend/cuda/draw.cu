@@ -265,68 +265,35 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
   }
 }
 
-// The pick block's shared memory: the candidates in id order with their weights (-1: not kept).
+// The pick block's shared memory: the candidates in id order (id, weight: -1 when not kept) and,
+// for top_k / top_p, sorted by (s desc, id asc): (order_key(s) << 32) | (0xffffffff - position).
 struct PickShared {
   double w[kCap];
-  float s[kCap];
+  uint64_t ord[kCap];
   int32_t id[kCap];
   uint32_t dst[kMaxChunks];  // where each chunk's candidates go in id order
   uint32_t base[kMaxChunks];
 };
 
-// MSB-first radix select over the candidates, 8 bits per round: the largest key whose count
-// (by_mass false: every candidate) or kept weight (true) at or above it reaches `want`; `above`
-// gets what lies strictly above it. False when rounding kept `want` out of reach.
-__device__ bool select_key(const PickShared& sh, int lo, int hi, bool by_mass, double want, uint32_t& key,
-                           double& above) {
-  __shared__ double bins[256];
-  __shared__ double above_sh;
-  __shared__ uint32_t digit;
-  __shared__ bool crossed;
-  uint32_t prefix = 0, mask = 0;
-  if (threadIdx.x == 0) above_sh = 0.0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    if (threadIdx.x < 256) bins[threadIdx.x] = 0.0;
-    __syncthreads();
-    for (int e = lo; e < hi; ++e) {
-      if (by_mass && sh.w[e] < 0.0) continue;
-      const uint32_t k = order_key(sh.s[e]);
-      if ((k & mask) == prefix) atomicAdd(&bins[(k >> shift) & 255u], by_mass ? sh.w[e] : 1.0);
+__device__ __forceinline__ uint32_t ord_key(uint64_t o) { return static_cast<uint32_t>(o >> 32); }
+__device__ __forceinline__ int ord_pos(uint64_t o) { return static_cast<int>(0xffffffffu - static_cast<uint32_t>(o)); }
+
+// Bitonic sort of ord[0, n) in descending order (ord[n, next power of 2) padded with 0, below every
+// candidate). A few thousand candidates: 78 barriers at most.
+__device__ void sort_desc(uint64_t* ord, int n) {
+  int P = 1;
+  while (P < n) P <<= 1;
+  for (int e = n + threadIdx.x; e < P; e += kPickThreads) ord[e] = 0;
+  __syncthreads();
+  for (int k = 2; k <= P; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < P / 2; i += kPickThreads) {
+        const int lo = 2 * i - (i & (j - 1)), hi = lo + j;
+        const uint64_t a = ord[lo], b = ord[hi];
+        if ((a < b) == ((lo & k) == 0)) ord[lo] = b, ord[hi] = a;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    if (threadIdx.x < 32) {  // lane l holds digits 255 - 8l .. 248 - 8l, largest first
-      const int lane = threadIdx.x;
-      double c[8], mine = 0.0;
-      for (int j = 0; j < 8; ++j) mine += c[j] = bins[255 - 8 * lane - j];
-      double inc = mine;
-      for (int o = 1; o < 32; o <<= 1) {
-        const double n = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += n;
-      }
-      double run = above_sh + (inc - mine);
-      int hit = -1;
-      for (int j = 0; j < 8 && hit < 0; ++j) {
-        if (run + c[j] >= want) hit = j;
-        else run += c[j];
-      }
-      const uint32_t lanes = __ballot_sync(0xffffffffu, hit >= 0);
-      if (lanes == 0) {
-        if (lane == 0) crossed = false;
-      } else if (lane == __ffs(lanes) - 1) {
-        crossed = true;
-        digit = static_cast<uint32_t>(255 - 8 * lane - hit);
-        above_sh = run;
-      }
-    }
-    __syncthreads();
-    if (!crossed) return false;
-    prefix |= digit << shift;
-    mask |= 255u << shift;
-    __syncthreads();  // every thread has read digit before the next round
-  }
-  key = prefix;
-  above = above_sh;
-  return true;
 }
 
 // One block per row.
@@ -346,7 +313,6 @@ __global__ void __launch_bounds__(kPickThreads) draw_pick_kernel(RowArgmax* out,
   __shared__ int32_t itmp[kPickThreads / 32];
   __shared__ int32_t found, chosen;
   __shared__ double chosen_before;
-  __shared__ long long ties;
   for (int j = threadIdx.x; j < num_excluded; j += kPickThreads) ex[j] = excluded[j];
   if (threadIdx.x == 0) found = INT_MAX, chosen = INT_MAX;
   __syncthreads();
@@ -364,71 +330,57 @@ __global__ void __launch_bounds__(kPickThreads) draw_pick_kernel(RowArgmax* out,
   const double mx = key_value(S.max_key), cut = min_p_cut(p.min_p);
   const bool top_k = p.top_k > 0 && static_cast<uint32_t>(p.top_k) < S.possible;
   const auto sum = [&](double v) { return block_reduce<kPickThreads>(v, dtmp, [](double a, double b) { return a + b; }); };
-  bool walk_list = S.mode == kListHoldsKept;
+  const int t = threadIdx.x;
   if (S.mode == kListHoldsKept || p.top_p < 1.0f) {
     // The candidates in id order: each chunk's run is in id order, the chunks in any.
     const int n = static_cast<int>(S.cand_n);
-    const int t = threadIdx.x;
-    const uint32_t c = t < nchunk ? chunks[r * nchunk + t].count : 0u;
-    const uint32_t d = block_exclusive_scan<kPickThreads>(c, reinterpret_cast<uint32_t*>(itmp));
+    const uint32_t count = t < nchunk ? chunks[r * nchunk + t].count : 0u;
+    const uint32_t d = block_exclusive_scan<kPickThreads>(count, reinterpret_cast<uint32_t*>(itmp));
     if (t < nchunk) sh.dst[t] = d, sh.base[t] = chunks[r * nchunk + t].base;
     __syncthreads();
     for (int e = t; e < n; e += kPickThreads) {
       const Cand q = cand[r * kCap + e];
       const int ch = static_cast<int>(q.id / kCols);
       const uint32_t at = sh.dst[ch] + (e - sh.base[ch]);
-      sh.s[at] = q.s;
       sh.id[at] = q.id;
+      sh.ord[at] = (static_cast<uint64_t>(order_key(q.s)) << 32) | (0xffffffffu - at);
     }
     __syncthreads();
-    const int lo = min(n, t * kPickRun), hi = min(n, lo + kPickRun);
+    const int lo = min(n, t * kPickRun), hi = min(n, lo + kPickRun);  // this thread's run, id order
     for (int e = lo; e < hi; ++e) {
       double w;
-      sh.w[e] = kept_weight(sh.s[e], mx, p.min_p, cut, w) ? w : -1.0;
+      sh.w[e] = kept_weight(key_value(ord_key(sh.ord[e])), mx, p.min_p, cut, w) ? w : -1.0;
     }
-    __syncthreads();
-    if (top_k) {  // the k-th largest s over every possible token: all of them are candidates here
-      uint32_t floor_key;
-      double unused;
-      if (!select_key(sh, lo, hi, false, static_cast<double>(p.top_k), floor_key, unused))
-        return finish(kDrawUndecided, -1);  // a count cannot miss; kept for safety
-      for (int e = lo; e < hi; ++e)
-        if (order_key(sh.s[e]) < floor_key) sh.w[e] = -1.0;
+    if (top_k || p.top_p < 1.0f) sort_desc(sh.ord, n);  // from here on ord[j] is the j-th largest
+    if (top_k) {  // every s >= the k-th largest over all possible tokens: all of them are candidates here
+      const uint32_t floor_key = ord_key(sh.ord[p.top_k - 1]);
+      for (int j = lo; j < hi; ++j)
+        if (ord_key(sh.ord[j]) < floor_key) sh.w[ord_pos(sh.ord[j])] = -1.0;
+      __syncthreads();
+    }
+    if (p.top_p < 1.0f) {
+      // The fewest kept tokens in (s desc, id asc) order whose mass reaches top_p * total: a token is
+      // kept while the mass before it is below the target (all of them when rounding keeps the target
+      // out of reach, as the host).
+      double mine = 0.0;
+      for (int j = lo; j < hi; ++j) mine += max(sh.w[ord_pos(sh.ord[j])], 0.0);
+      const double list_mass = sum(mine);
+      const double total = S.mode == kNeedSums ? sum(t < nchunk ? chunks[r * nchunk + t].sum : 0.0) : list_mass;
+      const double target = static_cast<double>(p.top_p) * total;
+      if (list_mass < target && S.mode == kNeedSums) return finish(kDrawUndecided, -1);  // the cut lies below the list
+      double before = block_exclusive_scan<kPickThreads>(mine, dtmp);
+      for (int j = lo; j < hi; ++j) {
+        double& w = sh.w[ord_pos(sh.ord[j])];
+        if (w < 0.0) continue;
+        if (before >= target) w = -1.0;
+        else before += w;
+      }
+      __syncthreads();
     }
     double mine = 0.0;
     for (int e = lo; e < hi; ++e)
       if (sh.w[e] >= 0.0) mine += sh.w[e];
-    if (p.top_p < 1.0f) {
-      const double list_mass = sum(mine);
-      double total = list_mass;
-      if (S.mode == kNeedSums) total = sum(t < nchunk ? chunks[r * nchunk + t].sum : 0.0);
-      const double target = static_cast<double>(p.top_p) * total;
-      uint32_t cut_key;
-      double above;
-      const bool crossed = (S.mode == kListHoldsKept || list_mass >= target) &&
-                           select_key(sh, lo, hi, true, target, cut_key, above);
-      if (!crossed && S.mode == kNeedSums) return finish(kDrawUndecided, -1);  // the cut lies below the list
-      if (crossed) {  // keys above the cut, and the first `ties` tokens (id order) at it
-        if (t == 0) {
-          const double wk = exp(static_cast<double>(key_value(cut_key)) - mx);
-          long long m = 0;
-          for (double c = above; c < target; c += wk) ++m;
-          ties = m;
-        }
-        int mine_ties = 0;
-        for (int e = lo; e < hi; ++e) mine_ties += sh.w[e] >= 0.0 && order_key(sh.s[e]) == cut_key;
-        long long rank = block_exclusive_scan<kPickThreads>(mine_ties, itmp);
-        mine = 0.0;
-        for (int e = lo; e < hi; ++e) {
-          if (sh.w[e] < 0.0) continue;
-          const uint32_t k = order_key(sh.s[e]);
-          if (k < cut_key || (k == cut_key && rank++ >= ties)) sh.w[e] = -1.0;
-          else mine += sh.w[e];
-        }
-        walk_list = true;
-      }
-    }
-    if (walk_list) {  // the inverse-CDF walk over the kept candidates in id order
+    {  // the inverse-CDF walk over the kept candidates in id order
       int32_t last = -1;
       for (int e = lo; e < hi; ++e)
         if (sh.w[e] >= 0.0) last = sh.id[e];
@@ -452,7 +404,6 @@ __global__ void __launch_bounds__(kPickThreads) draw_pick_kernel(RowArgmax* out,
     }
   }
   // The whole row is kept (min_p aside): the walk over the chunks' sums, then one chunk's columns.
-  const int t = threadIdx.x;
   const double cs = t < nchunk ? chunks[r * nchunk + t].sum : 0.0;
   const int32_t cl = t < nchunk ? chunks[r * nchunk + t].last : -1;
   const double total = sum(cs);
