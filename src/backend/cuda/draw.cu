@@ -55,10 +55,11 @@ struct RowState {  // zeroed before every call
   uint32_t hist[kBins];
 };
 
-struct Chunk {   // one scan block's run of columns
-  double sum;    // kept weights (kNeedSums rows)
-  int32_t last;  // last kept column, -1: none
-  uint32_t base, count;  // its candidates: cand[base, base + count), in id order
+struct Chunk {            // one scan block's run of columns
+  double sum;             // kept weights exp(s - scale) (rows whose kept set may reach below the list)
+  uint32_t scale_key;     // order_key of `scale`: the block's max s (scan) or the row's (weigh)
+  int32_t last;           // last kept column, -1: none
+  uint32_t base, count;   // its candidates: cand[base, base + count), in id order
 };
 
 struct Cand {
@@ -81,6 +82,13 @@ __device__ __forceinline__ bool kept_weight(float s, double mx, float min_p, dou
   if (min_p > 0.0f && (d < cut || exp(d) < static_cast<double>(min_p))) return false;
   w = exp(d);
   return true;
+}
+
+// Rows without min_p and top_k keep every possible token before top_p: the scan sums their weights
+// against its block's max (the row's is not known yet) while the columns are in registers; the pick
+// rescales each sum by exp(block max - row max). Other rows that need sums get them from weigh.
+__device__ __forceinline__ bool sums_in_scan(const RowDraw& p, int64_t vocab) {
+  return p.min_p == 0.0f && (p.top_k <= 0 || p.top_k >= vocab);
 }
 
 __device__ __forceinline__ bool is_excluded(const int32_t* ex, int n, int64_t i) {
@@ -124,9 +132,9 @@ __device__ void choose_candidates(RowState& S, const RowDraw& p) {
 }
 
 // grid (column blocks, rows).
-__global__ void __launch_bounds__(kThreads) draw_scan_kernel(RowState* state, const float* logits, int64_t V,
-                                                              int64_t vocab, const int32_t* excluded, int num_excluded,
-                                                              const RowDraw* rows) {
+__global__ void __launch_bounds__(kThreads) draw_scan_kernel(RowState* state, Chunk* chunks, const float* logits,
+                                                              int64_t V, int64_t vocab, const int32_t* excluded,
+                                                              int num_excluded, const RowDraw* rows) {
   const RowDraw p = rows[blockIdx.y];
   if (!(p.temperature > 0.0f)) return;
   RowState& S = state[blockIdx.y];
@@ -134,6 +142,8 @@ __global__ void __launch_bounds__(kThreads) draw_scan_kernel(RowState* state, co
   __shared__ int32_t ex[kArgmaxMaxExcluded];
   __shared__ uint32_t hist[kBins];
   __shared__ uint32_t tmp[kThreads / 32];
+  __shared__ double dtmp[kThreads / 32];
+  __shared__ int32_t itmp[kThreads / 32];
   __shared__ bool last;
   for (int j = threadIdx.x; j < num_excluded; j += kThreads) ex[j] = excluded[j];
   for (int b = threadIdx.x; b < kBins; b += kThreads) hist[b] = 0;
@@ -151,16 +161,35 @@ __global__ void __launch_bounds__(kThreads) draw_scan_kernel(RowState* state, co
     const int64_t i = lo + u * kThreads + threadIdx.x;
     if (isnan(v[u]) || v[u] == INFINITY) {
       bad = min(bad, static_cast<uint32_t>(i));
+      v[u] = -INFINITY;
     } else if (v[u] > -INFINITY && !is_excluded(ex, num_excluded, i)) {
-      const float s = v[u] / p.temperature;
-      mk = max(mk, order_key(s));
+      v[u] /= p.temperature;  // s from here on
+      mk = max(mk, order_key(v[u]));
       ++count;
-      atomicAdd(&hist[s_bin(s)], 1u);
+      atomicAdd(&hist[s_bin(v[u])], 1u);
+    } else {
+      v[u] = -INFINITY;
     }
   }
   bad = block_reduce<kThreads>(bad, tmp, [](uint32_t a, uint32_t b) { return min(a, b); });
   mk = block_reduce<kThreads>(mk, tmp, [](uint32_t a, uint32_t b) { return max(a, b); });
   count = block_reduce<kThreads>(count, tmp, [](uint32_t a, uint32_t b) { return a + b; });
+  if (sums_in_scan(p, vocab) && bad == UINT_MAX) {
+    const double scale = key_value(mk);
+    double sum = 0.0;
+    int32_t at = -1;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u)
+      if (v[u] > -INFINITY) sum += exp(static_cast<double>(v[u]) - scale), at = static_cast<int32_t>(lo + u * kThreads + threadIdx.x);
+    sum = block_reduce<kThreads>(sum, dtmp, [](double a, double b) { return a + b; });
+    at = block_reduce<kThreads>(at, itmp, [](int32_t a, int32_t b) { return max(a, b); });
+    if (threadIdx.x == 0) {
+      Chunk& c = chunks[blockIdx.y * gridDim.x + blockIdx.x];
+      c.sum = count != 0 ? sum : 0.0;
+      c.scale_key = mk;
+      c.last = at;
+    }
+  }
   if (threadIdx.x == 0) {
     if (bad != UINT_MAX) atomicMax(&S.bad_inv, 0xffffffffu - bad);
     if (mk != 0) atomicMax(&S.max_key, mk);
@@ -189,7 +218,8 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
   if (!(p.temperature > 0.0f)) return;
   RowState& S = state[r];
   if (S.bad_inv != 0 || S.possible == 0 || S.mode == kGeneral) return;
-  const bool sums = S.mode == kNeedSums, list = S.mode == kListHoldsKept || p.top_p < 1.0f;
+  const bool sums = S.mode == kNeedSums && !sums_in_scan(p, vocab), list = S.mode == kListHoldsKept || p.top_p < 1.0f;
+  if (!sums && !list) return;
   const int thresh = S.thresh_bin;
   const double mx = key_value(S.max_key), cut = min_p_cut(p.min_p);
   const float* row = logits + r * V;
@@ -256,13 +286,16 @@ __global__ void __launch_bounds__(kThreads) draw_weigh_kernel(RowState* state, C
     last = block_reduce<kThreads>(last, itmp, [](int32_t a, int32_t b) { return max(a, b); });
   }
   if (threadIdx.x == 0) {
-    Chunk c;
-    c.sum = sum;
-    c.last = last;
-    c.base = list ? base : 0;
-    c.count = list ? block_n : 0;
-    chunks[r * gridDim.x + chunk] = c;
+    Chunk& c = chunks[r * gridDim.x + chunk];
+    if (sums) c.sum = sum, c.scale_key = S.max_key, c.last = last;
+    if (list) c.base = base, c.count = block_n;
   }
+}
+
+// Block t's kept weights exp(s - mx) summed (0 past the last block): its sum against its scale, rescaled.
+__device__ __forceinline__ double chunk_sum(const Chunk* chunks, int nchunk, int t, double mx) {
+  if (t >= nchunk || !(chunks[t].sum > 0.0)) return 0.0;
+  return chunks[t].sum * exp(static_cast<double>(key_value(chunks[t].scale_key)) - mx);
 }
 
 // The pick block's shared memory: the candidates in id order (id, weight: -1 when not kept) and,
@@ -365,7 +398,7 @@ __global__ void __launch_bounds__(kPickThreads) draw_pick_kernel(RowArgmax* out,
       double mine = 0.0;
       for (int j = lo; j < hi; ++j) mine += max(sh.w[ord_pos(sh.ord[j])], 0.0);
       const double list_mass = sum(mine);
-      const double total = S.mode == kNeedSums ? sum(t < nchunk ? chunks[r * nchunk + t].sum : 0.0) : list_mass;
+      const double total = S.mode == kNeedSums ? sum(chunk_sum(chunks + r * nchunk, nchunk, t, mx)) : list_mass;
       const double target = static_cast<double>(p.top_p) * total;
       if (list_mass < target && S.mode == kNeedSums) return finish(kDrawUndecided, -1);  // the cut lies below the list
       double before = block_exclusive_scan<kPickThreads>(mine, dtmp);
@@ -404,7 +437,7 @@ __global__ void __launch_bounds__(kPickThreads) draw_pick_kernel(RowArgmax* out,
     }
   }
   // The whole row is kept (min_p aside): the walk over the chunks' sums, then one chunk's columns.
-  const double cs = t < nchunk ? chunks[r * nchunk + t].sum : 0.0;
+  const double cs = chunk_sum(chunks + r * nchunk, nchunk, t, mx);
   const int32_t cl = t < nchunk ? chunks[r * nchunk + t].last : -1;
   const double total = sum(cs);
   const int32_t last = block_reduce<kPickThreads>(cl, itmp, [](int32_t a, int32_t b) { return max(a, b); });
@@ -471,8 +504,8 @@ std::vector<RowArgmax> CudaBackend::draw(const Tensor& logits, int64_t vocab, co
     Scratch cand(this, static_cast<size_t>(R) * kCap * sizeof(Cand));
     CUDA_CHECK(cudaMemsetAsync(state.ptr, 0, static_cast<size_t>(R) * sizeof(RowState), stream_));
     const dim3 grid(static_cast<unsigned>(nchunk), static_cast<unsigned>(R));
-    draw_scan_kernel<<<grid, kThreads, 0, stream_>>>(state.as<RowState>(), x, V, vocab, ex.as<const int32_t>(), nex,
-                                                      params.as<const RowDraw>());
+    draw_scan_kernel<<<grid, kThreads, 0, stream_>>>(state.as<RowState>(), chunks.as<Chunk>(), x, V, vocab,
+                                                      ex.as<const int32_t>(), nex, params.as<const RowDraw>());
     CUDA_CHECK_LAUNCH();
     draw_weigh_kernel<<<grid, kThreads, 0, stream_>>>(state.as<RowState>(), chunks.as<Chunk>(), cand.as<Cand>(), x, V,
                                                        vocab, ex.as<const int32_t>(), nex, params.as<const RowDraw>());
