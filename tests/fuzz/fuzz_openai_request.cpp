@@ -14,6 +14,7 @@
 #include "server/openai_request.h"
 #include "server/json_parse.h"
 #include "server/openai_response.h"
+#include "../common/request_json_same.h"
 
 namespace {
 
@@ -37,27 +38,6 @@ void run_sampling(const GenerationRequest& g) {
   if (r.token < 0 || r.token >= kVocab) __builtin_trap();
 }
 
-bool same_value(const RequestJson& a, const RequestJson& b) {
-  if (a.type() != b.type()) return false;
-  if (a.is_object()) {
-    if (a.size() != b.size()) return false;
-    for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j)
-      if (i.key() != j.key() || !same_value(*i, *j)) return false;
-    return true;
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i)
-      if (!same_value(a[i], b[i])) return false;
-    return true;
-  }
-  if (a.is_number_float()) {  // bitwise: both parse the same text, NaN cannot occur in JSON
-    const double x = a.get<double>(), y = b.get<double>();
-    return std::memcmp(&x, &y, sizeof x) == 0;
-  }
-  return a == b;
-}
-
 void check_fast_parse(std::string_view body) {
   const std::optional<RequestJson> fast = parse_json_fast(body, 64);
   if (!fast) return;
@@ -67,7 +47,7 @@ void check_fast_parse(std::string_view body) {
   } catch (...) {
     __builtin_trap();  // the fast parser accepted what nlohmann rejects
   }
-  if (!same_value(*fast, ref)) __builtin_trap();
+  if (!same_request_json(*fast, ref)) __builtin_trap();
 }
 
 }  // namespace

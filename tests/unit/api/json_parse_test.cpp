@@ -11,31 +11,10 @@
 
 #include "server/json_fields.h"
 #include "server/json_parse.h"
+#include "../../common/request_json_same.h"
 
 namespace sparkserve {
 namespace {
-
-// Equal values of equal types all the way down (RequestJson's == calls 1 and 1u and 1.0 equal).
-bool same(const RequestJson& a, const RequestJson& b) {
-  if (a.type() != b.type()) return false;
-  if (a.is_object()) {
-    if (a.size() != b.size()) return false;
-    for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j)
-      if (i.key() != j.key() || !same(*i, *j)) return false;
-    return true;
-  }
-  if (a.is_array()) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i)
-      if (!same(a[i], b[i])) return false;
-    return true;
-  }
-  if (a.is_number_float()) {
-    const double x = a.get<double>(), y = b.get<double>();
-    return std::memcmp(&x, &y, sizeof x) == 0;
-  }
-  return a == b;
-}
 
 std::optional<RequestJson> reference(std::string_view text) {
   try {
@@ -53,7 +32,7 @@ bool check(std::string_view text, const std::string& what) {
     return fast.has_value();
   }
   if (fast) {
-    EXPECT_TRUE(same(*fast, *ref)) << what << ": " << fast->dump() << " != " << ref->dump();
+    EXPECT_TRUE(same_request_json(*fast, *ref)) << what << ": " << fast->dump() << " != " << ref->dump();
   }
   return fast.has_value();
 }
