@@ -40,6 +40,7 @@
 
 #include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
@@ -268,24 +269,11 @@ int most_splits() {
 
 // Launch configuration: clusters of the S splits of a row block, programmatic stream serialization
 // (the weight loads overlap the tail of the kernel before).
-cudaLaunchConfig_t launch_config(int splits, int64_t row_blocks, int64_t smem, cudaStream_t stream,
-                                 cudaLaunchAttribute (&attrs)[2]) {
+PdlLaunch launch_config(int splits, int64_t row_blocks, int64_t smem, cudaStream_t stream) {
   static int64_t allowed = 0;
   allow_smem(fp8_few_tokens_kernel, smem, allowed);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(row_blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cfg;
+  return PdlLaunch(dim3(static_cast<unsigned>(splits), static_cast<unsigned>(row_blocks)), dim3(kThreads), smem,
+                   stream, static_cast<unsigned>(splits));
 }
 
 // Clusters of `splits` blocks with `smem` bytes each that the device holds at once (cached: the query
@@ -296,8 +284,8 @@ int resident_clusters(int splits, int64_t smem) {
   const std::lock_guard<std::mutex> lock(mu);
   const auto it = cache.find({splits, smem});
   if (it != cache.end()) return it->second;
-  cudaLaunchAttribute attrs[2];
-  cudaLaunchConfig_t cfg = launch_config(splits, 1, smem, nullptr, attrs);
+  PdlLaunch l = launch_config(splits, 1, smem, nullptr);
+  cudaLaunchConfig_t& cfg = l.cfg;
   cfg.numAttrs = 1;  // the cluster shape only
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, fp8_few_tokens_kernel, &cfg) != cudaSuccess) {
@@ -365,10 +353,8 @@ bool fp8_few_tokens_linear(CudaBackend& b, float* out, const float* x, int64_t T
     a.ws = ws + p * rows;
     a.out = out + p * rows;
     a.static_scale = stat ? is + p : nullptr;
-    cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t cfg =
-        launch_config(splits, row_blocks, smem_bytes(a.chunks_per_split, a.T), b.stream(), attrs);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_few_tokens_kernel, a));
+    const PdlLaunch l = launch_config(splits, row_blocks, smem_bytes(a.chunks_per_split, a.T), b.stream());
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, fp8_few_tokens_kernel, a));
   }
   return true;
 }

@@ -28,6 +28,7 @@
 
 #include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "backend/cuda/tensor_map.h"
 #include "backend/cuda/wgmma_primitives.cuh"
@@ -325,17 +326,8 @@ void launch(CudaBackend& b, const CUtensorMap& xmap, const CUtensorMap& wmap, co
   auto kern = fp8_wgmma_kernel<kMT, kBN>;
   static int64_t allowed = 0;
   allow_smem(kern, Tl::kSmem, allowed);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min(a.units, b.sm_count())));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Tl::kSmem;
-  cfg.stream = b.stream();
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, xmap, wmap, a));
+  const PdlLaunch l(dim3(static_cast<unsigned>(std::min(a.units, b.sm_count()))), dim3(kThreads), Tl::kSmem, b.stream());
+  CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kern, xmap, wmap, a));
 }
 
 void launch_tile(CudaBackend& b, int tile, const CUtensorMap& xmap, const CUtensorMap& wmap, const WgmmaArgs& a) {

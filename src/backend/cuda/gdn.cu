@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/launch_config.cuh"
 
 namespace sparkserve {
 namespace {
@@ -703,29 +704,17 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
                    conv_state_pool.ptr<const float>(), nullptr, L, batch, C, K);
   // A cluster of nc blocks per (span, value head): 4 at dv = 128, 256 blocks at batch 1 on the H200.
   const int nc = static_cast<int>((dv + kTileCols - 1) / kTileCols);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(batch.seqs.size() * Hv * nc));
-  cfg.blockDim = dim3(kTileThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = be.stream();
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(nc);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
   // The verify step kernel may start while the conv kernel runs (it waits for qkv at
   // griddepcontrol.wait): its state loads and a/b products overlap the conv.
-  cfg.numAttrs = 2;
+  const PdlLaunch launch(dim3(static_cast<unsigned>(batch.seqs.size() * Hv * nc)), dim3(kTileThreads), 0, be.stream(),
+                         static_cast<unsigned>(nc));
   const float* a_dev = fuse_ab ? nullptr : ab_dev + T * Hv;
   const float* b_dev = ab_dev;
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
   const void* wb_dev = fuse_ab ? in_proj_b.weight.data : nullptr;
   const bool w_bf16 = in_proj_a.format == WeightFormat::kBf16;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_verify_step_kernel, out.ptr<float>(),
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_verify_step_kernel, out.ptr<float>(),
                                 qkv.as<const float>(), z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(),
                                 wa_dev, wb_dev, w_bf16, H, A_log.ptr<const float>(), dt_bias.ptr<const float>(),
                                 norm_w.ptr<const float>(), eps, state_pool.ptr<float>(), g.ptr<float>(), beta.ptr<float>(), L,
@@ -810,16 +799,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CUDA_CHECK_LAUNCH();
   // One block per (span, value head). The step kernel may start while the conv kernel runs (it
   // waits for qkv at griddepcontrol.wait): its state loads and a/b products overlap the conv.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(batch.seqs.size() * Hv));
-  cfg.blockDim = dim3(kStepThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream_;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const PdlLaunch launch(dim3(static_cast<unsigned>(batch.seqs.size() * Hv)), dim3(kStepThreads), 0, stream_);
   const float* a_dev = fuse_ab ? nullptr : ab_dev + T * Hv;
   const float* b_dev = ab_dev;
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
@@ -828,7 +808,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
   const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) && aligned16(wa_dev) && aligned16(wb_dev);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
+  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
                                 a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
                                 A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
                                 state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/nvfp4_group_gemm.h"
 #include "backend/cuda/quant_math.cuh"
 
@@ -279,17 +280,8 @@ __device__ __forceinline__ ChunkOps load_chunk(const uint8_t* w, int w8, const u
 // start under the previous one's tail; its consumers pdl_wait).
 template <class Kernel, class... Args>
 void launch_with_pdl(Kernel kern, unsigned grid, unsigned block, int64_t smem, cudaStream_t stream, const Args&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+  const PdlLaunch l(dim3(grid), dim3(block), smem, stream);
+  CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kern, args...));
   CUDA_CHECK_LAUNCH();
 }
 
