@@ -138,6 +138,45 @@ __device__ __forceinline__ void p_fragments(const float (&p)[NK / 8][4], const f
   split_pack(x[1][2], x[1][3], ph[3], pl[3]);
 }
 
+// The single-bf16 forms of load_q_split and p_fragments (the wgmma prefill kernel's operands on
+// bf16 / fp8 pools): each value rounded once to bf16 (round to nearest even), no lo half.
+template <int HD, int NR, int kThreads, class ChunkAt>
+__device__ __forceinline__ void load_q_bf16(uint16_t* q_tile, const AttentionArgs& a, int64_t rb, int h, int i0,
+                                            int rows, ChunkAt chunk_at) {
+  constexpr int C = HD / 8;
+  const int G = a.group;
+  for (int idx = threadIdx.x; idx < NR * C; idx += kThreads) {
+    const int r = idx / C, c = idx % C;
+    const int i = min(i0 + r, rows - 1);
+    const float* src = a.q + ((rb + i / G) * a.nh + h * G + i % G) * HD + c * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+    uint4 b;
+    b.x = bf16x2_rn(x0.x, x0.y);
+    b.y = bf16x2_rn(x0.z, x0.w);
+    b.z = bf16x2_rn(x1.x, x1.y);
+    b.w = bf16x2_rn(x1.z, x1.w);
+    *reinterpret_cast<uint4*>(q_tile + chunk_at(r, c) * 8) = b;
+  }
+}
+
+template <int NK>
+__device__ __forceinline__ void p_fragments_bf16(const float (&p)[NK / 8][4], const float* v_sc, int kk, int lane,
+                                                 uint32_t (&pa)[4]) {
+  const int q4 = lane % 4;
+  float x[2][4];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[hf][e] = p[2 * kk + hf][e];
+      if (v_sc) x[hf][e] *= v_sc[kk * 16 + hf * 8 + q4 * 2 + (e & 1)];
+    }
+  pa[0] = bf16x2_rn(x[0][0], x[0][1]);
+  pa[1] = bf16x2_rn(x[0][2], x[0][3]);
+  pa[2] = bf16x2_rn(x[1][0], x[1][1]);
+  pa[3] = bf16x2_rn(x[1][2], x[1][3]);
+}
+
 // sacc = Q[:, d0 .. d0 + DW) K[0 .. NK, d0 .. d0 + DW)ᵀ, Q as hi + lo.
 template <int HD, int DW, int NK>
 __device__ __forceinline__ void qk_tile(float (&sacc)[NK / 8][4], const uint32_t (&qh)[DW / 16][4],
@@ -187,12 +226,13 @@ __device__ __forceinline__ void sum_score_partials(float (&sacc)[NK / 8][4], flo
 
 // One tile of the online softmax (base 2): raw scores of keys key0 .. key0 + NK become
 // probabilities; with `masked`, a key at or past a row's limit gets none (callers pass false for
-// tiles every row sees whole). m, l: the rows' running max and (this thread's partial) sum; o is
-// rescaled with them. k_sc: the keys' fp8 scales, or null.
-template <int NK, int NO>
-__device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NO][4],
-                                             float scale2, const float* k_sc, int64_t key0, bool masked,
-                                             const int64_t (&limit)[2], int lane) {
+// tiles every row sees whole). m, l: the rows' running max and (this thread's partial) sum, updated;
+// corr: the factor the rows' output accumulators must be scaled by (rescale_rows). k_sc: the keys'
+// fp8 scales, or null.
+template <int NK>
+__device__ __forceinline__ void softmax_scores(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                               float scale2, const float* k_sc, int64_t key0, bool masked,
+                                               const int64_t (&limit)[2], int lane) {
   const int q4 = lane % 4;
   float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -206,7 +246,7 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
       sacc[j][e] = v;
       tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
     }
-  float m_use[2], corr[2];
+  float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
@@ -217,8 +257,20 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
     m[r] = m_new;
     l[r] *= corr[r];
   }
-  // Once the running maxima settle most tiles change none of the warp's rows: o *= 1 is exact, so
-  // skipping it is too (and saves NO * 4 multiplies a thread).
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2_ftz(sacc[j][e] - m_use[e >> 1]);
+      l[e >> 1] += p;
+      sacc[j][e] = p;
+    }
+}
+
+// o's two rows scaled by corr (softmax_scores). Once the running maxima settle most tiles change
+// none of the warp's rows: o *= 1 is exact, so skipping it is too (and saves NO * 4 multiplies).
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&corr)[2]) {
   if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) {
@@ -228,14 +280,16 @@ __device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m
       o[nt][3] *= corr[1];
     }
   }
-#pragma unroll
-  for (int j = 0; j < NK / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = exp2_ftz(sacc[j][e] - m_use[e >> 1]);
-      l[e >> 1] += p;
-      sacc[j][e] = p;
-    }
+}
+
+// softmax_scores, then o rescaled.
+template <int NK, int NO>
+__device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NO][4],
+                                             float scale2, const float* k_sc, int64_t key0, bool masked,
+                                             const int64_t (&limit)[2], int lane) {
+  float corr[2];
+  softmax_scores<NK>(sacc, m, l, corr, scale2, k_sc, key0, masked, limit, lane);
+  rescale_rows<NO>(o, corr);
 }
 
 // o += P V[0 .. NK, d0 .. d0 + DW), P as hi + lo; v_sc (fp8 pools): each key's V scale folded into
