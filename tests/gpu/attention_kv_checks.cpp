@@ -11,7 +11,7 @@
 //                decode and verify everywhere: Q and P as bf16 hi + lo). Also the SIMT path (f32
 //                pools, odd head dims). Where the wgmma prefill kernel runs (head_dim 256), every
 //                prefill case runs again with the mma.sync prefill kernel forced (the other targets'
-//                kernel), tagged "[prefill mma.sync]", and with the wgmma kernel's A/B variants;
+//                kernel), tagged "[prefill mma.sync]", and with the wgmma kernel's A/B variant;
 //                an agent turn (384 tokens after 10000) and short chunks exercise the wgmma
 //                kernel's key splits.
 //  - attn_graph: the decode kernel reading a fixed layout (as inside a recorded decode step, with a
@@ -264,12 +264,12 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   h.cpu->gated_attention(og.cpu(), q.cpu(), g.cpu(), pool.cpu, sp.layout, d);
   // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs,
   // a layout that takes the prefill kernels) the mma.sync prefill kernel that the other targets take
-  // and the wgmma kernel's A/B variants, forced, against the same reference.
+  // and the wgmma kernel's A/B variant, forced, against the same reference.
   bool prefill = false;
   for (const SeqSpan& x : sp.layout.seqs) prefill = prefill || x.num_tokens > kDecodeMaxTokens;
   const bool wgmma = prefill && s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
   attention_prefill_force(-1);
-  for (int kernel : {-1, 0, 2, 3}) {
+  for (int kernel : {-1, 0, 2}) {
     if (kernel != -1 && !wgmma) break;
     const bool on_wgmma = wgmma && kernel != 0;
     const double bound = dt == DType::kF32 ? kFp32 : on_wgmma ? kBf16Operands : kTensorCore;
@@ -278,8 +278,7 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
     h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
     attention_prefill_force(-1);
     const std::string tag = kernel == 0   ? " [prefill mma.sync]"
-                            : kernel == 2 ? " [wgmma 128-key]"
-                            : kernel == 3 ? " [wgmma deferred P.V]"
+                            : kernel == 2 ? " [wgmma K double]"
                             : on_wgmma    ? " [wgmma]"
                                           : "";
     record(group, name + tag, h.err(o), bound);

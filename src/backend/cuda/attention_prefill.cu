@@ -148,8 +148,8 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
   CUDA_CHECK_LAUNCH();
 }
 
-// -1: the kernel prefill_takes_wgmma picks; 0: the mma.sync kernel; 1, 2, 3: the wgmma kernel's
-// variant 0, 1, 2 (gpu_ops' A/B runs).
+// -1: the kernel prefill_takes_wgmma picks; 0: the mma.sync kernel; 1, 2: the wgmma kernel's
+// variant 0, 1 (gpu_ops' A/B runs).
 int g_prefill_forced = -1;
 
 // The prefill kernel of a head dim: the wgmma kernel where it runs (sm_90a build on compute 9.0,
@@ -162,9 +162,9 @@ bool prefill_takes_wgmma(int64_t hd) {
 }  // namespace
 
 // gpu_ops' hook (declared in tests/gpu/attention_kv_checks.cpp and attention_bench.cpp, built by the
-// host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, 2 / 3 the
-// wgmma kernel's A/B variants, -1 automatic); false when the forced kernel cannot run here (then
-// nothing changes).
+// host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, 2 the wgmma
+// kernel's A/B variant, -1 automatic); false when the forced kernel cannot run here (then nothing
+// changes).
 bool attention_prefill_force(int kernel) {
   if (kernel >= 1 && !attention_prefill_wgmma_available()) return false;
   g_prefill_forced = kernel;

@@ -16,12 +16,16 @@
 // keep Q and P as bf16 hi + lo pairs (~1e-5); f32 pools take the SIMT kernel (exact f32).
 //
 // CTA: 2 warpgroups, 128 (token, query head) rows of one span and kv head (64 per warpgroup), keys
-// in tiles of NK: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. A launch of
-// fewer CTAs than SMs (a few hundred new tokens after a long cached prefix: an agent turn) also
-// splits the keys over CTAs (prefill_splits); each split writes its unnormalised rows with their max
-// and sum, and prefill_combine_kernel merges them in split order.
-// Shared memory: Q 64 KB, K and V NK x 512 B each, fp8 row scales 8 NK B, +1 KB alignment (opt-in
-// limit 227 KB on sm_90), and a table of the tile's pool rows (8 NK B).
+// in tiles of 96: V's copy overlaps S and the softmax, the next K's copy overlaps P·V. 96-key tiles
+// because S reads Q and K from shared memory for every k16 step: at 64 keys that is the whole
+// shared-memory bandwidth at the tensor cores' rate, at 96 five sixths. A launch of fewer CTAs than
+// SMs (a few hundred new tokens after a long cached prefix: an agent turn) also splits the keys over
+// CTAs (prefill_splits); each split writes its unnormalised rows with their max and sum, and
+// prefill_combine_kernel merges them in split order. With Q's lo half gone (64 KB free) 128-key tiles
+// and P·V deferred behind the next tile's S (V double-buffered, the softmax under P·V) were measured
+// and lost or tied (docs/performance.md, attnbf).
+// Shared memory: Q 64 KB, K 48 KB, V 48 KB, fp8 row scales 768 B, +1 KB alignment, and a 768-byte
+// table of the tile's pool rows.
 #include "backend/cuda/attention_tile.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/wgmma_primitives.cuh"
@@ -34,14 +38,13 @@ constexpr int kThreads = 256;            // 2 warpgroups
 constexpr int kRows = 128;               // query rows per CTA
 constexpr int kQBytes = kRows * HD * 2;  // Q as bf16
 
-template <int NK>
-__host__ __device__ constexpr int smem_bytes() {
-  return kQBytes + 2 * NK * HD * 2 + 2 * NK * 4 + 1024;
+constexpr int kKeys = 96;                // keys per tile
+constexpr int kKvBytes = kKeys * HD * 2;  // one K or V tile
+// Q, K (1 or 2 buffers), V; fp8 row scales; alignment.
+__host__ __device__ constexpr int smem_bytes(int k_bufs) {
+  return kQBytes + (k_bufs + 1) * kKvBytes + (k_bufs + 1) * kKeys * 4 + 1024;
 }
-template <int NK>
-__host__ __device__ constexpr int static_smem_bytes() {
-  return 2 * NK * 4;  // key_rows
-}
+constexpr int kStaticSmem = 2 * kKeys * 4;  // key_rows
 
 template <int NR>
 struct SwChunk {
@@ -78,8 +81,8 @@ __device__ __forceinline__ void qk_wgmma(float (&sacc)[NK / 8][4], uint64_t q_de
     const int off = (kk % 4) * 32;  // the k16 slice within the 64-column block kk / 4
     const uint64_t dq = q_desc + (((kk / 4) * kQRows * 128 + off) >> 4);
     const uint64_t dk = k_desc + (((kk / 4) * NK * 128 + off) >> 4);
-    if constexpr (NK == 96) wgmma_m64n96k16_ss_bf16(sacc, dq, dk);
-    else wgmma_m64n128k16_ss_bf16(sacc, dq, dk);
+    static_assert(NK == 96, "m64n96k16");
+    wgmma_m64n96k16_ss_bf16(sacc, dq, dk);
   }
 }
 #endif
@@ -133,18 +136,21 @@ __device__ __forceinline__ void write_rows(const AttentionArgs& a, const float (
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-template <int NK, bool kFp8>
+// kKDouble (A/B variant): K double-buffered, tile kt + 1's copy issued at the top of tile kt (a whole
+// tile ahead, where the single buffer issues it behind P·V, whose ~0.8 us may not cover an L2 load
+// of 48 KB at 3.4 TB/s of demand), in the 64 KB that Q's lo half held.
+template <bool kFp8, bool kKDouble>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  constexpr int kKvBytes = NK * HD * 2;
+  constexpr int NK = kKeys, kKBufs = kKDouble ? 2 : 1;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + kQBytes);
-  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + kQBytes + kKvBytes);
-  float* k_sc = reinterpret_cast<float*>(smem + kQBytes + 2 * kKvBytes);
-  float* v_sc = k_sc + NK;
+  uint16_t* k_tiles = reinterpret_cast<uint16_t*>(smem + kQBytes);                  // [kKBufs][NK * HD]
+  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + kQBytes + kKBufs * kKvBytes);
+  float* k_sc = reinterpret_cast<float*>(smem + kQBytes + (kKBufs + 1) * kKvBytes);  // [kKBufs][NK]
+  float* v_sc = k_sc + kKBufs * NK;
 
   const DeviceLayout& L = a.L;
   const int G = a.group, h = blockIdx.y;
@@ -172,16 +178,19 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // descriptor's low 14 bits are the start address / 16 (shared addresses < 256 KB), so a step
   // through an operand is the add of a constant.
   const uint64_t q_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_tile) + wg * 64 * 128);
-  const uint64_t k_desc = sw128_desc(k_tile), v_desc = sw128_desc(v_tile, NK * 128);
+  const uint64_t k_desc0 = sw128_desc(k_tiles), v_desc = sw128_desc(v_tile, NK * 128);
+  auto k_buf = [&](int kt) { return kKDouble ? kt % 2 : 0; };
 
   // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
   const int n_tiles = static_cast<int>((kv_len + NK - 1) / NK);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
-  // two barriers of tile kt (after every use of the buffer's previous tile, before K(kt + 1)'s copy).
+  // Pool rows of the keys of tile kt in key_rows[kt % 2]. Single K buffer: tile kt + 1's are looked
+  // up between the two barriers of tile kt (after every use of the slot's previous tile, before
+  // K(kt + 1)'s copy). Double K buffer: tile kt + 2's, after the second barrier of tile kt (every
+  // thread has issued V(kt)'s copy, the slot's last reader), for K(kt + 2)'s copy at the top of kt + 1.
   __shared__ __align__(16) int32_t key_rows[2][NK];  // pool rows < 2^31 (kv_view checks)
-  static_assert(sizeof(key_rows) == static_smem_bytes<NK>(), "the launcher's shared-memory sum");
+  static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
     kv_tile_rows<NK, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * NK, kv_len, bs, kvh, h);
   };
@@ -191,10 +200,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     else
       copy_tile_bf16<NK>(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
   };
+  auto copy_k = [&](int kt) {
+    copy_tile(k_tiles + k_buf(kt) * (NK * HD), k_sc + k_buf(kt) * NK, a.kv.k, a.kv.k_scale, kt);
+  };
 
   tile_rows(t_begin);
+  if (kKDouble && t_begin + 1 < t_end) tile_rows(t_begin + 1);
   __syncthreads();
-  if (t_begin < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, t_begin);
+  if (t_begin < t_end) copy_k(t_begin);
   cp_async_commit();
   for (int kt = t_begin; kt < t_end; ++kt) {
     const int64_t key0 = static_cast<int64_t>(kt) * NK;
@@ -202,29 +215,37 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     fence_proxy_async();
     __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
 
-    // S = Q Kᵀ for the warpgroup's 64 rows; V's copy is issued while it runs. (A warpgroup whose
-    // rows see none of the tile's keys runs it too, fully masked: an exact no-op that keeps every
-    // wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
+    // S = Q Kᵀ for the warpgroup's 64 rows; V's copy (double K: and the next K's) is issued while it
+    // runs. (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact
+    // no-op that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
     float sacc[NK / 8][4];
 #pragma unroll
     for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
     wgmma_fence_operand(sacc);
     wgmma_fence();
-    qk_wgmma<NK, kRows>(sacc, q_desc, k_desc);
+    qk_wgmma<NK, kRows>(sacc, q_desc, k_desc0 + k_buf(kt) * (kKvBytes >> 4));
     wgmma_commit();
     copy_tile(v_tile, v_sc, a.kv.v, a.kv.v_scale, kt);
     cp_async_commit();
-    if (kt + 1 < t_end) tile_rows(kt + 1);
+    if constexpr (kKDouble) {
+      if (kt + 1 < t_end) copy_k(kt + 1);  // its buffer's tile kt - 1: every S read it before the barrier
+      cp_async_commit();
+    } else {
+      if (kt + 1 < t_end) tile_rows(kt + 1);
+    }
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
-    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + NK > wg_first, limit, lane);
+    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc + k_buf(kt) * NK : nullptr, key0, key0 + NK > wg_first,
+                             limit, lane);
 
-    cp_async_wait_all();
+    if constexpr (kKDouble) cp_async_wait<1>();  // V(kt) landed; K(kt + 1) may still be in flight
+    else cp_async_wait_all();
     fence_proxy_async();
-    __syncthreads();  // V tile kt in place; every warpgroup is done with K
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K (single buffer)
+    if (kKDouble && kt + 2 < t_end) tile_rows(kt + 2);
 
     // O += P V, P rounded to bf16 (fp8: each probability times its row's V scale first); the next
-    // K's copy is issued while it runs.
+    // K's copy (single buffer) is issued while it runs.
     uint32_t pa[NK / 16][4];
 #pragma unroll
     for (int kk = 0; kk < NK / 16; ++kk) p_fragments_bf16<NK>(sacc, kFp8 ? v_sc : nullptr, kk, lane, pa[kk]);
@@ -233,8 +254,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 #pragma unroll
     for (int kk = 0; kk < NK / 16; ++kk) wgmma_m64n256k16_rs_bf16_tn(o, pa[kk], v_desc + ((kk * 16 * 128) >> 4));
     wgmma_commit();
-    if (kt + 1 < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, kt + 1);
-    cp_async_commit();
+    if constexpr (!kKDouble) {
+      if (kt + 1 < t_end) copy_k(kt + 1);
+      cp_async_commit();
+    }
     wgmma_wait<0>();
     wgmma_fence_operand(o);
   }
@@ -242,162 +265,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
 #else
   __trap();  // not built for sm_90a: attention_prefill_wgmma_available() keeps launches away
-#endif
-}
-
-// A/B variant "deferred P·V" (96-key tiles): P·V of tile kt - 1 is issued right behind S of tile
-// kt, so that it runs on the tensor cores while the warpgroup does tile kt's softmax
-// (FlashAttention-3's intra-warpgroup overlap); o is rescaled once P·V lands. K single-buffered (its
-// next tile copied as soon as every warpgroup is past S), V double-buffered (tile kt's copy issued
-// at the top of tile kt, consumed at tile kt + 1): the 64 KB that Q's lo half held. Shared memory:
-// Q 64 KB, K 48 KB, 2 x V 48 KB, fp8 scales (K and V double) 1.5 KB, +1 KB alignment, and a
-// 768-byte table of pool rows.
-constexpr int kDKeys = 96;
-constexpr int kDKvBytes = kDKeys * HD * 2;
-constexpr int kDSmem = kQBytes + 3 * kDKvBytes + 4 * kDKeys * 4 + 1024;
-constexpr int kDStaticSmem = 2 * kDKeys * 4 + 16;
-
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_defer_kernel(AttentionArgs a, float* part_o,
-                                                                                    float* part_ml) {
-#ifdef SPARKSERVE_HAS_WGMMA
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + kQBytes);
-  uint16_t* v_tiles = reinterpret_cast<uint16_t*>(smem + kQBytes + kDKvBytes);  // [2][kDKeys * HD]
-  float* k_sc = reinterpret_cast<float*>(smem + kQBytes + 3 * kDKvBytes);      // [2][kDKeys]
-  float* v_sc = k_sc + 2 * kDKeys;                                              // [2][kDKeys]
-
-  const DeviceLayout& L = a.L;
-  const int G = a.group, h = blockIdx.y;
-  CtaWork c;
-  if (!cta_work(L, G, c)) return;
-  const int rows = c.rows, i0 = c.i0;
-  const int64_t start = c.start, rb = c.rb, kv_len = c.kv_len;
-  const int64_t bs = a.kv.block_size, kvh = a.kv.kvh;
-  const int32_t* table = L.table(c.s);
-
-  load_q_bf16<HD, kRows, kThreads>(q_tile, a, rb, h, i0, rows, SwChunk<kRows>{});
-
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g8 = lane / 4;
-  const int w0 = i0 + wg * 64;
-  const int64_t wg_first = start + min(w0, rows - 1) / G + 1;
-  int64_t limit[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) limit[e] = start + min(w0 + warp * 16 + g8 + 8 * e, rows - 1) / G + 1;
-  float o[HD / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float scale2 = a.scale * kLog2e;
-  const uint64_t q_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_tile) + wg * 64 * 128);
-  const uint64_t k_desc = sw128_desc(k_tile);
-  const uint64_t v_desc0 = sw128_desc(v_tiles, kDKeys * 128);
-  constexpr uint64_t kVBufStep = kDKvBytes >> 4;
-
-  const int n_tiles = static_cast<int>((kv_len + kDKeys - 1) / kDKeys);
-  const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
-  const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  __shared__ __align__(16) int32_t key_rows[2][kDKeys];
-  __shared__ float order_slot;  // written, never read (see the softmax below)
-  static_assert(sizeof(key_rows) + sizeof(order_slot) <= kDStaticSmem, "the launcher's shared-memory sum");
-  auto tile_rows = [&](int kt) {
-    kv_tile_rows<kDKeys, !kFp8>(key_rows[kt % 2], table, static_cast<int64_t>(kt) * kDKeys, kv_len, bs, kvh, h);
-  };
-  auto copy_k = [&](int kt) {
-    if constexpr (kFp8)
-      load_kv_tile<HD, kDKeys, kThreads, true>(k_tile, k_sc + (kt % 2) * kDKeys, a.kv.k, a.kv.k_scale,
-                                               key_rows[kt % 2], SwChunk<kDKeys>{});
-    else
-      copy_tile_bf16<kDKeys>(k_tile, static_cast<const uint16_t*>(a.kv.k), key_rows[kt % 2]);
-  };
-  auto copy_v = [&](int kt) {
-    uint16_t* dst = v_tiles + (kt % 2) * (kDKeys * HD);
-    if constexpr (kFp8)
-      load_kv_tile<HD, kDKeys, kThreads, true>(dst, v_sc + (kt % 2) * kDKeys, a.kv.v, a.kv.v_scale, key_rows[kt % 2],
-                                               SwChunk<kDKeys>{});
-    else
-      copy_tile_bf16<kDKeys>(dst, static_cast<const uint16_t*>(a.kv.v), key_rows[kt % 2]);
-  };
-
-  // Per tile kt: [barrier: K(kt) and V(kt - 1) landed, every warpgroup past P·V(kt - 2)] issue S(kt)
-  // and P·V(kt - 1); copy V(kt); wait for S(kt); rows of kt + 1; [barrier: every warpgroup past
-  // S(kt)] copy K(kt + 1); softmax(kt); wait for P·V(kt - 1); rescale o; P(kt) fragments.
-  // cp.async groups per tile: V(kt), then K(kt + 1); at the top of tile kt + 1 all have landed.
-  tile_rows(t_begin);
-  {  // the V buffer of tile t_begin - 1 (read once, with P = 0) zeroed: no NaN bit patterns
-    uint4* vz = reinterpret_cast<uint4*>(v_tiles + ((t_begin + 1) % 2) * (kDKeys * HD));
-    for (int i = threadIdx.x; i < kDKvBytes / 16; i += kThreads) vz[i] = make_uint4(0, 0, 0, 0);
-  }
-  fence_proxy_async();
-  __syncthreads();
-  if (t_begin < t_end) copy_k(t_begin);
-  cp_async_commit();
-  uint32_t pa[kDKeys / 16][4];  // P of the previous tile
-#pragma unroll
-  for (int kk = 0; kk < kDKeys / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-  for (int kt = t_begin; kt < t_end; ++kt) {
-    const int64_t key0 = static_cast<int64_t>(kt) * kDKeys;
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-
-    float sacc[kDKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kDKeys / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-    wgmma_fence_operand(sacc);
-    wgmma_fence_operand(o);
-    wgmma_fence();
-    qk_wgmma<kDKeys, kRows>(sacc, q_desc, k_desc);
-    wgmma_commit();
-    // P·V(kt - 1); on the first tile P = 0 over the zeroed other V buffer: an exact no-op, issued
-    // anyway because a wgmma under a branch costs every tile its overlap (ptxas closes the group
-    // again at the merge, so that the wait for S would also wait for P·V).
-    {
-      const uint64_t dvb = v_desc0 + ((kt + 1) % 2) * kVBufStep;
-#pragma unroll
-      for (int kk = 0; kk < kDKeys / 16; ++kk) wgmma_m64n256k16_rs_bf16_tn(o, pa[kk], dvb + ((kk * 16 * 128) >> 4));
-    }
-    wgmma_commit();
-    copy_v(kt);
-    cp_async_commit();
-    if (kt + 1 < t_end) tile_rows(kt + 1);
-    wgmma_wait<1>();  // S(kt) done; P·V(kt - 1) may still run
-    wgmma_fence_operand(sacc);
-    __syncthreads();  // every warpgroup past S(kt): K free; rows of kt + 1 in place
-    if (kt + 1 < t_end) copy_k(kt + 1);
-    cp_async_commit();
-    float corr[2];
-    softmax_scores<kDKeys>(sacc, m, l, corr, scale2, kFp8 ? k_sc + (kt % 2) * kDKeys : nullptr, key0,
-                           key0 + kDKeys > wg_first, limit, lane);
-    // A shared store of a value every probability feeds (the row sums) pins the softmax above the
-    // wait: ptxas keeps the wait below a store, and else hoists it to the K copy, so that the
-    // softmax would not overlap P·V(kt - 1).
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_addr(&order_slot)), "f"(l[0] + l[1]) : "memory");
-    wgmma_wait<0>();  // P·V(kt - 1) landed
-    wgmma_fence_operand(o);
-    rescale_rows<HD / 8>(o, corr);
-#pragma unroll
-    for (int kk = 0; kk < kDKeys / 16; ++kk)
-      p_fragments_bf16<kDKeys>(sacc, kFp8 ? v_sc + (kt % 2) * kDKeys : nullptr, kk, lane, pa[kk]);
-  }
-  if (t_begin < t_end) {  // P·V of the last tile
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    const uint64_t dvb = v_desc0 + ((t_end - 1) % 2) * kVBufStep;
-    wgmma_fence_operand(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDKeys / 16; ++kk) wgmma_m64n256k16_rs_bf16_tn(o, pa[kk], dvb + ((kk * 16 * 128) >> 4));
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(o);
-  }
-  write_rows(a, o, m, l, w0, warp, g8, lane, rows, rb, G, h, part_o, part_ml);
-#else
-  __trap();
 #endif
 }
 
@@ -465,12 +332,11 @@ bool attention_prefill_wgmma_available() {
   // The kernels need more than smem_budget()'s 200 KB: the device's opt-in limit itself (227 KB on
   // sm_90).
   static const bool ok = [] {
-    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<96, false>))) return false;
+    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, false>))) return false;
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return std::max({smem_bytes<96>() + static_smem_bytes<96>(), smem_bytes<128>() + static_smem_bytes<128>(),
-                     kDSmem + kDStaticSmem}) <= optin;
+    return smem_bytes(2) + kStaticSmem <= optin;
   }();
   return ok;
 }
@@ -501,11 +367,10 @@ void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int s
 
 template <bool kFp8>
 void launch(CudaBackend& be, const AttentionArgs& a, int variant) {
-  static int64_t allowed[3] = {};
+  static int64_t allowed[2] = {};
   if (variant == 1)
-    return launch_kernel(be, a, attention_prefill_wgmma_kernel<128, kFp8>, smem_bytes<128>(), 128, allowed[1]);
-  if (variant == 2) return launch_kernel(be, a, attention_prefill_wgmma_defer_kernel<kFp8>, kDSmem, kDKeys, allowed[2]);
-  launch_kernel(be, a, attention_prefill_wgmma_kernel<96, kFp8>, smem_bytes<96>(), 96, allowed[0]);
+    return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, true>, smem_bytes(2), kKeys, allowed[1]);
+  launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, false>, smem_bytes(1), kKeys, allowed[0]);
 }
 }  // namespace
 
