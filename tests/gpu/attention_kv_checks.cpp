@@ -11,9 +11,8 @@
 //                decode and verify everywhere: Q and P as bf16 hi + lo). Also the SIMT path (f32
 //                pools, odd head dims). Where the wgmma prefill kernel runs (head_dim 256), every
 //                prefill case runs again with the mma.sync prefill kernel forced (the other targets'
-//                kernel), tagged "[prefill mma.sync]", and with the wgmma kernel's A/B variant;
-//                an agent turn (384 tokens after 10000) and short chunks exercise the wgmma
-//                kernel's key splits.
+//                kernel), tagged "[prefill mma.sync]"; an agent turn (384 tokens after 10000) and
+//                short chunks exercise the wgmma kernel's key splits.
 //  - attn_graph: the decode kernel reading a fixed layout (as inside a recorded decode step, with a
 //                larger length bound) gives bit-identical results to the same call run eagerly.
 //  - attn_small: a few small cases of both kernels (for compute-sanitizer runs).
@@ -263,13 +262,13 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   h.cpu->attention(o.cpu(), q.cpu(), pool.cpu, sp.layout, d);
   h.cpu->gated_attention(og.cpu(), q.cpu(), g.cpu(), pool.cpu, sp.layout, d);
   // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs,
-  // a layout that takes the prefill kernels) the mma.sync prefill kernel that the other targets take
-  // and the wgmma kernel's A/B variant, forced, against the same reference.
+  // a layout that takes the prefill kernels) the mma.sync prefill kernel that the other targets take,
+  // forced, against the same reference.
   bool prefill = false;
   for (const SeqSpan& x : sp.layout.seqs) prefill = prefill || x.num_tokens > kDecodeMaxTokens;
   const bool wgmma = prefill && s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
   attention_prefill_force(-1);
-  for (int kernel : {-1, 0, 2}) {
+  for (int kernel : {-1, 0}) {
     if (kernel != -1 && !wgmma) break;
     const bool on_wgmma = wgmma && kernel != 0;
     const double bound = dt == DType::kF32 ? kFp32 : on_wgmma ? kBf16Operands : kTensorCore;
@@ -277,10 +276,7 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
     h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
     h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
     attention_prefill_force(-1);
-    const std::string tag = kernel == 0   ? " [prefill mma.sync]"
-                            : kernel == 2 ? " [wgmma K double]"
-                            : on_wgmma    ? " [wgmma]"
-                                          : "";
+    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : on_wgmma ? " [wgmma]" : "";
     record(group, name + tag, h.err(o), bound);
     record(group, name + " gated" + tag, h.err(og), bound);
   }

@@ -43,9 +43,8 @@ void with_head_dim(int64_t hd, bool fp8, F&& f) {
 void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8);
 // The sm_90a warpgroup-MMA prefill kernel (attention_prefill_wgmma.cu), head_dim 256: available
 // when this build has sm_90a code, the device is compute 9.0 and its shared memory suffices.
-// variant (gpu_ops' A/B only): 0 the kernel, 1 its K tiles double-buffered.
 bool attention_prefill_wgmma_available();
-void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8, int variant);
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8);
 void launch_attention_decode(CudaBackend& be, const AttentionArgs& a, bool fp8);
 
 }  // namespace sparkserve

@@ -148,32 +148,29 @@ void launch(CudaBackend& be, const AttentionArgs& a) {
   CUDA_CHECK_LAUNCH();
 }
 
-// -1: the kernel prefill_takes_wgmma picks; 0: the mma.sync kernel; 1, 2: the wgmma kernel's
-// variant 0, 1 (gpu_ops' A/B runs).
+// -1: the kernel prefill_takes_wgmma picks; 0 / 1: the mma.sync / wgmma kernel (gpu_ops' A/B runs).
 int g_prefill_forced = -1;
 
 // The prefill kernel of a head dim: the wgmma kernel where it runs (sm_90a build on compute 9.0,
 // head_dim 256), else the mma.sync kernel.
 bool prefill_takes_wgmma(int64_t hd) {
-  if (g_prefill_forced >= 0) return g_prefill_forced >= 1 && hd == 256;
+  if (g_prefill_forced >= 0) return g_prefill_forced == 1 && hd == 256;
   return hd == 256 && attention_prefill_wgmma_available();
 }
 
 }  // namespace
 
 // gpu_ops' hook (declared in tests/gpu/attention_kv_checks.cpp and attention_bench.cpp, built by the
-// host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, 2 the wgmma
-// kernel's A/B variant, -1 automatic); false when the forced kernel cannot run here (then nothing
-// changes).
+// host compiler): the prefill kernel forced for the next calls (0 mma.sync, 1 wgmma, -1 automatic);
+// false when the forced kernel cannot run here (then nothing changes).
 bool attention_prefill_force(int kernel) {
-  if (kernel >= 1 && !attention_prefill_wgmma_available()) return false;
+  if (kernel == 1 && !attention_prefill_wgmma_available()) return false;
   g_prefill_forced = kernel;
   return true;
 }
 
 void launch_attention_prefill(CudaBackend& be, const AttentionArgs& a, bool fp8) {
-  if (prefill_takes_wgmma(a.kv.hd))
-    return launch_attention_prefill_wgmma(be, a, fp8, g_prefill_forced >= 2 ? g_prefill_forced - 1 : 0);
+  if (prefill_takes_wgmma(a.kv.hd)) return launch_attention_prefill_wgmma(be, a, fp8);
   CHECK_MSG(smem_budget() >= prefill_smem_bytes<256>(), "CUDA attention: the device's shared memory is too small");
   with_head_dim(a.kv.hd, fp8, [&](auto hd, auto is_fp8) { launch<decltype(hd)::value, decltype(is_fp8)::value>(be, a); });
 }

@@ -40,10 +40,7 @@ constexpr int kQBytes = kRows * HD * 2;  // Q as bf16
 
 constexpr int kKeys = 96;                // keys per tile
 constexpr int kKvBytes = kKeys * HD * 2;  // one K or V tile
-// Q, K (1 or 2 buffers), V; fp8 row scales; alignment.
-__host__ __device__ constexpr int smem_bytes(int k_bufs) {
-  return kQBytes + (k_bufs + 1) * kKvBytes + (k_bufs + 1) * kKeys * 4 + 1024;
-}
+constexpr int kSmem = kQBytes + 2 * kKvBytes + 2 * kKeys * 4 + 1024;  // Q, K, V, fp8 row scales, alignment
 constexpr int kStaticSmem = 2 * kKeys * 4;  // key_rows
 
 template <int NR>
@@ -136,21 +133,18 @@ __device__ __forceinline__ void write_rows(const AttentionArgs& a, const float (
 
 // part_o / part_ml null: the output written directly; else (key splits, blockIdx.z of gridDim.z)
 // the split's unnormalised output rows [split][T * nh][HD] and their (max, sum) [split][T * nh][2].
-// kKDouble (A/B variant): K double-buffered, tile kt + 1's copy issued at the top of tile kt (a whole
-// tile ahead, where the single buffer issues it behind P·V, whose ~0.8 us may not cover an L2 load
-// of 48 KB at 3.4 TB/s of demand), in the 64 KB that Q's lo half held.
-template <bool kFp8, bool kKDouble>
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a, float* part_o,
                                                                               float* part_ml) {
 #ifdef SPARKSERVE_HAS_WGMMA
-  constexpr int NK = kKeys, kKBufs = kKDouble ? 2 : 1;
+  constexpr int NK = kKeys;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* k_tiles = reinterpret_cast<uint16_t*>(smem + kQBytes);                  // [kKBufs][NK * HD]
-  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + kQBytes + kKBufs * kKvBytes);
-  float* k_sc = reinterpret_cast<float*>(smem + kQBytes + (kKBufs + 1) * kKvBytes);  // [kKBufs][NK]
-  float* v_sc = k_sc + kKBufs * NK;
+  uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem + kQBytes);
+  uint16_t* v_tile = reinterpret_cast<uint16_t*>(smem + kQBytes + kKvBytes);
+  float* k_sc = reinterpret_cast<float*>(smem + kQBytes + 2 * kKvBytes);
+  float* v_sc = k_sc + NK;
 
   const DeviceLayout& L = a.L;
   const int G = a.group, h = blockIdx.y;
@@ -178,17 +172,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // descriptor's low 14 bits are the start address / 16 (shared addresses < 256 KB), so a step
   // through an operand is the add of a constant.
   const uint64_t q_desc = sw128_desc(reinterpret_cast<const uint8_t*>(q_tile) + wg * 64 * 128);
-  const uint64_t k_desc0 = sw128_desc(k_tiles), v_desc = sw128_desc(v_tile, NK * 128);
-  auto k_buf = [&](int kt) { return kKDouble ? kt % 2 : 0; };
+  const uint64_t k_desc = sw128_desc(k_tile), v_desc = sw128_desc(v_tile, NK * 128);
 
   // This split's key tiles [t_begin, t_end) of the tiles the CTA needs (all of them unsplit).
   const int n_tiles = static_cast<int>((kv_len + NK - 1) / NK);
   const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
   const int t_begin = blockIdx.z * per_split, t_end = min(t_begin + per_split, n_tiles);
-  // Pool rows of the keys of tile kt in key_rows[kt % 2]. Single K buffer: tile kt + 1's are looked
-  // up between the two barriers of tile kt (after every use of the slot's previous tile, before
-  // K(kt + 1)'s copy). Double K buffer: tile kt + 2's, after the second barrier of tile kt (every
-  // thread has issued V(kt)'s copy, the slot's last reader), for K(kt + 2)'s copy at the top of kt + 1.
+  // Pool rows of the keys of tile kt in key_rows[kt % 2]: tile kt + 1's are looked up between the
+  // two barriers of tile kt (after every use of the slot's previous tile, before K(kt + 1)'s copy).
   __shared__ __align__(16) int32_t key_rows[2][NK];  // pool rows < 2^31 (kv_view checks)
   static_assert(sizeof(key_rows) == kStaticSmem, "the launcher's shared-memory sum");
   auto tile_rows = [&](int kt) {
@@ -200,14 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     else
       copy_tile_bf16<NK>(dst, static_cast<const uint16_t*>(pool), key_rows[kt % 2]);
   };
-  auto copy_k = [&](int kt) {
-    copy_tile(k_tiles + k_buf(kt) * (NK * HD), k_sc + k_buf(kt) * NK, a.kv.k, a.kv.k_scale, kt);
-  };
 
   tile_rows(t_begin);
-  if (kKDouble && t_begin + 1 < t_end) tile_rows(t_begin + 1);
   __syncthreads();
-  if (t_begin < t_end) copy_k(t_begin);
+  if (t_begin < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, t_begin);
   cp_async_commit();
   for (int kt = t_begin; kt < t_end; ++kt) {
     const int64_t key0 = static_cast<int64_t>(kt) * NK;
@@ -215,37 +202,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     fence_proxy_async();
     __syncthreads();  // K tile kt in place (and Q on the first pass); every warpgroup is done with V
 
-    // S = Q Kᵀ for the warpgroup's 64 rows; V's copy (double K: and the next K's) is issued while it
-    // runs. (A warpgroup whose rows see none of the tile's keys runs it too, fully masked: an exact
-    // no-op that keeps every wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
+    // S = Q Kᵀ for the warpgroup's 64 rows; V's copy is issued while it runs. (A warpgroup whose
+    // rows see none of the tile's keys runs it too, fully masked: an exact no-op that keeps every
+    // wgmma on a uniform path, which ptxas needs to leave them asynchronous.)
     float sacc[NK / 8][4];
 #pragma unroll
     for (int j = 0; j < NK / 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
     wgmma_fence_operand(sacc);
     wgmma_fence();
-    qk_wgmma<NK, kRows>(sacc, q_desc, k_desc0 + k_buf(kt) * (kKvBytes >> 4));
+    qk_wgmma<NK, kRows>(sacc, q_desc, k_desc);
     wgmma_commit();
     copy_tile(v_tile, v_sc, a.kv.v, a.kv.v_scale, kt);
     cp_async_commit();
-    if constexpr (kKDouble) {
-      if (kt + 1 < t_end) copy_k(kt + 1);  // its buffer's tile kt - 1: every S read it before the barrier
-      cp_async_commit();
-    } else {
-      if (kt + 1 < t_end) tile_rows(kt + 1);
-    }
+    if (kt + 1 < t_end) tile_rows(kt + 1);
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
-    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc + k_buf(kt) * NK : nullptr, key0, key0 + NK > wg_first,
-                             limit, lane);
+    softmax_tile<NK, HD / 8>(sacc, m, l, o, scale2, kFp8 ? k_sc : nullptr, key0, key0 + NK > wg_first, limit, lane);
 
-    if constexpr (kKDouble) cp_async_wait<1>();  // V(kt) landed; K(kt + 1) may still be in flight
-    else cp_async_wait_all();
+    cp_async_wait_all();
     fence_proxy_async();
-    __syncthreads();  // V tile kt in place; every warpgroup is done with K (single buffer)
-    if (kKDouble && kt + 2 < t_end) tile_rows(kt + 2);
+    __syncthreads();  // V tile kt in place; every warpgroup is done with K
 
     // O += P V, P rounded to bf16 (fp8: each probability times its row's V scale first); the next
-    // K's copy (single buffer) is issued while it runs.
+    // K's copy is issued while it runs.
     uint32_t pa[NK / 16][4];
 #pragma unroll
     for (int kk = 0; kk < NK / 16; ++kk) p_fragments_bf16<NK>(sacc, kFp8 ? v_sc : nullptr, kk, lane, pa[kk]);
@@ -254,10 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 #pragma unroll
     for (int kk = 0; kk < NK / 16; ++kk) wgmma_m64n256k16_rs_bf16_tn(o, pa[kk], v_desc + ((kk * 16 * 128) >> 4));
     wgmma_commit();
-    if constexpr (!kKDouble) {
-      if (kt + 1 < t_end) copy_k(kt + 1);
-      cp_async_commit();
-    }
+    if (kt + 1 < t_end) copy_tile(k_tile, k_sc, a.kv.k, a.kv.k_scale, kt + 1);
+    cp_async_commit();
     wgmma_wait<0>();
     wgmma_fence_operand(o);
   }
@@ -313,9 +290,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) prefill_combine_kernel(Att
 // turn) fills the device. Time ~ waves x (tiles per split + ~2 tiles of per-CTA work: the Q load and
 // the partial write-out), over n = 1 .. kMaxSplits; a launch of a wave or more stays unsplit.
 constexpr int kMaxSplits = 16;
-int prefill_splits(int64_t ctas, int64_t max_len, int sms, int keys) {
+int prefill_splits(int64_t ctas, int64_t max_len, int sms) {
   if (ctas >= sms) return 1;
-  const double tiles = static_cast<double>((max_len + keys - 1) / keys);
+  const double tiles = static_cast<double>((max_len + kKeys - 1) / kKeys);
   int best = 1;
   double best_t = tiles + 2.0;
   for (int n = 2; n <= kMaxSplits && n <= tiles; ++n) {
@@ -332,25 +309,27 @@ bool attention_prefill_wgmma_available() {
   // The kernels need more than smem_budget()'s 200 KB: the device's opt-in limit itself (227 KB on
   // sm_90).
   static const bool ok = [] {
-    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false, false>))) return false;
+    if (!sm90a_kernel_runs(reinterpret_cast<const void*>(attention_prefill_wgmma_kernel<false>))) return false;
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return smem_bytes(2) + kStaticSmem <= optin;
+    return kSmem + kStaticSmem <= optin;
   }();
   return ok;
 }
 
 namespace {
-template <class Kernel>
-void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int smem, int keys, int64_t& allowed) {
-  allow_smem(kernel, smem, allowed);
+template <bool kFp8>
+void launch(CudaBackend& be, const AttentionArgs& a) {
+  static int64_t allowed = 0;
+  auto kernel = attention_prefill_wgmma_kernel<kFp8>;
+  allow_smem(kernel, kSmem, allowed);
   // Tiles of all spans: sum of ceil(n_s * G / 128) <= total_rows * G / 128 + spans.
   const int64_t work = (static_cast<int64_t>(a.L.total_rows) * a.group) / kRows + a.L.num_seqs;
-  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count(), keys);
+  const int n_split = prefill_splits(work * a.kv.kvh, a.L.max_len, be.sm_count());
   const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(a.kv.kvh), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    kernel<<<grid, kThreads, smem, be.stream()>>>(a, nullptr, nullptr);
+    kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, nullptr, nullptr);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -358,25 +337,17 @@ void launch_kernel(CudaBackend& be, const AttentionArgs& a, Kernel kernel, int s
   CudaBackend::Scratch part(&be, static_cast<size_t>(n_split * batch_rows) * (HD + 2) * sizeof(float));
   float* part_o = part.as<float>();
   float* part_ml = part_o + n_split * batch_rows * HD;
-  kernel<<<grid, kThreads, smem, be.stream()>>>(a, part_o, part_ml);
+  kernel<<<grid, kThreads, kSmem, be.stream()>>>(a, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
   const unsigned cblocks = static_cast<unsigned>((batch_rows + kCombineWarps - 1) / kCombineWarps);
   prefill_combine_kernel<<<cblocks, kCombineWarps * 32, 0, be.stream()>>>(a, n_split, part_o, part_ml);
   CUDA_CHECK_LAUNCH();
 }
-
-template <bool kFp8>
-void launch(CudaBackend& be, const AttentionArgs& a, int variant) {
-  static int64_t allowed[2] = {};
-  if (variant == 1)
-    return launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, true>, smem_bytes(2), kKeys, allowed[1]);
-  launch_kernel(be, a, attention_prefill_wgmma_kernel<kFp8, false>, smem_bytes(1), kKeys, allowed[0]);
-}
 }  // namespace
 
-void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8, int variant) {
+void launch_attention_prefill_wgmma(CudaBackend& be, const AttentionArgs& a, bool fp8) {
   CHECK(a.kv.hd == HD);
-  fp8 ? launch<true>(be, a, variant) : launch<false>(be, a, variant);
+  fp8 ? launch<true>(be, a) : launch<false>(be, a);
 }
 
 }  // namespace sparkserve

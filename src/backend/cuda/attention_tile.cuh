@@ -226,13 +226,12 @@ __device__ __forceinline__ void sum_score_partials(float (&sacc)[NK / 8][4], flo
 
 // One tile of the online softmax (base 2): raw scores of keys key0 .. key0 + NK become
 // probabilities; with `masked`, a key at or past a row's limit gets none (callers pass false for
-// tiles every row sees whole). m, l: the rows' running max and (this thread's partial) sum, updated;
-// corr: the factor the rows' output accumulators must be scaled by (rescale_rows). k_sc: the keys'
-// fp8 scales, or null.
-template <int NK>
-__device__ __forceinline__ void softmax_scores(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                               float scale2, const float* k_sc, int64_t key0, bool masked,
-                                               const int64_t (&limit)[2], int lane) {
+// tiles every row sees whole). m, l: the rows' running max and (this thread's partial) sum; o is
+// rescaled with them. k_sc: the keys' fp8 scales, or null.
+template <int NK, int NO>
+__device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NO][4],
+                                             float scale2, const float* k_sc, int64_t key0, bool masked,
+                                             const int64_t (&limit)[2], int lane) {
   const int q4 = lane % 4;
   float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -246,7 +245,7 @@ __device__ __forceinline__ void softmax_scores(float (&sacc)[NK / 8][4], float (
       sacc[j][e] = v;
       tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
     }
-  float m_use[2];
+  float m_use[2], corr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
@@ -257,20 +256,8 @@ __device__ __forceinline__ void softmax_scores(float (&sacc)[NK / 8][4], float (
     m[r] = m_new;
     l[r] *= corr[r];
   }
-#pragma unroll
-  for (int j = 0; j < NK / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float p = exp2_ftz(sacc[j][e] - m_use[e >> 1]);
-      l[e >> 1] += p;
-      sacc[j][e] = p;
-    }
-}
-
-// o's two rows scaled by corr (softmax_scores). Once the running maxima settle most tiles change
-// none of the warp's rows: o *= 1 is exact, so skipping it is too (and saves NO * 4 multiplies).
-template <int NO>
-__device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&corr)[2]) {
+  // Once the running maxima settle most tiles change none of the warp's rows: o *= 1 is exact, so
+  // skipping it is too (and saves NO * 4 multiplies a thread).
   if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) {
@@ -280,16 +267,14 @@ __device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&co
       o[nt][3] *= corr[1];
     }
   }
-}
-
-// softmax_scores, then o rescaled.
-template <int NK, int NO>
-__device__ __forceinline__ void softmax_tile(float (&sacc)[NK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NO][4],
-                                             float scale2, const float* k_sc, int64_t key0, bool masked,
-                                             const int64_t (&limit)[2], int lane) {
-  float corr[2];
-  softmax_scores<NK>(sacc, m, l, corr, scale2, k_sc, key0, masked, limit, lane);
-  rescale_rows<NO>(o, corr);
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2_ftz(sacc[j][e] - m_use[e >> 1]);
+      l[e >> 1] += p;
+      sacc[j][e] = p;
+    }
 }
 
 // o += P V[0 .. NK, d0 .. d0 + DW), P as hi + lo; v_sc (fp8 pools): each key's V scale folded into
