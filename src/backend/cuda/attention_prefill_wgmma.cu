@@ -1,6 +1,6 @@
 // Flash attention for prefill on Hopper's warpgroup MMA (sm_90a, head_dim 256; the other targets and
 // head dims take attention_prefill.cu's mma.sync kernel). Same rows, masking, online softmax and
-// output as that kernel; S = Q·Kᵀ is m64nNKk16 with Q and K both read by the tensor cores from shared
+// output as that kernel; S = Q·Kᵀ is m64n96k16 with Q and K both read by the tensor cores from shared
 // memory (K-major, 128-byte swizzle), and O += P·V is m64n256k16 with P from registers (the S
 // accumulators turned into A fragments in place) and V read N-major (transposed) from shared memory.
 // No Q or K fragments go through registers, and the 64 x 256 f32 output of a warpgroup sits in its
@@ -21,9 +21,10 @@
 // shared-memory bandwidth at the tensor cores' rate, at 96 five sixths. A launch of fewer CTAs than
 // SMs (a few hundred new tokens after a long cached prefix: an agent turn) also splits the keys over
 // CTAs (prefill_splits); each split writes its unnormalised rows with their max and sum, and
-// prefill_combine_kernel merges them in split order. With Q's lo half gone (64 KB free) 128-key tiles
-// and P·V deferred behind the next tile's S (V double-buffered, the softmax under P·V) were measured
-// and lost or tied (docs/performance.md, attnbf).
+// prefill_combine_kernel merges them in split order. With Q's lo half gone (64 KB free), 128-key tiles,
+// P·V deferred behind the next tile's S (V double-buffered, the softmax under P·V) and K
+// double-buffered (its copy a whole tile ahead) were measured and tied or lost (docs/performance.md,
+// attnbf).
 // Shared memory: Q 64 KB, K 48 KB, V 48 KB, fp8 row scales 768 B, +1 KB alignment, and a 768-byte
 // table of the tile's pool rows.
 #include "backend/cuda/attention_tile.cuh"
@@ -48,7 +49,7 @@ struct SwChunk {
   __device__ int operator()(int row, int chunk) const { return sw128_chunk<NR>(row, chunk); }
 };
 
-#ifdef SPARKSERVE_HAS_WGMMA  // (only the sm_90a pass has the kernels that use them)
+#ifdef SPARKSERVE_HAS_WGMMA  // (only the sm_90a pass has the kernel that uses them)
 // A bf16 K or V tile of NK keys (pool rows `rows`, -1: zeros) in the 128-byte swizzle, by cp.async:
 // thread t copies 16-byte chunk c = t % 32 of keys t / 32 + 8 i, whose destinations are 1 KB apart
 // (the swizzle depends on key % 8 only), so a copy is an address and the cp.async (load_kv_tile's
