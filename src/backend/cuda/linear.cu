@@ -7,6 +7,7 @@
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
 //   bf16_small_n_regime       bf16 weights <= 64 rows    -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
+//   bf16_few_tokens_regime    bf16 <= 512 rows, T <= 64  -> bf16_few_tokens.cu (the same, K split over a cluster)
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
 //   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
@@ -15,6 +16,8 @@
 // A path that does not take a case (alignment, K, cuBLASLt missing or refusing the problem on this
 // device: all checked at run time) returns false and the next one runs, so every target keeps a
 // working kernel: mma.sync runs on sm_80 and later, the GEMVs and SIMT kernels anywhere.
+#include <cstdlib>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemv_dense.h"
 #include "backend/cuda/linear_probe.h"
@@ -52,6 +55,15 @@ bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16
 // Few weight rows (GDN in_proj_a / in_proj_b): a problem of a few µs, where the split path's three
 // launches (split, GEMM, add) cost more than the work.
 bool bf16_small_n_regime(int64_t T, const Linear& w) { return bf16_small_n_takes(w, T); }
+// A few hundred rows (the MoE router) at 2..64 tokens: one clustered kernel where the split path runs
+// three or four (docs/performance.md "The MoE's glue at small T").
+// ROUND-ONLY A/B switches (device round 1; removed after): SPARKSERVE_AB_ROUTER_SPLIT=1 keeps the split
+// path, SPARKSERVE_AB_ROUTER_T1=1 takes the few-token kernel at T = 1 too.
+bool bf16_few_tokens_regime(int64_t T, const Linear& w) {
+  static const bool split = std::getenv("SPARKSERVE_AB_ROUTER_SPLIT") != nullptr;
+  static const bool t1 = std::getenv("SPARKSERVE_AB_ROUTER_T1") != nullptr;
+  return !split && T >= (t1 ? 1 : 2) && bf16_few_tokens_takes(w, T);
+}
 
 // NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group
 // (moe_grouped.h; in_proj_qkv at T = 2 / 8: 13 / 14 us where the GEMVs took ~133 us at T = 8).
@@ -64,6 +76,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
   const int64_t K = w.in_features, N = w.out_features;
   switch (path) {
     case LinearPath::kDispatch:
+      if (T == 1 && bf16_few_tokens_regime(T, w) && bf16_few_tokens_linear(b, out, x, T, w)) return true;  // ROUND-ONLY
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
         if (fp8_few_tokens_regime(T) && fp8_few_tokens_linear(b, out, x, T, w)) return true;
@@ -75,6 +88,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
         return true;
       if (bf16_small_n_regime(T, w) && bf16_small_n_linears(b, {out}, x, T, {&w})) return true;
+      if (bf16_few_tokens_regime(T, w) && bf16_few_tokens_linear(b, out, x, T, w)) return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
       if (nvfp4_grouped_regime(T, w) && grouped_nvfp4_linear(b, out, x, T, w)) return true;
       // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
@@ -94,6 +108,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
     case LinearPath::kBf16SmallN: return bf16_small_n_linears(b, {out}, x, T, {&w});
+    case LinearPath::kBf16FewTokens: return bf16_few_tokens_linear(b, out, x, T, w);
     case LinearPath::kSimt:
       if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
       launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);
