@@ -9,7 +9,8 @@
 //   an expert, an expert's rows split evenly over ceil(count / tile_n) pairs): identical (bound 0), for
 //   ids given and for the routing fused into the plan (T <= 64), 1 to 3 chunks of 1,024 slots;
 // - determinism: a second run gives the same bits;
-// - the routed branch from logits (moe_route_experts) vs the CPU at 1..64 tokens.
+// - the routed branch from logits (moe_route_experts) vs the CPU at 3, 9 and 33 tokens (the routing
+//   fused into moe_w4a4, into the plan, apart).
 // The router's linear itself is checked in gemm_bf16 / gemm_router (gemm_checks.cpp).
 #include <algorithm>
 #include <cmath>
@@ -142,10 +143,11 @@ void check_plan(Harness& h, int64_t T, int64_t E, int64_t k, int tile_n, bool fu
 
 // The MoE block's routed branch from the router's logits (Backend::moe_route_experts, NVFP4 W4A4
 // experts, the models' 256 experts top-8 with small H / I): the routing fused into moe_w4a4's first
-// launch up to 8 tokens, into the grouped plan above; ids identical to the CPU's, weights kFp32, the
+// launch up to 8 tokens, into the grouped plan up to 16, its own kernel above; ids identical to the
+// CPU's, weights kFp32, the
 // outputs per token as moe_grouped_checks.cpp bounds them.
 void check_routed_branch(Harness& h, int64_t T) {
-  const int64_t E = 256, k = 8, H = 512, I = 128;
+  const int64_t E = 256, k = 8, H = 256, I = 64;
   QWeight gu = make_qweight(h, E, 2 * I, H, 2, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, 4.0f);
   QWeight dn = make_qweight(h, E, H, I, 1, WeightFormat::kNvfp4, ActivationQuant::kNvfp4, 1.0f);
   Pair x = h.f32({T, H}, randn(T * H)), lg = h.f32({T, E}, randn(T * E, 2.0f)), o = h.out({T, H}), wt = h.out({T, k}),
@@ -177,7 +179,7 @@ void test_moe_router(Harness& h) {
   check_plan(h, 130, 256, 8, 16, false);  // two chunks
   check_plan(h, 300, 512, 8, 16, true);   // three chunks: the routing kernel first, then the plan
   check_plan(h, 48, 256, 32, 16, true);   // 1,536 slots: two chunks, routing apart
-  for (int64_t T : {1, 3, 8, 9, 16, 64}) check_routed_branch(h, T);
+  for (int64_t T : {3, 9, 33}) check_routed_branch(h, T);
 }
 
 const RegisterOpChecks kRegister("moe_router", test_moe_router);

@@ -66,10 +66,11 @@ struct FewArgs {
   int chunks, cps;                      // K / 32; chunks per split
 };
 
-// Shared memory: the warps' partial sums [kWarps][kRows][ld] f32 (ld = 8 NT + 4: the row stride keeps
-// the 8 row groups of a warp's stores in different banks); the block's sums replace warp 0's.
-__host__ __device__ constexpr int part_ld(int nt) { return 8 * nt + 4; }
-constexpr int64_t smem_bytes(int nt) { return int64_t{kWarps} * kRows * part_ld(nt) * 4; }
+// Shared memory: the warps' partial sums [kWarps][8 NT tokens][kLd] f32, rows fastest (kLd = 36: a
+// warp's fragment stores hit 32 distinct banks, and a warp's loads of 32 rows of one token, local or
+// from another block of the cluster, are 128 contiguous bytes); the block's sums replace warp 0's.
+constexpr int kLd = kRows + 4;
+constexpr int64_t smem_bytes(int nt) { return int64_t{kWarps} * 8 * nt * kLd * 4; }
 
 // Programmatic dependent launch (no-ops for launches that did not ask for it): wait blocks until the
 // kernel before has completed and its writes are visible; launch_dependents lets the next kernel (the
@@ -89,7 +90,6 @@ __global__ void __launch_bounds__(kThreads) bf16_few_tokens_kernel(const FewArgs
   const int g = lane / 4, t4 = lane % 4;
   const int r0 = static_cast<int>(blockIdx.y) * kRows;
   const int c0 = split * a.cps, c1 = min(c0 + a.cps, a.chunks);
-  constexpr int ld = part_ld(NT);
 
   // Weight chunks c0 + warp + 8 i of rows g, g + 8 of both m16 tiles (rows past N repeat the last; their
   // sums are not stored). They do not depend on the kernel before: loaded before griddepcontrol.wait.
@@ -158,34 +158,40 @@ __global__ void __launch_bounds__(kThreads) bf16_few_tokens_kernel(const FewArgs
   }
 
   // D fragment: rows g / g + 8 of the m16 tile, tokens 2 t4, 2 t4 + 1 of the n8 tile.
-  float* mine = part + warp * kRows * ld;
+  float* mine = part + warp * 8 * NT * kLd;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int row = 16 * mt + g, col = 8 * nt + 2 * t4;
-      mine[row * ld + col] = d[mt][nt][0];
-      mine[row * ld + col + 1] = d[mt][nt][1];
-      mine[(row + 8) * ld + col] = d[mt][nt][2];
-      mine[(row + 8) * ld + col + 1] = d[mt][nt][3];
+      const int row = 16 * mt + g, t = 8 * nt + 2 * t4;
+      mine[t * kLd + row] = d[mt][nt][0];
+      mine[(t + 1) * kLd + row] = d[mt][nt][1];
+      mine[t * kLd + row + 8] = d[mt][nt][2];
+      mine[(t + 1) * kLd + row + 8] = d[mt][nt][3];
     }
   __syncthreads();
   // The block's sums, warps in order, into warp 0's rows (each output read and written by one thread).
   for (int o = static_cast<int>(threadIdx.x); o < kRows * 8 * NT; o += kThreads) {
-    const int at = (o / (8 * NT)) * ld + o % (8 * NT);
+    const int at = (o / kRows) * kLd + o % kRows;
     float s = part[at];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) s += part[w * kRows * ld + at];
+    for (int w = 1; w < kWarps; ++w) s += part[w * 8 * NT * kLd + at];
     part[at] = s;
   }
   cluster.sync();  // every block's sums written
-  // Outputs (token, row) of this row block, rows fastest (coalesced stores), shared out over the
-  // cluster's blocks; each the S blocks' sums in split order.
+  // Outputs (token, row) of this row block, rows fastest (coalesced loads and stores), shared out over
+  // the cluster's blocks; each the S blocks' sums in split order, all S loads in flight at once.
   for (int o = split * kThreads + static_cast<int>(threadIdx.x); o < kRows * a.T; o += S * kThreads) {
     const int t = o / kRows, row = o % kRows, n = r0 + row;
-    const int at = row * ld + t;
-    float s = *cluster.map_shared_rank(part + at, 0);
-    for (int r = 1; r < S; ++r) s += *cluster.map_shared_rank(part + at, r);
+    const int at = t * kLd + row;
+    float v[kMaxSplits];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r)
+      if (r < S) v[r] = *cluster.map_shared_rank(part + at, r);
+    float s = v[0];
+#pragma unroll
+    for (int r = 1; r < kMaxSplits; ++r)
+      if (r < S) s += v[r];
     if (n < a.N) a.out[static_cast<int64_t>(t) * a.N + n] = s;
   }
   cluster.sync();  // no block leaves while another reads its shared memory

@@ -57,12 +57,14 @@ bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16
 bool bf16_small_n_regime(int64_t T, const Linear& w) { return bf16_small_n_takes(w, T); }
 // A few hundred rows (the MoE router) at 2..64 tokens: one clustered kernel where the split path runs
 // three or four (docs/performance.md "The MoE's glue at small T").
-// ROUND-ONLY A/B switches (device round 1; removed after): SPARKSERVE_AB_ROUTER_SPLIT=1 keeps the split
-// path, SPARKSERVE_AB_ROUTER_T1=1 takes the few-token kernel at T = 1 too.
+// ROUND-ONLY A/B switch (device round 2; removed after): SPARKSERVE_AB_ROUTER_MAXT=n takes the few-token
+// kernel only up to n tokens (1: never).
 bool bf16_few_tokens_regime(int64_t T, const Linear& w) {
-  static const bool split = std::getenv("SPARKSERVE_AB_ROUTER_SPLIT") != nullptr;
-  static const bool t1 = std::getenv("SPARKSERVE_AB_ROUTER_T1") != nullptr;
-  return !split && T >= (t1 ? 1 : 2) && bf16_few_tokens_takes(w, T);
+  static const int64_t most = [] {
+    const char* v = std::getenv("SPARKSERVE_AB_ROUTER_MAXT");
+    return v ? std::atoll(v) : kBf16FewTokensMaxTokens;
+  }();
+  return T >= 2 && T <= most && bf16_few_tokens_takes(w, T);
 }
 
 // NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group
@@ -76,7 +78,6 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
   const int64_t K = w.in_features, N = w.out_features;
   switch (path) {
     case LinearPath::kDispatch:
-      if (T == 1 && bf16_few_tokens_regime(T, w) && bf16_few_tokens_linear(b, out, x, T, w)) return true;  // ROUND-ONLY
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
         if (fp8_few_tokens_regime(T) && fp8_few_tokens_linear(b, out, x, T, w)) return true;
