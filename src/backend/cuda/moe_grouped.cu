@@ -19,7 +19,6 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/gemv_common.cuh"
@@ -33,9 +32,10 @@ namespace sparkserve {
 namespace {
 
 constexpr int kPlanThreads = 1024;
-// Routing inside the single plan block up to 16 tokens (one per warp; the block's SM routes them all:
-// measured on the H200, the router + the plan with the routing fused took 24 µs more than the router
-// alone at 64 tokens, 10 at 16; the routing kernel alone, a block per token, 6.3 at 64).
+// Routing inside the single plan block up to 16 tokens (one per warp; the block's SM routes them all):
+// measured on the H200 (docs/performance.md "The MoE's glue at small T"), the plan with the routing
+// fused took 24 µs after the router at 64 tokens, 10 at 16; the routing kernel (a block per token) and
+// the plan, 10 at 64. (The 122B batch-64 step did not move either way: 30.65 / 30.67 ms.)
 constexpr int64_t kFusedRouteMaxT = 16;
 constexpr int64_t kMaxExperts = 512;     // the plan's count table: 32 x E ints of shared memory
 constexpr int kMaxPerToken = 32;         // experts per token (the combine's order table)
@@ -407,11 +407,7 @@ PlanArgs plan_args(int32_t* meta, int32_t* ids, float* weights, int64_t T, int64
 // tokens, else route_topk's kernel first) and the plan, `times` times (idempotent).
 void run_plan(cudaStream_t s, PlanArgs pa, const float* logits, int times) {
   const int64_t chunks = plan_chunks(pa.T * pa.k);
-  static const int64_t fused_most = [] {  // ROUND-ONLY A/B switch (device round 2; removed after)
-    const char* v = std::getenv("SPARKSERVE_AB_FUSED_ROUTE_MAXT");
-    return v ? std::atoll(v) : kFusedRouteMaxT;
-  }();
-  if (logits && (pa.T > fused_most || chunks > 1)) {
+  if (logits && (pa.T > kFusedRouteMaxT || chunks > 1)) {
     launch_route_topk(s, pa.weights, pa.ids, logits, pa.T, pa.E, pa.k);
   } else {
     pa.logits = logits;

@@ -5,7 +5,11 @@
 //
 // Up to 32 · kRouteMaxPerLane experts and k <= 32 (the Qwen3.5 MoEs: 256 experts, top-8): each lane
 // holds its experts' probabilities in registers and each of the k rounds is a warp argmax by two
-// redux.sync (the largest key, then the lowest id holding it). More: the probabilities in shared
+// redux.sync (the largest key, then the lowest id holding it); the logits are read once and ids and
+// weights written once (the shared-memory version read the logits twice and let lane 0 write each
+// round's id and weight and re-read the weights to renormalise them: a chain of L2 round trips where
+// they are global). Measured on the H200, the routing kernel after the router: 3.2 µs less per launch
+// at 1..64 tokens (docs/performance.md "The MoE's glue at small T"). More: the probabilities in shared
 // memory and k rounds of a shuffle argmax (route_topk_warp_smem), the same operations in the same
 // order, so the same bits. (A rank-based top-k by the whole block, each thread counting the experts
 // that sort before its own, was tried: 20.8 µs per fused launch under ncu instead of 11.4, +0.5 ms
