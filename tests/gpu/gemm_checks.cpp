@@ -1,5 +1,5 @@
 // gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, fp8_gemm_wgmma.cu,
-// fp8_small_n.cu, fp8_few_tokens.cu, bf16_gemm.cu) and of
+// fp8_small_n.cu, fp8_few_tokens.cu, bf16_gemm.cu, bf16_small_n.cu, bf16_few_tokens.cu) and of
 // linear's dispatch around them, vs the CPU backend on fresh random inputs. Groups: gemm_fp8,
 // gemm_bf16, gemm_router.
 //
@@ -273,11 +273,19 @@ void test_bf16(Harness& h) {
   // router, GDN in_proj_a, odd sizes, a tenth of lm_head at batched-decode T, and a long thin
   // problem whose [2T, N] product exceeds one chunk (two chunks of 33 + 7 tokens); for the small-N
   // kernel also a token tile of 2 rows, a partial n tile and a 35B in_proj_b at the later-turn T.
+  // The router at decode / verify sizes (the few-token kernel's n8 token tiles: 1, 2, 4, 8; partial
+  // tiles; its most), and a row count that is not a multiple of its 32-row blocks.
   const std::vector<Case> cases = {{512, 256, 3072, "router"},      {300, 64, 3072, "in_proj_a"},
                                    {2, 64, 2048, "in_proj_a"},      {338, 32, 2048, "in_proj_b"},
                                    {17, 60, 1024, "odd"},           {37, 1000, 1024, "odd"},
                                    {17, 24832, 3072, "lm_head/10"},
-                                   {64, 24832, 3072, "lm_head/10"}, {40, 1000000, 64, "chunked"}};
+                                   {64, 24832, 3072, "lm_head/10"}, {40, 1000000, 64, "chunked"},
+                                   {1, 256, 3072, "router"},        {3, 256, 3072, "router"},
+                                   {4, 256, 3072, "router"},        {9, 256, 3072, "router"},
+                                   {16, 256, 3072, "router"},       {29, 256, 3072, "router"},
+                                   {64, 256, 3072, "router"},       {2, 256, 2048, "router 35B"},
+                                   {16, 256, 2048, "router 35B"},   {64, 256, 2048, "router 35B"},
+                                   {5, 200, 4096, "odd"},           {33, 96, 1024, "odd"}};
   for (const Case& c : cases) {
     Weight w = make_weight(h, {c.N, c.K}, true, 1.0f / std::sqrt(static_cast<float>(c.K)));
     auto xv = randn(c.T * c.K);
@@ -302,11 +310,14 @@ void test_bf16(Harness& h) {
     }
     const std::string shape = std::string(c.what) + " TxNxK " + sz({c.T, c.N, c.K});
     const double bound = std::ldexp(1.0, -16) + fp32_sums_bound(c.K);
-    for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kBf16SmallN, LinearPath::kDispatch}) {
-      const char* name = path == LinearPath::kBf16Split    ? "split"
-                         : path == LinearPath::kBf16SmallN ? "small-n"
-                                                           : "dispatch";
+    for (LinearPath path :
+         {LinearPath::kBf16Split, LinearPath::kBf16SmallN, LinearPath::kBf16FewTokens, LinearPath::kDispatch}) {
+      const char* name = path == LinearPath::kBf16Split       ? "split"
+                         : path == LinearPath::kBf16SmallN    ? "small-n"
+                         : path == LinearPath::kBf16FewTokens ? "few-tok"
+                                                              : "dispatch";
       if (path == LinearPath::kBf16SmallN && (c.N > 64 || c.K % 32 != 0)) continue;
+      if (path == LinearPath::kBf16FewTokens && (c.T > 64 || c.N > 512 || c.K % 32 != 0 || c.K > 4096)) continue;
       h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
       if (!linear_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, path)) {
         record("gemm_bf16", std::string(name) + " not taken " + shape, 1.0, 0.0);
@@ -329,22 +340,19 @@ void test_bf16(Harness& h) {
   }
 }
 
-// The router (256 experts, top-8, K 3072) through the split-bf16 GEMM: how often the top-8 set of
-// a token differs from the one the CPU's logits give, and whether each difference is a near-tie:
-// the CPU's 8th and 9th logits closer than twice the token's largest logit difference between the
-// backends (then the order is decided by rounding, and either answer is the reference's function
-// to within its own f32 error). Bounds: flips not explained by a near-tie 0; flips at most 1% of
-// the tokens (each needs two logits within ~1e-6 of each other).
+// The router (256 experts, top-8, K 3072) through the split-bf16 GEMM (one call) and the few-token
+// kernel (calls of 64 tokens): how often the top-8 set of a token differs from the one the CPU's
+// logits give, and whether each difference is a near-tie: the CPU's 8th and 9th logits closer than
+// twice the token's largest logit difference between the backends (then the order is decided by
+// rounding, and either answer is the reference's function to within its own f32 error). Bounds:
+// flips not explained by a near-tie 0; flips at most 1% of the tokens (each needs two logits within
+// ~1e-6 of each other).
 void test_router(Harness& h) {
-  const int64_t T = 4096, E = 256, K = 3072, k = 8;
+  const int64_t T = 4096, E = 256, K = 3072, k = 8, kFew = 64;
   Weight w = make_weight(h, {E, K}, true, 1.0f / std::sqrt(static_cast<float>(K)));
   Pair x = h.f32({T, K}, randn(T * K)), lg = h.out({T, E});
   h.cpu->linear(lg.cpu(), x.cpu(), w.cpu_lin);
-  if (!linear_probe(*h.gpu, lg.gpu(), x.gpu(), w.gpu_lin, LinearPath::kBf16Split)) {
-    record("gemm_router", "split path not taken", 1.0, 0.0);
-    return;
-  }
-  const auto gl = h.gpu_f(lg), cl = h.cpu_f(lg);
+  const auto cl = h.cpu_f(lg);
   auto topk = [&](const std::vector<float>& logits) {
     Pair l = h.f32({T, E}, logits), wt = h.out({T, k}),
          id = h.i32({T, k}, std::vector<int32_t>(static_cast<size_t>(T * k), -1));
@@ -353,30 +361,47 @@ void test_router(Harness& h) {
     h.cpu->download(ids.data(), id.cpu());
     return ids;
   };
-  const auto gi = topk(gl), ci = topk(cl);
-  int64_t flips = 0, unexplained = 0;
-  double worst_gap = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<int32_t> a(gi.begin() + t * k, gi.begin() + (t + 1) * k), b(ci.begin() + t * k, ci.begin() + (t + 1) * k);
-    std::sort(a.begin(), a.end());
-    std::sort(b.begin(), b.end());
-    if (a == b) continue;
-    ++flips;
-    std::vector<float> row(cl.begin() + t * E, cl.begin() + (t + 1) * E);
-    double dmax = 0;
-    for (int64_t e = 0; e < E; ++e)
-      dmax = std::max(dmax, std::fabs(static_cast<double>(gl[static_cast<size_t>(t * E + e)]) - row[static_cast<size_t>(e)]));
-    std::sort(row.begin(), row.end(), std::greater<float>());
-    const double gap = static_cast<double>(row[k - 1]) - row[k];
-    worst_gap = std::max(worst_gap, gap);
-    unexplained += gap > 2 * dmax;
+  const auto ci = topk(cl);
+  for (LinearPath path : {LinearPath::kBf16Split, LinearPath::kBf16FewTokens}) {
+    const std::string name = path == LinearPath::kBf16Split ? "split" : "few-token";
+    bool taken = true;
+    if (path == LinearPath::kBf16Split) {
+      taken = linear_probe(*h.gpu, lg.gpu(), x.gpu(), w.gpu_lin, LinearPath::kBf16Split);
+    } else {
+      for (int64_t t0 = 0; t0 < T && taken; t0 += kFew)
+        taken = linear_probe(*h.gpu, lg.gpu().rows(t0, kFew), x.gpu().rows(t0, kFew), w.gpu_lin, path);
+    }
+    if (!taken) {
+      record("gemm_router", name + " path not taken", 1.0, 0.0);
+      continue;
+    }
+    const auto gl = h.gpu_f(lg);
+    const auto gi = topk(gl);
+    int64_t flips = 0, unexplained = 0;
+    double worst_gap = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> a(gi.begin() + t * k, gi.begin() + (t + 1) * k), b(ci.begin() + t * k, ci.begin() + (t + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a == b) continue;
+      ++flips;
+      std::vector<float> row(cl.begin() + t * E, cl.begin() + (t + 1) * E);
+      double dmax = 0;
+      for (int64_t e = 0; e < E; ++e)
+        dmax = std::max(dmax, std::fabs(static_cast<double>(gl[static_cast<size_t>(t * E + e)]) - row[static_cast<size_t>(e)]));
+      std::sort(row.begin(), row.end(), std::greater<float>());
+      const double gap = static_cast<double>(row[k - 1]) - row[k];
+      worst_gap = std::max(worst_gap, gap);
+      unexplained += gap > 2 * dmax;
+    }
+    std::printf("      router %s top-%lld: %lld of %lld tokens flip; widest flipped 8th-9th gap %.3e\n", name.c_str(),
+                static_cast<long long>(k), static_cast<long long>(flips), static_cast<long long>(T), worst_gap);
+    record("gemm_router", name + " top-8 flips not at near-ties T " + std::to_string(T), static_cast<double>(unexplained),
+           kExact);
+    record("gemm_router", name + " top-8 flipped tokens T " + std::to_string(T), static_cast<double>(flips),
+           static_cast<double>(T) / 100.0);
+    record("gemm_router", name + " logits max|d|/max|ref| T " + std::to_string(T), rel_err(gl, cl), kForms);
   }
-  std::printf("      router top-%lld: %lld of %lld tokens flip; widest flipped 8th-9th gap %.3e\n",
-              static_cast<long long>(k), static_cast<long long>(flips), static_cast<long long>(T), worst_gap);
-  record("gemm_router", "top-8 flips not at near-ties T " + std::to_string(T), static_cast<double>(unexplained), kExact);
-  record("gemm_router", "top-8 flipped tokens T " + std::to_string(T), static_cast<double>(flips),
-         static_cast<double>(T) / 100.0);
-  record("gemm_router", "logits max|d|/max|ref| T " + std::to_string(T), rel_err(gl, cl), kForms);
 }
 
 RegisterOpChecks reg_fp8("gemm_fp8", test_fp8);

@@ -7,6 +7,7 @@
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
 //   bf16_small_n_regime       bf16 weights <= 64 rows    -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
+//   bf16_few_tokens_regime    bf16 <= 512 rows, T <= 64  -> bf16_few_tokens.cu (the same, K split over a cluster)
 //   bf16_tensor_core_regime   bf16 weights, T >= 2       -> bf16_gemm.cu (split-bf16, cuBLASLt)
 //   nvfp4_grouped_regime      NVFP4 W4A4, T >= 2         -> moe_grouped.h (grouped NVFP4 GEMM, one group)
 //   decode GEMVs              few tokens, any format     -> gemv_dense.cu (8 tokens per weight pass)
@@ -52,6 +53,12 @@ bool bf16_tensor_core_regime(int64_t T, const Linear& w) { return T >= 2 && bf16
 // Few weight rows (GDN in_proj_a / in_proj_b): a problem of a few µs, where the split path's three
 // launches (split, GEMM, add) cost more than the work.
 bool bf16_small_n_regime(int64_t T, const Linear& w) { return bf16_small_n_takes(w, T); }
+// A few hundred rows (the MoE router) at 2..64 tokens: one clustered kernel where the split path runs
+// three or four. Measured on the H200 (docs/performance.md "The MoE's glue at small T"), 122B router
+// after an rmsnorm, us: T = 3 / 16 / 32 / 64 6.5 / 7.4 / 8.2 / 13.5 against 11.5 / 12.0 / 12.3 / 12.6;
+// 35B at 64 7.9 against 10.4; the 122B batch-64 step the same either way (30.67 / 30.69 ms). T = 1 keeps
+// the GEMV (6.95 against 6.33 us; the step at batch 1 the same within noise).
+bool bf16_few_tokens_regime(int64_t T, const Linear& w) { return T >= 2 && bf16_few_tokens_takes(w, T); }
 
 // NVFP4 W4A4 dense layers from 2 tokens: the grouped NVFP4 GEMM of the routed experts with one group
 // (moe_grouped.h; in_proj_qkv at T = 2 / 8: 13 / 14 us where the GEMVs took ~133 us at T = 8).
@@ -75,6 +82,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       if (fp8_tensor_core_regime(T, w) && (fp8_wgmma_linear(b, out, x, T, w) || fp8_gemm_linear(b, out, x, T, w)))
         return true;
       if (bf16_small_n_regime(T, w) && bf16_small_n_linears(b, {out}, x, T, {&w})) return true;
+      if (bf16_few_tokens_regime(T, w) && bf16_few_tokens_linear(b, out, x, T, w)) return true;
       if (bf16_tensor_core_regime(T, w) && bf16_split_linear(b, out, x, T, w)) return true;
       if (nvfp4_grouped_regime(T, w) && grouped_nvfp4_linear(b, out, x, T, w)) return true;
       // Tensor cores unavailable for this case: a W8A8 prefill still reads the weights once per 64
@@ -94,6 +102,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
     case LinearPath::kBf16Split: return bf16_split_linear(b, out, x, T, w);
     case LinearPath::kBf16SmallN: return bf16_small_n_linears(b, {out}, x, T, {&w});
+    case LinearPath::kBf16FewTokens: return bf16_few_tokens_linear(b, out, x, T, w);
     case LinearPath::kSimt:
       if (w.format != WeightFormat::kBf16 && w.format != WeightFormat::kF32) return false;
       launch_matmul(b.stream(), out, x, T, K, N, w.weight.data, weight_is_bf16(w), 0);

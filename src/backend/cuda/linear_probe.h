@@ -16,6 +16,7 @@ enum class LinearPath : int {
   kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
   kBf16Split,           // bf16_gemm.cu
   kBf16SmallN,          // bf16_small_n.cu (any T; at most 64 weight rows)
+  kBf16FewTokens,       // bf16_few_tokens.cu (T <= 64; at most 512 weight rows)
   kSimt,                // simt_matmul.cu (f32 / bf16 weights)
   kQuantGemv,           // quant_linear.cu (quantized weights, any T)
 };

@@ -9,6 +9,7 @@
 #include "backend/cuda/moe_bf16_grouped.h"
 #include "backend/cuda/moe_decode.h"
 #include "backend/cuda/moe_grouped.h"
+#include "backend/cuda/moe_probe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_w4a4.h"
 #include "backend/cuda/simt_matmul.h"
@@ -16,11 +17,16 @@
 namespace sparkserve {
 namespace {
 
-// One warp per token (moe_route.cuh); probabilities in shared memory [E].
-__global__ void route_topk_kernel(float* weights, int32_t* ids, const float* logits, int64_t E, int64_t k) {
+// One warp per token (moe_route.cuh); probabilities in shared memory [E] where they do not fit in
+// registers (and for the checks' reference, `reference`).
+__global__ void route_topk_kernel(float* weights, int32_t* ids, const float* logits, int64_t E, int64_t k,
+                                  bool reference) {
   extern __shared__ float p[];
   const int64_t t = blockIdx.x;
-  route_topk_warp(p, logits + t * E, E, k, ids + t * k, weights + t * k);
+  if (reference)
+    route_topk_warp_smem(p, logits + t * E, E, k, ids + t * k, weights + t * k);
+  else
+    route_topk_warp(p, logits + t * E, E, k, ids + t * k, weights + t * k);
 }
 
 __global__ void slot_silu_mul_kernel(float* act, const float* gu, int64_t slots, int64_t I) {
@@ -97,8 +103,21 @@ void CudaBackend::moe_route_topk(const Tensor& weights, const Tensor& ids, const
 void launch_route_topk(cudaStream_t stream, float* weights, int32_t* ids, const float* logits, int64_t T, int64_t E,
                        int64_t k) {
   if (T == 0) return;
-  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, stream>>>(weights, ids, logits, E, k);
+  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, stream>>>(weights, ids, logits, E, k,
+                                                                                          false);
   CUDA_CHECK_LAUNCH();
+}
+
+bool route_topk_probe(Backend& b, const Tensor& weights, const Tensor& ids, const Tensor& logits, bool reference) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t T = logits.dim(0), E = logits.dim(1), k = weights.dim(1);
+  CHECK(ids.dim(1) == k && k <= E && ids.dtype == DType::kI32 && E * 4 <= 48 * 1024);
+  if (T == 0) return true;
+  route_topk_kernel<<<static_cast<unsigned>(T), 32, static_cast<size_t>(E) * 4, c->stream()>>>(
+      weights.ptr<float>(), ids.ptr<int32_t>(), logits.ptr<const float>(), E, k, reference);
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 namespace {

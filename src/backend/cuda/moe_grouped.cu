@@ -19,8 +19,10 @@
 #include "backend/cuda/moe_grouped.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/moe_probe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/nvfp4_group_common.cuh"
 #include "backend/cuda/nvfp4_group_gemm.h"
@@ -30,35 +32,39 @@ namespace sparkserve {
 namespace {
 
 constexpr int kPlanThreads = 1024;
-constexpr int64_t kFusedRouteMaxT = 64;  // routing inside the single plan block: 2 tokens per warp at most
+// Routing inside the single plan block up to 16 tokens (one per warp; the block's SM routes them all):
+// measured on the H200 (docs/performance.md "The MoE's glue at small T"), the plan with the routing
+// fused took 24 µs after the router at 64 tokens, 10 at 16; the routing kernel (a block per token) and
+// the plan, 10 at 64. (The 122B batch-64 step did not move either way: 30.65 / 30.67 ms.)
+constexpr int64_t kFusedRouteMaxT = 16;
 constexpr int64_t kMaxExperts = 512;     // the plan's count table: 32 x E ints of shared memory
 constexpr int kMaxPerToken = 32;         // experts per token (the combine's order table)
 constexpr int kMaxPreparedK = 8192;      // activation row length of the grouped paths
 // Dense Linear: one token stays on decode_gemv.cu's GEMV.
 constexpr int64_t kGroupedLinearMinRows = 2;
 
-// Exclusive prefix sum of v over the block's threads in thread order (every thread calls it); the
-// block's total in `total`. wsum: 32 ints of shared memory.
-__device__ int block_exclusive_scan(int v, int* wsum, int& total) {
+// Exclusive prefix sums of v.x and v.y over the block's threads in thread order (every thread calls
+// it); the block's totals in `total`. wsum: 64 ints of shared memory.
+__device__ int2 block_exclusive_scan2(int2 v, int* wsum, int2& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-  int inc = v;
+  int2 inc = v;
   for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
+    const int nx = __shfl_up_sync(0xffffffffu, inc.x, o), ny = __shfl_up_sync(0xffffffffu, inc.y, o);
+    if (lane >= o) inc.x += nx, inc.y += ny;
   }
-  if (lane == 31) wsum[warp] = inc;
+  if (lane == 31) wsum[warp] = inc.x, wsum[32 + warp] = inc.y;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < nw ? wsum[lane] : 0;
+    int wx = lane < nw ? wsum[lane] : 0, wy = lane < nw ? wsum[32 + lane] : 0;
     for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += n;
+      const int nx = __shfl_up_sync(0xffffffffu, wx, o), ny = __shfl_up_sync(0xffffffffu, wy, o);
+      if (lane >= o) wx += nx, wy += ny;
     }
-    wsum[lane] = w;  // inclusive over warps
+    wsum[lane] = wx, wsum[32 + lane] = wy;  // inclusive over warps
   }
   __syncthreads();
-  total = wsum[nw - 1];
-  const int excl = inc - v + (warp > 0 ? wsum[warp - 1] : 0);
+  total = make_int2(wsum[nw - 1], wsum[32 + nw - 1]);
+  const int2 excl = make_int2(inc.x - v.x + (warp > 0 ? wsum[warp - 1] : 0), inc.y - v.y + (warp > 0 ? wsum[32 + warp - 1] : 0));
   __syncthreads();
   return excl;
 }
@@ -75,9 +81,27 @@ struct PlanArgs {
   int32_t *pair_e, *pair_start, *pair_rows, *num_pairs;
 };
 
-// The experts' offsets and the work pairs from the per-chunk counts (one block of kPlanThreads, one
-// expert per thread): chunk_base becomes an exclusive prefix over chunks, an expert's rows are split
-// evenly over ceil(count / tile_n) pairs. wsum: 32 ints of shared memory.
+// The experts' offsets and the work pairs from the experts' counts (one block of kPlanThreads, thread
+// e: expert e's count, 0 past E): an expert's rows are split evenly over ceil(count / tile_n) pairs.
+// wsum: 64 ints of shared memory.
+__device__ void plan_pairs(const PlanArgs& a, int cnt, int* wsum) {
+  const int tid = threadIdx.x;
+  const int np = (cnt + a.tile_n - 1) / a.tile_n;
+  int2 total;
+  const int2 first = block_exclusive_scan2(make_int2(cnt, np), wsum, total);
+  if (tid < a.E) a.offsets[tid] = first.x;
+  for (int i = 0; i < np; ++i) {
+    const int lo = first.x + static_cast<int>(static_cast<int64_t>(i) * cnt / np);
+    const int hi = first.x + static_cast<int>(static_cast<int64_t>(i + 1) * cnt / np);
+    a.pair_e[first.y + i] = tid;
+    a.pair_start[first.y + i] = lo;
+    a.pair_rows[first.y + i] = hi - lo;
+  }
+  if (tid == 0) *a.num_pairs = total.y;
+}
+
+// plan_pairs from the per-chunk counts of several chunks; chunk_base becomes an exclusive prefix over
+// chunks. wsum: 64 ints of shared memory.
 __device__ void plan_offsets(const PlanArgs& a, int64_t chunks, int* wsum) {
   const int tid = threadIdx.x;
   int cnt = 0;
@@ -94,70 +118,72 @@ __device__ void plan_offsets(const PlanArgs& a, int64_t chunks, int* wsum) {
       }
     }
   }
-  int total = 0;
-  const int first = block_exclusive_scan(cnt, wsum, total);
-  if (tid < a.E) a.offsets[tid] = first;
-  const int np = (cnt + a.tile_n - 1) / a.tile_n;
-  int num_pairs = 0;
-  const int p0 = block_exclusive_scan(np, wsum, num_pairs);
-  for (int i = 0; i < np; ++i) {
-    const int lo = first + static_cast<int>(static_cast<int64_t>(i) * cnt / np);
-    const int hi = first + static_cast<int>(static_cast<int64_t>(i + 1) * cnt / np);
-    a.pair_e[p0 + i] = tid;
-    a.pair_start[p0 + i] = lo;
-    a.pair_rows[p0 + i] = hi - lo;
-  }
-  if (tid == 0) *a.num_pairs = num_pairs;
+  plan_pairs(a, cnt, wsum);
 }
 
 // Block c ranks slots [1024c, 1024c + 1024) within their experts (warp match_any, then a per-warp
 // count table prefixed over the warps in warp order: the slot order, deterministic) and writes the
 // chunk's count per expert. A single block ([the routing first, fused], the whole batch in one chunk)
-// goes on to plan_offsets itself. Shared memory: [32][E] ints (the routing's per-warp probabilities
-// before that) + 32.
+// goes on to plan_pairs itself with the counts from shared memory. Launched with programmatic stream
+// serialization: the table is cleared before griddepcontrol.wait. Shared memory (ints): the table
+// [32][E], the scans' 64, the fused routing's ids and weights [2][1024], the counts [E].
+static_assert(kMaxExperts <= 32 * kRouteMaxPerLane && kMaxPerToken <= 32, "routing with probabilities in registers");
+int64_t plan_smem_bytes(int64_t E) { return (32 * E + 64 + 2 * kPlanThreads + E) * 4; }
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_rank_kernel(PlanArgs a) {
   extern __shared__ int32_t sm[];
   const int64_t E = a.E, slots = a.T * a.k;
   int32_t* tbl = sm;
   int32_t* wsum = tbl + 32 * E;
+  int32_t* s_ids = wsum + 64;
+  float* s_w = reinterpret_cast<float*>(s_ids + kPlanThreads);
+  int32_t* s_cnt = s_ids + 2 * kPlanThreads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (a.logits) {
-    float* probs = reinterpret_cast<float*>(tbl) + warp * E;
-    for (int64_t t = warp; t < a.T; t += kPlanThreads / 32)
-      route_topk_warp(probs, a.logits + t * E, E, a.k, a.ids + t * a.k, a.weights + t * a.k);
-    __syncthreads();
-  }
-  for (int64_t i = tid; i < 32 * E; i += kPlanThreads) tbl[i] = 0;
-  __syncthreads();
   const int64_t s = static_cast<int64_t>(blockIdx.x) * kPlanThreads + tid;
+  // The warps holding slots of this chunk: only their table rows are used.
+  const int64_t left = slots - static_cast<int64_t>(blockIdx.x) * kPlanThreads;
+  const int nw = static_cast<int>(left >= kPlanThreads ? 32 : (left + 31) / 32);
+  for (int64_t i = tid; i < nw * E; i += kPlanThreads) tbl[i] = 0;
+  pdl_wait();
   int e = -1;
-  if (s < slots) {
+  if (a.logits) {  // one chunk: the routing's ids and weights through shared memory, then out
+    for (int64_t t = warp; t < a.T; t += kPlanThreads / 32)
+      route_topk_warp(nullptr, a.logits + t * E, E, a.k, s_ids + t * a.k, s_w + t * a.k);
+    __syncthreads();
+    if (s < slots) {
+      e = s_ids[s];
+      a.ids[s] = e;
+      a.weights[s] = s_w[s];
+    }
+  } else if (s < slots) {
     e = a.ids[s];
-    if (e < 0 || e >= E) __trap();  // the CPU reference CHECKs this too
   }
+  if (s < slots && (e < 0 || e >= E)) __trap();  // the CPU reference CHECKs this too
   const unsigned same = __match_any_sync(0xffffffffu, e);
   const int in_warp = __popc(same & ((1u << lane) - 1u));
   if (s < slots && in_warp == 0) tbl[warp * E + e] = __popc(same);
   __syncthreads();
   for (int64_t ee = tid; ee < E; ee += kPlanThreads) {  // warp w's first rank within the expert
     int acc = 0;
-    for (int w = 0; w < 32; ++w) {
+    for (int w = 0; w < nw; ++w) {
       const int c = tbl[w * E + ee];
       tbl[w * E + ee] = acc;
       acc += c;
     }
-    a.chunk_base[blockIdx.x * E + ee] = acc;
+    if (gridDim.x == 1)
+      s_cnt[ee] = acc;
+    else
+      a.chunk_base[blockIdx.x * E + ee] = acc;
   }
   __syncthreads();
   if (s < slots) a.rank[s] = tbl[warp * E + e] + in_warp;
   if (gridDim.x == 1) {
-    __syncthreads();  // the block's chunk counts are visible to the block
-    plan_offsets(a, 1, wsum);
+    if (tid < E) a.chunk_base[tid] = 0;  // the one chunk: an expert's rows start at its offset
+    plan_pairs(a, tid < E ? s_cnt[tid] : 0, wsum);
   }
 }
 
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_offsets_kernel(PlanArgs a, int64_t chunks) {
-  __shared__ int wsum[32];
+  __shared__ int wsum[64];
   plan_offsets(a, chunks, wsum);
 }
 
@@ -349,6 +375,55 @@ PrepareArgs prepare_args(const Linear& w, const float* x, __half* xq) {
   return p;
 }
 
+// The plan's buffers in one scratch allocation of plan_meta_bytes: rank [slots], slot_of [slots] (the
+// down GEMM's output rows, written by the prepare), chunk_base [chunks, E], offsets [E], the pairs
+// (3 x max_pairs) and their count.
+int64_t plan_chunks(int64_t slots) { return (slots + kPlanThreads - 1) / kPlanThreads; }
+size_t plan_meta_bytes(int64_t T, int64_t k, int64_t E, int64_t max_pairs) {
+  const int64_t slots = T * k;
+  return static_cast<size_t>(2 * slots + plan_chunks(slots) * E + E + 3 * max_pairs + 1) * 4;
+}
+PlanArgs plan_args(int32_t* meta, int32_t* ids, float* weights, int64_t T, int64_t k, int64_t E, int64_t tile_n,
+                   int64_t max_pairs) {
+  const int64_t slots = T * k;
+  PlanArgs pa{};
+  pa.ids = ids;
+  pa.weights = weights;
+  pa.T = T;
+  pa.k = k;
+  pa.E = E;
+  pa.tile_n = static_cast<int>(tile_n);
+  pa.rank = meta;
+  pa.chunk_base = pa.rank + 2 * slots;
+  pa.offsets = pa.chunk_base + plan_chunks(slots) * E;
+  pa.pair_e = pa.offsets + E;
+  pa.pair_start = pa.pair_e + max_pairs;
+  pa.pair_rows = pa.pair_start + max_pairs;
+  pa.num_pairs = pa.pair_rows + max_pairs;
+  return pa;
+}
+
+// The routing (when logits is not null: fused into the plan's single block up to kFusedRouteMaxT
+// tokens, else route_topk's kernel first) and the plan, `times` times (idempotent).
+void run_plan(cudaStream_t s, PlanArgs pa, const float* logits, int times) {
+  const int64_t chunks = plan_chunks(pa.T * pa.k);
+  if (logits && (pa.T > kFusedRouteMaxT || chunks > 1)) {
+    launch_route_topk(s, pa.weights, pa.ids, logits, pa.T, pa.E, pa.k);
+  } else {
+    pa.logits = logits;
+  }
+  const int64_t plan_smem = plan_smem_bytes(pa.E);
+  static int64_t plan_allowed = 0;
+  allow_smem(moe_plan_rank_kernel, plan_smem, plan_allowed);
+  for (int i = 0; i < times; ++i) {
+    launch_with_pdl(moe_plan_rank_kernel, static_cast<unsigned>(chunks), kPlanThreads, plan_smem, s, pa);
+    if (chunks > 1) {
+      moe_plan_offsets_kernel<<<1, kPlanThreads, 0, s>>>(pa, chunks);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
+}
+
 // moe_grouped with each launch repeated 1 + ((repeat >> stage) & 1) times (stages: 0 plan, 1 prepare,
 // 2 gate_up, 3 down, 4 combine; every stage is idempotent) and the tile regime forced when
 // force_tile >= 0: moe_grouped itself, and the kernel benchmark's per-stage timing by differences.
@@ -369,39 +444,11 @@ void moe_grouped_impl(CudaBackend& b, float* out, const float* x, int32_t* ids, 
   const cudaStream_t s = b.stream();
   auto times = [&](int stage) { return 1 + ((repeat >> stage) & 1); };
 
-  const int64_t chunks = (slots + kPlanThreads - 1) / kPlanThreads;
-  CudaBackend::Scratch meta(&b, static_cast<size_t>(2 * slots + chunks * E + E + 3 * max_pairs + 1) * 4);
-  PlanArgs pa{};
-  pa.ids = ids;
-  pa.weights = weights;
-  pa.T = T;
-  pa.k = k;
-  pa.E = E;
-  pa.tile_n = static_cast<int>(tn);
-  pa.rank = meta.as<int32_t>();
+  const int64_t chunks = plan_chunks(slots);
+  CudaBackend::Scratch meta(&b, plan_meta_bytes(T, k, E, max_pairs));
+  const PlanArgs pa = plan_args(meta.as<int32_t>(), ids, weights, T, k, E, tn, max_pairs);
   int32_t* slot_of = pa.rank + slots;
-  pa.chunk_base = slot_of + slots;
-  pa.offsets = pa.chunk_base + chunks * E;
-  pa.pair_e = pa.offsets + E;
-  pa.pair_start = pa.pair_e + max_pairs;
-  pa.pair_rows = pa.pair_start + max_pairs;
-  pa.num_pairs = pa.pair_rows + max_pairs;
-  if (logits && (T > kFusedRouteMaxT || chunks > 1)) {
-    launch_route_topk(s, weights, ids, logits, T, E, k);
-  } else {
-    pa.logits = logits;
-  }
-  const int64_t plan_smem = (32 * E + 32) * 4;
-  static int64_t plan_allowed = 0;
-  allow_smem(moe_plan_rank_kernel, plan_smem, plan_allowed);
-  for (int i = 0; i < times(0); ++i) {
-    moe_plan_rank_kernel<<<static_cast<unsigned>(chunks), kPlanThreads, static_cast<size_t>(plan_smem), s>>>(pa);
-    CUDA_CHECK_LAUNCH();
-    if (chunks > 1) {
-      moe_plan_offsets_kernel<<<1, kPlanThreads, 0, s>>>(pa, chunks);
-      CUDA_CHECK_LAUNCH();
-    }
-  }
+  run_plan(s, pa, logits, times(0));
 
   CudaBackend::Scratch xq(&b, static_cast<size_t>(slots * P * H) * 2);
   PrepareArgs pr = prepare_args(gate_up, x, xq.as<__half>());
@@ -503,6 +550,35 @@ bool moe_grouped_probe(Backend& b, const Tensor& out, const Tensor& x, const Ten
   if (force_tile >= 0 && !moe_shapes_take(gate_up, down, static_cast<GroupTile>(force_tile))) return false;
   moe_grouped_impl(*c, out.ptr<float>(), x.ptr<const float>(), ids.ptr<int32_t>(), weights.ptr<float>(), nullptr,
                    x.dim(0), ids.dim(1), gate_up, down, repeat, force_tile);
+  return true;
+}
+// The plan alone (for the checks and the benchmark): ids [T, k] i32 (with logits [T, E] f32: written,
+// with weights [T, k], by the routing, fused as moe_grouped runs it), tile_n rows per pair at most,
+// run `times` times; false when `b` is not the CUDA backend or E, k exceed the plan's limits. With
+// `out` (null when timing) the results come back to the host: rank [T k], chunk_base [chunks, E],
+// offsets [E], pairs [3 num_pairs] as (expert, first row, rows).
+bool moe_plan_probe(Backend& b, const Tensor& ids, const Tensor& weights, const Tensor* logits, int64_t E, int tile_n,
+                    int times, MoePlanHost* out) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  const int64_t T = ids.dim(0), k = ids.dim(1), slots = T * k;
+  if (!c || k < 1 || k > kMaxPerToken || E < 1 || E > kMaxExperts || tile_n < 1 || slots == 0) return false;
+  const int64_t max_pairs = std::min(slots, (slots + tile_n - 1) / tile_n + E);
+  CudaBackend::Scratch meta(c, plan_meta_bytes(T, k, E, max_pairs));
+  const PlanArgs pa = plan_args(meta.as<int32_t>(), ids.ptr<int32_t>(), weights.ptr<float>(), T, k, E, tile_n, max_pairs);
+  run_plan(c->stream(), pa, logits ? logits->ptr<const float>() : nullptr, times);
+  if (!out) return true;
+  const int64_t chunks = plan_chunks(slots);
+  std::vector<int32_t> meta_h(plan_meta_bytes(T, k, E, max_pairs) / 4);
+  CUDA_CHECK(cudaMemcpyAsync(meta_h.data(), meta.ptr, meta_h.size() * 4, cudaMemcpyDeviceToHost, c->stream()));
+  CUDA_CHECK(cudaStreamSynchronize(c->stream()));
+  const auto at = [&](const int32_t* p) { return meta_h.begin() + (p - pa.rank); };
+  out->rank.assign(at(pa.rank), at(pa.rank) + slots);
+  out->chunk_base.assign(at(pa.chunk_base), at(pa.chunk_base) + chunks * E);
+  out->offsets.assign(at(pa.offsets), at(pa.offsets) + E);
+  const int32_t np = *at(pa.num_pairs);
+  out->pairs.clear();
+  for (int32_t i = 0; i < np && i < max_pairs; ++i)
+    for (const int32_t* p : {pa.pair_e, pa.pair_start, pa.pair_rows}) out->pairs.push_back(*at(p + i));
   return true;
 }
 bool grouped_linear_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int force_tile) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/quant_math.cuh"
 
@@ -125,11 +126,13 @@ __device__ __forceinline__ void quantize_quad(float4 v, float in_s, bool modelop
 // x[t] quantized for partition blockIdx.y of slot blockIdx.x with the slot's expert's input scale.
 // With a.logits, the routing runs here first (route_topk_warp, the same function as the separate
 // route_topk kernel, so the same ids and weights): every block of token t computes it, the block of
-// slot (t, 0), partition 0 writes it out for the gate_up / down kernels.
+// slot (t, 0), partition 0 writes it out for the gate_up / down kernels. Launched with programmatic
+// stream serialization (its launch overlaps the router's kernel where that one lets it: bf16_few_tokens.cu).
 __global__ void __launch_bounds__(kThreads) w4a4_quantize_x_kernel(Args a) {
   extern __shared__ float probs[];  // [E] with fused routing
   __shared__ int32_t s_ids[kMaxK];
   __shared__ float s_w[kMaxK];
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched programmatically: the logits / x are ready
   const int64_t slot = blockIdx.x, t = slot / a.k, j = slot % a.k;
   const int p = static_cast<int>(blockIdx.y);
   int64_t e;
@@ -430,8 +433,12 @@ bool moe_w4a4(CudaBackend& b, float* out, const float* x, int32_t* ids, float* w
   a.xfs = xfs;
   a.afs = afs;
   const size_t smem_q = router_logits ? static_cast<size_t>(E) * 4 : 0;
-  w4a4_quantize_x_kernel<<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(P)), kThreads, smem_q, b.stream()>>>(a);
-  CUDA_CHECK_LAUNCH();
+  {
+    const PdlLaunch l(dim3(static_cast<unsigned>(slots), static_cast<unsigned>(P)), dim3(kThreads),
+                      static_cast<int64_t>(smem_q), b.stream());
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, w4a4_quantize_x_kernel, a));
+    CUDA_CHECK_LAUNCH();
+  }
   {
     auto kern = w4a4_gate_up_kernel<2, 3>;
     static int64_t allowed = 0;

@@ -152,4 +152,17 @@ inline constexpr int64_t kBf16SmallNMaxRows = 64;
 inline constexpr int64_t kBf16SmallNMinTokens = 2;
 inline constexpr int64_t kBf16SmallNMaxTokens = 2048;
 
+// bf16 weights with at most kBf16FewTokensMaxRows rows (the MoE router, 256 x H), K % 32 == 0, K <=
+// 4096, 1 <= T <= kBf16FewTokensMaxTokens: bf16_few_tokens.cu, one kernel (K split over a thread-block
+// cluster, x split into hi + lo in registers: the numerics of bf16_split_linear) instead of its three
+// or four launches. sm_90+ (clusters, programmatic dependent launch). Measured on the H200, 122B router
+// (256 x 3072) at T = 3 / 16 / 64: 3.5 / 4.3 / 10.4 µs against the split path's 8.6 / 9.0 / 9.5
+// (docs/performance.md "The MoE's glue at small T").
+bool bf16_few_tokens_takes(const Linear& w, int64_t T);
+// x: [T, K] f32 (device, 16-byte aligned) -> out: [T, N] f32 (device); false (nothing launched) where
+// not taken.
+bool bf16_few_tokens_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+inline constexpr int64_t kBf16FewTokensMaxTokens = 64;
+inline constexpr int64_t kBf16FewTokensMaxRows = 512;
+
 }  // namespace sparkserve
