@@ -120,15 +120,28 @@ void check_gated_mlp(Harness& h, int64_t T) {
 }
 
 void test_dense_fused(Harness& h) {
-  // 338: the later agent turn (wgmma, split K); 40: batched decode on the small-T tile; 8: below
-  // the wgmma kernel (the compositions run); 1024: gate_up without a K split.
-  for (int64_t T : {338, 40, 8}) {
+  // 338: the later agent turn (wgmma, split K); 40: batched decode on the small-T tile; 16, 8, 5:
+  // below the wgmma kernel (fp8_small_n.cu from shared codes, its K splits added in the kernel); 4:
+  // the few-token kernel (the compositions run); 1024: gate_up without a K split.
+  for (int64_t T : {338, 40, 16, 8, 5, 4}) {
     check_linears(h, T);
     check_linear_add_rmsnorm(h, T);
     check_gated_norm_out(h, T);
     check_gated_mlp(h, T);
   }
   check_gated_mlp(h, 1024);
+  {
+    // At 5..16 tokens the codes go to fp8_small_n.cu (so the checks above compare the shared-codes
+    // route with linear's): it must take the 35B shapes, out_proj with a cluster of K splits.
+    QWeight w = make_qweight(h, 1, 2048, 4096, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);
+    QWeight qkv = make_qweight(h, 1, 1024, 2048, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);
+    for (int64_t T : {5, 16}) {
+      record("dense_fused", "out_proj T " + std::to_string(T) + " on the small-N kernel with K splits in a cluster",
+             fp8_small_n_plan_splits(*h.gpu, T, w.gpu_lin) > 1 ? 0.0 : 1.0, kExact);
+      record("dense_fused", "qkv T " + std::to_string(T) + " on the small-N kernel",
+             fp8_small_n_plan_splits(*h.gpu, T, qkv.gpu_lin) > 0 ? 0.0 : 1.0, kExact);
+    }
+  }
   if (fp8_wgmma_expected(*h.gpu)) {
     // The fused consumers must have run where they are meant to: K split at the later-turn shapes.
     QWeight w = make_qweight(h, 1, 2048, 4096, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);

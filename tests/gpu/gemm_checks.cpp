@@ -163,11 +163,37 @@ void test_fp8(Harness& h) {
   cases.push_back({4, 1000, 192, 1, WeightFormat::kFp8Channel, dyn});
   cases.push_back({3, 520, 1024, 2, WeightFormat::kFp8Tensor, stat});
   cases.push_back({4, 200, 16384, 1, WeightFormat::kFp8Channel, dyn});
+  // The small-N kernel's clusters of K splits (fp8_small_n.cu, T = 5..64 from codes): the 122B's qkv
+  // at 5 tokens (96 row blocks), out_proj's K 8192 at 12 (16 splits), 3 chunks at 16 (one split, no
+  // cluster reduction, rows no multiple of 128), static per-partition scales at 9, two dynamic-scale
+  // partitions at 7 (one launch over both), the shared down at 33 (four token tiles, the last one
+  // partial), a K of 16384 at 64 (eight token tiles, a 1,024-wide slice per split).
+  cases.push_back({5, 12288, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({12, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({16, 1000, 192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({9, 520, 1024, 2, WeightFormat::kFp8Tensor, stat});
+  cases.push_back({7, 2048, 3072, 2, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({33, 3072, 1024, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({64, 200, 16384, 1, WeightFormat::kFp8Channel, dyn});
+  // The small-N kernel's plans on those cases: a cluster of 16 K splits for out_proj's K at 12
+  // tokens (the reduction through distributed shared memory), one split at 3 chunks (direct stores).
+  record("gemm_fp8", "small-n clusters K splits, 3072x8192 at T 12 (want 16, 8 where clusters > 8 are refused)",
+         [&] {
+           QWeight w = make_qweight(h, 1, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
+           const int s = fp8_small_n_plan_splits(*h.gpu, 12, w.gpu_lin);
+           return s == 16 || s == 8 ? 0.0 : 1.0 + s;
+         }(),
+         kExact);
+  record("gemm_fp8", "small-n one split, 1000x192 at T 16", [&] {
+    QWeight w = make_qweight(h, 1, 1000, 192, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
+    return fp8_small_n_plan_splits(*h.gpu, 16, w.gpu_lin) == 1 ? 0.0 : 1.0;
+  }(), kExact);
   struct Path {
     LinearPath path;
     const char* name;
   };
   const Path paths[] = {{LinearPath::kFp8FewTokens, "few-tokens"}, {LinearPath::kFp8SmallN, "small-n"},
+                        {LinearPath::kFp8SmallNOld, "small-n-old"},
                         {LinearPath::kFp8Gemm, "gemm-f16"},
                         {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}};
   const bool hopper = fp8_wgmma_expected(*h.gpu);
@@ -186,7 +212,8 @@ void test_fp8(Harness& h) {
         // Allowed to decline: the small-N kernel at K % 64 != 0, cuBLASLt at rows that are no
         // multiple of 16 (the dispatch then runs the next path, checked by its own line), the wgmma
         // kernel off compute 9.0. Everything else, the model's shapes among them, must be taken.
-        const bool small_n = p.path == LinearPath::kFp8SmallN, few = p.path == LinearPath::kFp8FewTokens;
+        const bool small_n = p.path == LinearPath::kFp8SmallN || p.path == LinearPath::kFp8SmallNOld,
+                   few = p.path == LinearPath::kFp8FewTokens;
         if ((small_n && c.K % 64 != 0) || (few && (c.K % 64 != 0 || c.T > 4)) ||
             (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0) ||
             (p.path == LinearPath::kFp8Wgmma && !hopper)) {

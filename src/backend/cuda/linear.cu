@@ -67,7 +67,8 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
         if (fp8_few_tokens_regime(T) && fp8_few_tokens_linear(b, out, x, T, w)) return true;
-        if (T >= kFp8WgmmaSmallMinTokens
+        if (T < ab_wgmma_min_tokens() && ab_small_n_old() && fp8_small_n_old_linear(b, out, x, T, w)) return true;
+        if (T >= ab_wgmma_min_tokens()
                 ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
                 : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
           return true;
@@ -89,6 +90,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       return true;
     case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
     case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
+    case LinearPath::kFp8SmallNOld: return fp8_small_n_old_linear(b, out, x, T, w);
     case LinearPath::kFp8FewTokens: return fp8_few_tokens_linear(b, out, x, T, w);
     case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
@@ -135,6 +137,11 @@ int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c || !fp8_wgmma_takes_codes(w)) return 0;
   return fp8_wgmma_splits(*c, T, w);
+}
+
+int fp8_small_n_plan_splits(Backend& b, int64_t T, const Linear& w) {
+  if (!dynamic_cast<CudaBackend*>(&b)) return 0;
+  return fp8_small_n_splits(w, T);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

@@ -56,12 +56,25 @@ void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits,
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
 void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
                        const float* ts, const float* ws);
-// out = x W^T for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
-// fp8_few_tokens_linear below up to 4 tokens and, on sm_90a, the wgmma kernel above from 17): fp8_small_n.cu, weights on the MMA's M side streamed once, exact f16
-// products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64 tokens (each reads the
-// weights again: the fallback where cuBLASLt is missing).
+// out = x W^T for T = 5..64 tokens (batched decode, speculative verify; linear.cu takes
+// fp8_few_tokens_linear below up to 4 tokens and, on sm_90a, the wgmma kernel above from
+// kFp8WgmmaSmallMinTokens): fp8_small_n.cu, x quantized (fp8_quantize_rows_f16, kWgmma64), then one
+// kernel: weights on the MMA's M side streamed once, exact f16 products, f32 sums, the K splits' partial
+// sums added inside a thread-block cluster; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64
+// tokens (each reads the weights again: the fallback where cuBLASLt is missing). False (nothing
+// launched) where it does not take the case.
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+// The same product from codes made beforehand (the linears of one input share them; a producer may
+// make them): w with dynamic per-token activation scales, T <= kFp8SmallNMaxTokens, where the kernel
+// takes the shape. The result is fp8_small_n_linear's bit for bit (the same codes, kernel and plan).
+bool fp8_small_n_takes_codes(const Linear& w, int64_t T);
+// The K split (the cluster's size) fp8_small_n.cu plans for w at T tokens (its first piece past 64);
+// 0 where it does not take the case.
+int fp8_small_n_splits(const Linear& w, int64_t T);
+// xq: [T, K] f16 (fp8_quantize_rows_f16's kWgmma64 codes), ts: [T] f32 (device) -> out: [T, N] f32 (device)
+void fp8_small_n_codes_linear(CudaBackend& b, float* out, const __half* xq, const float* ts, int64_t T,
+                              const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 // out = x W^T for 1..kFp8FewTokensMax tokens (decode at batch 2-4, a speculative verify step at
 // batch 1) in ONE kernel (fp8_few_tokens.cu): the activation quantization in its prologue, the
@@ -72,6 +85,14 @@ bool fp8_few_tokens_linear(CudaBackend& b, float* out, const float* x, int64_t T
 inline constexpr int64_t kFp8FewTokensMax = 4;
 // linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
 inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
+
+// ROUND-A A/B ONLY (deleted after the measurement): the previous small-N kernel (fp8_small_n_old.cu),
+// and two switches read once from the environment: SPARKSERVE_AB_SMALLN_OLD=1 (linear takes the
+// previous kernel below the wgmma threshold and linear_fused shares no codes there: main's behaviour)
+// and SPARKSERVE_AB_WGMMA_MIN_T=N (the threshold, default kFp8WgmmaSmallMinTokens).
+bool fp8_small_n_old_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+bool ab_small_n_old();
+int64_t ab_wgmma_min_tokens();
 
 // The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
 // kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
