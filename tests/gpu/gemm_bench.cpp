@@ -237,10 +237,10 @@ void bench_small_n_tiles(Backend& g) {
 }
 
 // Batched decode at the 122B's shapes, T = 5..64 (--bench-filter "gemm codes"): one linear through
-// fp8_small_n.cu (quantize + one kernel, K splits added in a cluster), the previous three-launch
-// kernel, the wgmma small-T tile and the dispatch; then the GDN in_proj pair (qkv and z of one input:
-// branches of linear against linears, which quantizes once) and the shared expert (linear, silu_mul,
-// linear against gated_mlp). Weights rotated over >= 512 MB: their stream is what is measured.
+// fp8_small_n.cu (quantize + one kernel, K splits added in a cluster) with its plan and with each K
+// split forced, the wgmma small-T tile and the dispatch; then the GDN in_proj pair (qkv and z of one
+// input: branches of linear against linears, which quantizes once) and the shared expert (linear,
+// silu_mul, linear against gated_mlp). Weights rotated over >= 512 MB: their stream is measured.
 void bench_codes(Backend& g) {
   const double copy = copy_bandwidth(g);
   std::printf("-- batched decode W8A8 (122B shapes): us per call (GB/s of weights; floor: copy %.0f GB/s)\n", copy);
@@ -249,14 +249,23 @@ void bench_codes(Backend& g) {
   for (const Shape& s : kFp8Shapes) {
     const double bytes = static_cast<double>(s.N) * (s.K + 4);
     auto ws = prefill_weights(g, s, 64);
+    const int copies = static_cast<int>(ws.size()), iters = std::max(copies, 8);
     for (int64_t T : Ts) {
       const Tensor& x = xs.get(T, s.K);
       Buffer out(&g, DType::kF32, {T, s.N});
-      const int iters = std::max<int>(static_cast<int>(ws.size()), 8);
-      for (auto [path, name] : {std::pair{LinearPath::kFp8SmallNOld, "small-n-old"}, {LinearPath::kFp8SmallN, "small-n"},
-                                {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}}) {
+      const std::string plan = "small-n s" + std::to_string(fp8_small_n_plan_splits(g, T, ws[0].lin));
+      for (auto [path, name] : {std::pair{LinearPath::kFp8SmallN, plan.c_str()}, {LinearPath::kFp8Wgmma, "wgmma"},
+                                {LinearPath::kDispatch, "dispatch"}}) {
         const double ms = time_path(g, out, x, ws, path, iters);
         if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
+      }
+      if (T > 16) continue;
+      for (int splits : {1, 2, 4, 6, 8, 12, 16}) {
+        if (!fp8_small_n_probe(g, out, x, ws[0].lin, splits)) continue;
+        const double ms = time_graph(
+            g, [&](int i) { fp8_small_n_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, splits); }, iters);
+        const std::string name = "forced s" + std::to_string(splits);
+        print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
       }
     }
   }
@@ -273,16 +282,12 @@ void bench_codes(Backend& g) {
       const Tensor& x = xs.get(T, 3072);
       Buffer mo(&g, DType::kF32, {T, 12288}), zo(&g, DType::kF32, {T, 8192});
       auto at = [&](int i) { return static_cast<size_t>(i % copies); };
-      const double old_ms = time_graph(g, [&](int i) {
-        g.run_branches({[&] { linear_probe(g, mo, x, qkv[at(i)].lin, LinearPath::kFp8SmallNOld); },
-                        [&] { linear_probe(g, zo, x, z[at(i)].lin, LinearPath::kFp8SmallNOld); }});
-      }, 16);
       const double branches_ms = time_graph(g, [&](int i) {
         g.run_branches({[&] { g.linear(mo, x, qkv[at(i)].lin); }, [&] { g.linear(zo, x, z[at(i)].lin); }});
       }, 16);
       const double fused_ms = time_graph(g, [&](int i) { g.linears({mo, zo}, x, {&qkv[at(i)].lin, &z[at(i)].lin}); }, 16);
-      std::printf("%-32s %5lld branches of small-n-old %8.2f us, of linear %8.2f us, linears %8.2f us\n",
-                  "122B in_proj qkv + z", static_cast<long long>(T), old_ms * 1e3, branches_ms * 1e3, fused_ms * 1e3);
+      std::printf("%-32s %5lld branches of linear %8.2f us, linears %8.2f us\n", "122B in_proj qkv + z",
+                  static_cast<long long>(T), branches_ms * 1e3, fused_ms * 1e3);
     }
   }
   {
@@ -296,19 +301,14 @@ void bench_codes(Backend& g) {
       const Tensor& x = xs.get(T, 3072);
       Buffer gup(&g, DType::kF32, {T, 2048}), act(&g, DType::kF32, {T, 1024}), out(&g, DType::kF32, {T, 3072});
       auto at = [&](int i) { return static_cast<size_t>(i % copies); };
-      const double old_ms = time_graph(g, [&](int i) {
-        linear_probe(g, gup, x, gu[at(i)].lin, LinearPath::kFp8SmallNOld);
-        g.silu_mul(act, gup);
-        linear_probe(g, out, act, dn[at(i)].lin, LinearPath::kFp8SmallNOld);
-      }, 16);
       const double chain_ms = time_graph(g, [&](int i) {
         g.linear(gup, x, gu[at(i)].lin);
         g.silu_mul(act, gup);
         g.linear(out, act, dn[at(i)].lin);
       }, 16);
       const double fused_ms = time_graph(g, [&](int i) { g.gated_mlp(out, x, gu[at(i)].lin, dn[at(i)].lin); }, 16);
-      std::printf("%-32s %5lld chain of small-n-old %8.2f us, of linear %8.2f us, gated_mlp %8.2f us\n",
-                  "122B shared expert", static_cast<long long>(T), old_ms * 1e3, chain_ms * 1e3, fused_ms * 1e3);
+      std::printf("%-32s %5lld chain of linear %8.2f us, gated_mlp %8.2f us\n", "122B shared expert",
+                  static_cast<long long>(T), chain_ms * 1e3, fused_ms * 1e3);
     }
   }
 }

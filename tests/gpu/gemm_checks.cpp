@@ -193,7 +193,6 @@ void test_fp8(Harness& h) {
     const char* name;
   };
   const Path paths[] = {{LinearPath::kFp8FewTokens, "few-tokens"}, {LinearPath::kFp8SmallN, "small-n"},
-                        {LinearPath::kFp8SmallNOld, "small-n-old"},
                         {LinearPath::kFp8Gemm, "gemm-f16"},
                         {LinearPath::kFp8Wgmma, "wgmma"}, {LinearPath::kDispatch, "dispatch"}};
   const bool hopper = fp8_wgmma_expected(*h.gpu);
@@ -212,8 +211,7 @@ void test_fp8(Harness& h) {
         // Allowed to decline: the small-N kernel at K % 64 != 0, cuBLASLt at rows that are no
         // multiple of 16 (the dispatch then runs the next path, checked by its own line), the wgmma
         // kernel off compute 9.0. Everything else, the model's shapes among them, must be taken.
-        const bool small_n = p.path == LinearPath::kFp8SmallN || p.path == LinearPath::kFp8SmallNOld,
-                   few = p.path == LinearPath::kFp8FewTokens;
+        const bool small_n = p.path == LinearPath::kFp8SmallN, few = p.path == LinearPath::kFp8FewTokens;
         if ((small_n && c.K % 64 != 0) || (few && (c.K % 64 != 0 || c.T > 4)) ||
             (p.path == LinearPath::kFp8Gemm && c.N % 16 != 0) ||
             (p.path == LinearPath::kFp8Wgmma && !hopper)) {
@@ -274,6 +272,42 @@ void test_fp8(Harness& h) {
       record("gemm_fp8", "wgmma tiles run " + shape, runs >= 9 ? 0.0 : 1.0, kExact);  // 3 tiles x 3 splits
       record("gemm_fp8", "wgmma all tiles+splits " + shape, worst_norm, fp32_sums_bound(c.K));
       record("gemm_fp8", "wgmma all tiles+splits max-rel " + shape, worst_rel, kFp32);
+    }
+  }
+  // 3b. The small-N kernel with its K split forced to 1 (direct stores), 3, 7 and 16 (the cluster
+  // reduction through distributed shared memory, 16 the largest cluster; declined where an empty
+  // split or clusters > 8 would be needed) on cases of section 2's kinds: a partial row block, a
+  // partial token tile, static per-partition scales, 64 tokens. Bounds as in 2.
+  {
+    const std::vector<Case> forced = {
+        {13, 1000, 3072, 1, WeightFormat::kFp8Channel, dyn}, {6, 520, 1024, 2, WeightFormat::kFp8Tensor, stat},
+        {64, 384, 2048, 1, WeightFormat::kFp8Channel, dyn},  {29, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn},
+    };
+    for (const Case& c : forced) {
+      QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
+      auto xv = randn(c.T * c.K);
+      Pair x = h.f32({c.T, c.K}, xv), o = h.out({c.T, c.N});
+      h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
+      const auto ref = h.cpu_f(o);
+      std::vector<double> rn, cn;
+      fp8_norms(h, w, xv, c.T, c.K, c.N, c.P, c.act == dyn, rn, cn);
+      const std::string shape = std::string(c.act == dyn ? "dyn " : "static ") + "TxNxKxP " + sz({c.T, c.N, c.K, c.P});
+      double worst_norm = 0, worst_rel = 0;
+      int runs = 0;
+      for (int splits : {1, 3, 7, 16}) {
+        h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
+        if (!fp8_small_n_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, splits)) {
+          std::printf("      small-n splits %d %s: declined\n", splits, shape.c_str());
+          continue;
+        }
+        ++runs;
+        const auto got = h.gpu_f(o);
+        worst_norm = std::max(worst_norm, norm_relative(got, ref, rn, cn));
+        worst_rel = std::max(worst_rel, rel_err(got, ref));
+      }
+      record("gemm_fp8", "small-n forced splits run (two at least) " + shape, runs >= 2 ? 0.0 : 1.0, kExact);
+      record("gemm_fp8", "small-n forced splits 1/3/7/16 " + shape, worst_norm, fp32_sums_bound(c.K));
+      record("gemm_fp8", "small-n forced splits 1/3/7/16 max-rel " + shape, worst_rel, kFp32);
     }
   }
   // 4. Shapes the tensor cores do not take fall back to the GEMVs (K % 16 != 0 here): the

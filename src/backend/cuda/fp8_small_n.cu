@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -295,7 +296,7 @@ int plan_splits(int64_t T, int64_t rows, int64_t K) {
     if ((chunks + per - 1) / per != s) continue;  // an empty split: the same as fewer splits
     const int64_t smem = smem_bytes(static_cast<int>(per), static_cast<int>(T));
     if (smem > smem_budget()) continue;
-    const int resident = resident_clusters(ki, s, smem);
+    const int resident = resident_clusters(ki, s, smem) * ab_sn_fill_percent() / 100;
     if (resident == 0) continue;
     fallback = s;
     if (row_blocks <= resident) return s;
@@ -324,10 +325,46 @@ void run(CudaBackend& b, int splits, float* out, int64_t ldo, const __half* xq, 
   CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kKernels[ki], a));
 }
 
-// Whether the kernel takes rows x K at T tokens (a plan fits), and its split count then.
-int splits_for(int64_t T, int64_t rows, int64_t K) {
+// Whether the kernel takes rows x K at T tokens (a plan fits), and its split count then; forced > 0:
+// that split where it fits (no empty split, shared memory).
+int splits_for(int64_t T, int64_t rows, int64_t K, int forced = 0) {
   if (T < 1 || T > kMaxT || rows == 0 || (rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) return 0;
-  return plan_splits(T, rows, K);
+  if (forced <= 0) return plan_splits(T, rows, K);
+  const int64_t chunks = K / kChunk, per = (chunks + forced - 1) / forced;
+  if (forced > std::min(most_splits(), static_cast<int>(chunks)) || (chunks + per - 1) / per != forced ||
+      smem_bytes(static_cast<int>(per), static_cast<int>(T)) > smem_budget())
+    return 0;
+  return forced;
+}
+
+// fp8_small_n_linear with the plan's split (forced == 0) or a forced one.
+bool small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int forced) {
+  if (!fp8_w8a8_takes(w, kChunk) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
+  const int64_t K = w.in_features, N = w.out_features;
+  if (T == 0 || N == 0) return true;
+  // A static activation scale may differ per partition: each partition's rows get x quantized with
+  // its own scale. Dynamic scales are per token, the same for every partition.
+  const bool stat = w.activation == ActivationQuant::kFp8TensorStatic;
+  const int64_t parts = stat && w.partitions > 1 ? w.partitions : 1, rows = N / parts;
+  // Pieces of 64 tokens (past 64: the fallback where the tensor-core GEMMs do not run); every piece's
+  // plan is checked before anything is launched.
+  const int64_t first = std::min(T, kFp8SmallNMaxTokens), last = T % kFp8SmallNMaxTokens;
+  if (splits_for(first, rows, K, forced) == 0 || (last != 0 && splits_for(last, rows, K, forced) == 0)) return false;
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(first * K) * 2), ts(&b, static_cast<size_t>(first) * 4);
+  const auto* wq = static_cast<const uint8_t*>(w.weight.data);
+  const auto* ws = static_cast<const float*>(w.weight_scale.data);
+  const auto* is = static_cast<const float*>(w.input_scale.data);
+  for (int64_t t0 = 0; t0 < T; t0 += kFp8SmallNMaxTokens) {
+    const int64_t n = std::min(kFp8SmallNMaxTokens, T - t0);
+    const int splits = splits_for(n, rows, K, forced);
+    for (int64_t p = 0; p < parts; ++p) {
+      fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), ts.as<float>(), x + t0 * K, n, K, stat ? is + p : nullptr,
+                            Fp8CodeOrder::kWgmma64);
+      run(b, splits, out + t0 * N + p * rows, N, xq.as<__half>(), ts.as<float>(), n, rows, K, wq + p * rows * K,
+          ws + p * rows);
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -352,32 +389,26 @@ void fp8_small_n_codes_linear(CudaBackend& b, float* out, const __half* xq, cons
 }
 
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
-  if (!fp8_w8a8_takes(w, kChunk) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
-  const int64_t K = w.in_features, N = w.out_features;
-  if (T == 0 || N == 0) return true;
-  // A static activation scale may differ per partition: each partition's rows get x quantized with
-  // its own scale. Dynamic scales are per token, the same for every partition.
-  const bool stat = w.activation == ActivationQuant::kFp8TensorStatic;
-  const int64_t parts = stat && w.partitions > 1 ? w.partitions : 1, rows = N / parts;
-  // Pieces of 64 tokens (past 64: the fallback where the tensor-core GEMMs do not run); every piece's
-  // plan is checked before anything is launched.
-  const int64_t first = std::min(T, kFp8SmallNMaxTokens), last = T % kFp8SmallNMaxTokens;
-  if (splits_for(first, rows, K) == 0 || (last != 0 && splits_for(last, rows, K) == 0)) return false;
-  CudaBackend::Scratch xq(&b, static_cast<size_t>(first * K) * 2), ts(&b, static_cast<size_t>(first) * 4);
-  const auto* wq = static_cast<const uint8_t*>(w.weight.data);
-  const auto* ws = static_cast<const float*>(w.weight_scale.data);
-  const auto* is = static_cast<const float*>(w.input_scale.data);
-  for (int64_t t0 = 0; t0 < T; t0 += kFp8SmallNMaxTokens) {
-    const int64_t n = std::min(kFp8SmallNMaxTokens, T - t0);
-    const int splits = splits_for(n, rows, K);
-    for (int64_t p = 0; p < parts; ++p) {
-      fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), ts.as<float>(), x + t0 * K, n, K, stat ? is + p : nullptr,
-                            Fp8CodeOrder::kWgmma64);
-      run(b, splits, out + t0 * N + p * rows, N, xq.as<__half>(), ts.as<float>(), n, rows, K, wq + p * rows * K,
-          ws + p * rows);
-    }
-  }
-  return true;
+  return small_n_linear(b, out, x, T, w, 0);
+}
+
+bool fp8_small_n_linear_forced(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int splits) {
+  return splits > 0 && small_n_linear(b, out, x, T, w, splits);
+}
+
+int ab_sn_fill_percent() {
+  static const int p = [] {
+    const char* e = std::getenv("SPARKSERVE_AB_SN_FILL");
+    return e != nullptr ? std::max(1, std::atoi(e)) : 100;
+  }();
+  return p;
+}
+bool ab_no_share_wgmma() {
+  static const bool no = [] {
+    const char* e = std::getenv("SPARKSERVE_AB_NO_SHARE_WGMMA");
+    return e != nullptr && e[0] == '1';
+  }();
+  return no;
 }
 
 }  // namespace sparkserve

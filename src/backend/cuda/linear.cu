@@ -67,8 +67,7 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       if (one_token_gemv(T) && decode_linear(b, out, x, T, w)) return true;
       if (fp8_small_n_regime(T, w)) {
         if (fp8_few_tokens_regime(T) && fp8_few_tokens_linear(b, out, x, T, w)) return true;
-        if (T < ab_wgmma_min_tokens() && ab_small_n_old() && fp8_small_n_old_linear(b, out, x, T, w)) return true;
-        if (T >= ab_wgmma_min_tokens()
+        if (T >= kFp8WgmmaSmallMinTokens
                 ? fp8_wgmma_linear(b, out, x, T, w) || fp8_small_n_linear(b, out, x, T, w)
                 : fp8_small_n_linear(b, out, x, T, w) || fp8_wgmma_linear(b, out, x, T, w))
           return true;
@@ -90,7 +89,6 @@ bool run_path(CudaBackend& b, float* out, const float* x, int64_t T, const Linea
       return true;
     case LinearPath::kGemv: return decode_linear(b, out, x, T, w);
     case LinearPath::kFp8SmallN: return fp8_small_n_linear(b, out, x, T, w);
-    case LinearPath::kFp8SmallNOld: return fp8_small_n_old_linear(b, out, x, T, w);
     case LinearPath::kFp8FewTokens: return fp8_few_tokens_linear(b, out, x, T, w);
     case LinearPath::kFp8Gemm: return fp8_gemm_linear(b, out, x, T, w);
     case LinearPath::kFp8Wgmma: return fp8_wgmma_linear(b, out, x, T, w);
@@ -137,6 +135,14 @@ int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c || !fp8_wgmma_takes_codes(w)) return 0;
   return fp8_wgmma_splits(*c, T, w);
+}
+
+bool fp8_small_n_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int splits) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
+  CHECK(x.numel() == T * K && out.numel() == T * N && splits > 0);
+  return fp8_small_n_linear_forced(*c, out.ptr<float>(), x.ptr<const float>(), T, w, splits);
 }
 
 int fp8_small_n_plan_splits(Backend& b, int64_t T, const Linear& w) {

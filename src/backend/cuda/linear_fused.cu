@@ -29,10 +29,10 @@ namespace {
 // below the wgmma kernel's threshold, the sm_90a wgmma kernel (fp8_gemm_wgmma.cu) from it. At
 // 2..kFp8FewTokensMax tokens fp8_few_tokens.cu quantizes in its own prologue: nothing to share.
 bool small_n_codes(int64_t T, const Linear& w) {
-  return T > kFp8FewTokensMax && T < ab_wgmma_min_tokens() && !ab_small_n_old() && fp8_small_n_takes_codes(w, T);
+  return T > kFp8FewTokensMax && T < kFp8WgmmaSmallMinTokens && fp8_small_n_takes_codes(w, T);
 }
 bool takes_codes(int64_t T, const Linear& w) {
-  return small_n_codes(T, w) || (T >= ab_wgmma_min_tokens() && fp8_wgmma_takes_codes(w));
+  return small_n_codes(T, w) || (T >= kFp8WgmmaSmallMinTokens && !ab_no_share_wgmma() && fp8_wgmma_takes_codes(w));
 }
 bool shares_codes(int64_t T, const Linear& w, const float* x) {
   return takes_codes(T, w) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;

@@ -11,7 +11,6 @@ enum class LinearPath : int {
   kDispatch = 0,        // what CudaBackend::linear picks
   kGemv,                // gemv_dense.cu / gemv_fp8_t1.cu (decode_linear)
   kFp8SmallN,           // fp8_small_n.cu (any T, in pieces of 64 tokens)
-  kFp8SmallNOld,        // ROUND-A A/B ONLY: fp8_small_n_old.cu (the previous three-launch kernel)
   kFp8FewTokens,        // fp8_few_tokens.cu (T <= 4)
   kFp8Gemm,             // fp8_gemm.cu (cuBLASLt, exact f16 products)
   kFp8Wgmma,            // fp8_gemm_wgmma.cu (sm_90a, its own tile choice)
@@ -34,6 +33,12 @@ bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linea
 // The K split fp8_gemm_wgmma.cu plans for (T, w) (its partial sums: what linear_add_rmsnorm and
 // gated_mlp add in their consumers); 0 when `b` is not the CUDA backend or the kernel would not run.
 int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w);
+
+// linear through fp8_small_n.cu with a forced K split (the thread-block cluster's size, 1..16). False
+// when `b` is not the CUDA backend, the kernel does not take the case, or the split does not fit
+// (an empty split, shared memory).
+// x: [T, K] f32 -> out: [T, N] f32
+bool fp8_small_n_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int splits);
 
 // The K split (thread-block cluster size) fp8_small_n.cu plans for (T, w): 1 writes the outputs
 // directly, > 1 adds the partial sums in the cluster; 0 when `b` is not the CUDA backend or the

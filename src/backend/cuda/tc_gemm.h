@@ -72,6 +72,9 @@ bool fp8_small_n_takes_codes(const Linear& w, int64_t T);
 // The K split (the cluster's size) fp8_small_n.cu plans for w at T tokens (its first piece past 64);
 // 0 where it does not take the case.
 int fp8_small_n_splits(const Linear& w, int64_t T);
+// fp8_small_n_linear with a forced K split (1..16; tests and benchmarks); false where the kernel does
+// not take the case or the split count gives an empty split or does not fit.
+bool fp8_small_n_linear_forced(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int splits);
 // xq: [T, K] f16 (fp8_quantize_rows_f16's kWgmma64 codes), ts: [T] f32 (device) -> out: [T, N] f32 (device)
 void fp8_small_n_codes_linear(CudaBackend& b, float* out, const __half* xq, const float* ts, int64_t T,
                               const Linear& w);
@@ -86,13 +89,11 @@ inline constexpr int64_t kFp8FewTokensMax = 4;
 // linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
 inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
 
-// ROUND-A A/B ONLY (deleted after the measurement): the previous small-N kernel (fp8_small_n_old.cu),
-// and two switches read once from the environment: SPARKSERVE_AB_SMALLN_OLD=1 (linear takes the
-// previous kernel below the wgmma threshold and linear_fused shares no codes there: main's behaviour)
-// and SPARKSERVE_AB_WGMMA_MIN_T=N (the threshold, default kFp8WgmmaSmallMinTokens).
-bool fp8_small_n_old_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
-bool ab_small_n_old();
-int64_t ab_wgmma_min_tokens();
+// ROUND-B A/B ONLY (deleted after the measurement), read once from the environment:
+// SPARKSERVE_AB_SN_FILL=P (fp8_small_n.cu's plan fills at most P% of the resident clusters, default
+// 100) and SPARKSERVE_AB_NO_SHARE_WGMMA=1 (linear_fused.cu shares no codes on the wgmma kernel).
+int ab_sn_fill_percent();
+bool ab_no_share_wgmma();
 
 // The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
 // kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
