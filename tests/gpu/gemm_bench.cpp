@@ -10,7 +10,10 @@
 //   few-token path (T <= 4), the mma.sync small-N kernel, the sm_90a wgmma kernel's small-T tile and
 //   the dispatch, µs and weight bytes per second against the measured copy bandwidth (the floor);
 // - "gemm small-T tile": the wgmma kernel's small-T tile with each K split forced;
-// - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
+// - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM;
+// - "gemm codes": batched decode at the 122B's shapes, T = 5..64: fp8_small_n.cu with its plan and
+//   each K split forced, the wgmma tile, the dispatch; the GDN in_proj pair and the shared expert,
+//   one op at a time against the ops that share the activation codes (linears, gated_mlp).
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
 #include <algorithm>

@@ -1,5 +1,5 @@
 // gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, fp8_gemm_wgmma.cu,
-// fp8_small_n.cu, fp8_few_tokens.cu, bf16_gemm.cu) and of
+// fp8_small_n.cu incl. its forced K splits, fp8_few_tokens.cu, bf16_gemm.cu) and of
 // linear's dispatch around them, vs the CPU backend on fresh random inputs. Groups: gemm_fp8,
 // gemm_bf16, gemm_router.
 //

@@ -33,7 +33,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -296,7 +295,7 @@ int plan_splits(int64_t T, int64_t rows, int64_t K) {
     if ((chunks + per - 1) / per != s) continue;  // an empty split: the same as fewer splits
     const int64_t smem = smem_bytes(static_cast<int>(per), static_cast<int>(T));
     if (smem > smem_budget()) continue;
-    const int resident = resident_clusters(ki, s, smem) * ab_sn_fill_percent() / 100;
+    const int resident = resident_clusters(ki, s, smem);
     if (resident == 0) continue;
     fallback = s;
     if (row_blocks <= resident) return s;
@@ -394,21 +393,6 @@ bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, c
 
 bool fp8_small_n_linear_forced(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int splits) {
   return splits > 0 && small_n_linear(b, out, x, T, w, splits);
-}
-
-int ab_sn_fill_percent() {
-  static const int p = [] {
-    const char* e = std::getenv("SPARKSERVE_AB_SN_FILL");
-    return e != nullptr ? std::max(1, std::atoi(e)) : 100;
-  }();
-  return p;
-}
-bool ab_no_share_wgmma() {
-  static const bool no = [] {
-    const char* e = std::getenv("SPARKSERVE_AB_NO_SHARE_WGMMA");
-    return e != nullptr && e[0] == '1';
-  }();
-  return no;
 }
 
 }  // namespace sparkserve

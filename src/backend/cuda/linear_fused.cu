@@ -32,7 +32,7 @@ bool small_n_codes(int64_t T, const Linear& w) {
   return T > kFp8FewTokensMax && T < kFp8WgmmaSmallMinTokens && fp8_small_n_takes_codes(w, T);
 }
 bool takes_codes(int64_t T, const Linear& w) {
-  return small_n_codes(T, w) || (T >= kFp8WgmmaSmallMinTokens && !ab_no_share_wgmma() && fp8_wgmma_takes_codes(w));
+  return small_n_codes(T, w) || (T >= kFp8WgmmaSmallMinTokens && fp8_wgmma_takes_codes(w));
 }
 bool shares_codes(int64_t T, const Linear& w, const float* x) {
   return takes_codes(T, w) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;

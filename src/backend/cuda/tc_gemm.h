@@ -1,7 +1,7 @@
 // The tensor-core GEMMs of linear: fp8_gemm_wgmma.cu (W8A8 FP8 weights with dynamic per-token or
 // static activation scales, prefill T and batched decode from 17 tokens, sm_90a), fp8_gemm.cu (the same on the other targets through
-// cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
-// mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
+// cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 5..64 from activation codes, own
+// mma.sync kernel, K splits added in a thread-block cluster), fp8_few_tokens.cu (T <= 4, one kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
 // cuBLASLt). Each returns false when it does not take the case (format, shape,
 // alignment, the library missing or refusing the problem); the caller then runs another kernel.
 // Graph-capturable: launches on the backend's stream, stream-ordered scratch.
@@ -88,12 +88,6 @@ bool fp8_few_tokens_linear(CudaBackend& b, float* out, const float* x, int64_t T
 inline constexpr int64_t kFp8FewTokensMax = 4;
 // linear's dispatch (linear.cu) runs the wgmma kernel from this many tokens on where it runs.
 inline constexpr int64_t kFp8WgmmaSmallMinTokens = 17;
-
-// ROUND-B A/B ONLY (deleted after the measurement), read once from the environment:
-// SPARKSERVE_AB_SN_FILL=P (fp8_small_n.cu's plan fills at most P% of the resident clusters, default
-// 100) and SPARKSERVE_AB_NO_SHARE_WGMMA=1 (linear_fused.cu shares no codes on the wgmma kernel).
-int ab_sn_fill_percent();
-bool ab_no_share_wgmma();
 
 // The k order of the activation codes fp8_quantize_rows_f16 writes. kNatural: x's, rows K apart.
 // kWgmma64: fp8_gemm_wgmma.cu's operand order, rows fp8_wgmma_row(K) apart (K padded with +0 codes to
