@@ -32,6 +32,15 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
+// Which GEMM runs a W8A8 linear at T tokens and how it splits K, for the check names: the few-token
+// kernel up to 4 tokens (no shared codes), fp8_small_n.cu below 17 (its K splits added in a
+// cluster), the wgmma kernel from 17 (its partial sums added by the fused consumers).
+std::string plan_note(Harness& h, int64_t T, const Linear& w) {
+  if (T <= 4) return " (few-token kernel)";
+  if (T < 17) return " (small-n, cluster of " + std::to_string(fp8_small_n_plan_splits(*h.gpu, T, w)) + ")";
+  return " (wgmma, K splits " + std::to_string(fp8_wgmma_plan_splits(*h.gpu, T, w)) + ")";
+}
+
 // The GDN in_proj family of one input: qkv and z (W8A8, dynamic scales), b and a (bf16, 32 rows).
 void check_linears(Harness& h, int64_t T) {
   const int64_t H = 2048;
@@ -69,8 +78,7 @@ void check_linear_add_rmsnorm(Harness& h, int64_t T) {
   h.gpu->linear_add_rmsnorm(res.gpu(), out.gpu(), x.gpu(), w.gpu_lin, norm.gpu(), 1e-6f);
   h.cpu->linear_add_rmsnorm(res.cpu(), out.cpu(), x.cpu(), w.cpu_lin, norm.cpu(), 1e-6f);
   h.gpu->Backend::linear_add_rmsnorm(res2.gpu(), out2.gpu(), x.gpu(), w.gpu_lin, norm.gpu(), 1e-6f);
-  const int splits = fp8_wgmma_plan_splits(*h.gpu, T, w.gpu_lin);
-  const std::string name = "linear_add_rmsnorm T " + std::to_string(T) + " (K splits " + std::to_string(splits) + ")";
+  const std::string name = "linear_add_rmsnorm T " + std::to_string(T) + plan_note(h, T, w.gpu_lin);
   record("dense_fused", name + " residual == op chain", max_abs_diff(h.gpu_f(res), h.gpu_f(res2)), kExact);
   record("dense_fused", name + " out == op chain", max_abs_diff(h.gpu_f(out), h.gpu_f(out2)), kExact);
   record("dense_fused", name + " residual vs cpu", h.err(res), kFp32);
@@ -111,8 +119,7 @@ void check_gated_mlp(Harness& h, int64_t T) {
   h.gpu->gated_mlp(out.gpu(), x.gpu(), gu.gpu_lin, dn.gpu_lin);
   h.cpu->gated_mlp(out.cpu(), x.cpu(), gu.cpu_lin, dn.cpu_lin);
   h.gpu->Backend::gated_mlp(out2.gpu(), x.gpu(), gu.gpu_lin, dn.gpu_lin);
-  const int splits = fp8_wgmma_plan_splits(*h.gpu, T, gu.gpu_lin);
-  const std::string name = "gated_mlp T " + std::to_string(T) + " (gate_up K splits " + std::to_string(splits) + ")";
+  const std::string name = "gated_mlp T " + std::to_string(T) + " gate_up" + plan_note(h, T, gu.gpu_lin);
   record("dense_fused", name + " == op chain", max_abs_diff(h.gpu_f(out), h.gpu_f(out2)), kExact);
   const auto [worst, flipped] = token_errors(h, out, T, H, kFp32);
   record("dense_fused", name + " worst token vs cpu", worst, kFlippedTokenErr);
