@@ -43,7 +43,7 @@ bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8
 // "Batched decode in two launches") took the 122B batch-16 step from 16.98 to 16.72 ms; run up to 64
 // tokens instead of the wgmma tile, batch 64 went from 32.0 to 35.7 ms.
 // Up to kFp8FewTokensMax tokens the one-kernel path first (fp8_few_tokens.cu): measured on the H200
-// (docs/performance.md "Few tokens"), 0.1-2.9 us faster than fp8_small_n.cu's three launches at all
+// (docs/performance.md "Few tokens"), 0.1-2.9 us faster than the previous fp8_small_n.cu's three launches at all
 // 28 points (14 shapes of the 122B and 35B, T = 2 and 4; the wgmma tile is faster alone on the 122B's
 // q at 2 and 4 and qkv at 4), the 122B batch-4 step 8.77 -> 8.65 ms and its verify steps (batch 1,
 // k = 1 / 2 / 3) 7.27 -> 7.03, 8.13 -> 7.98, 8.93 -> 8.84 ms; from 8 tokens on it loses.

@@ -5,8 +5,8 @@
 //   linears: x quantized once for all its W8A8 linears (dynamic per-token scales: the codes do not
 //     depend on the weight), the bf16 small-N ones in one launch, then each GEMM in its own branch.
 //   linear_add_rmsnorm: a split-K product's partial sums (the wgmma kernel's; fp8_small_n.cu adds its
-//     own in the kernel) are added by the add + norm kernel instead of fp8_reduce_splits; gated_rmsnorm_linear_add_rmsnorm also makes the codes in the GDN's gated
-//     norm kernel.
+//     own in the kernel) are added by the add + norm kernel instead of fp8_reduce_splits;
+//     gated_rmsnorm_linear_add_rmsnorm also makes the codes in the GDN's gated norm kernel.
 //   gated_mlp: gate_up's product (or its partial sums) goes through silu_mul and the quantization of
 //     down's input in one kernel.
 // Results bitwise those of the compositions on this backend: the same quantization, the same GEMM

@@ -1,8 +1,8 @@
 // The tensor-core GEMMs of linear: fp8_gemm_wgmma.cu (W8A8 FP8 weights with dynamic per-token or
 // static activation scales, prefill T and batched decode from 17 tokens, sm_90a), fp8_gemm.cu (the same on the other targets through
 // cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 5..64 from activation codes, own
-// mma.sync kernel, K splits added in a thread-block cluster), fp8_few_tokens.cu (T <= 4, one kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
-// cuBLASLt). Each returns false when it does not take the case (format, shape,
+// mma.sync kernel, K splits added in a thread-block cluster), fp8_few_tokens.cu (T <= 4, one
+// kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands, cuBLASLt). Each returns false when it does not take the case (format, shape,
 // alignment, the library missing or refusing the problem); the caller then runs another kernel.
 // Graph-capturable: launches on the backend's stream, stream-ordered scratch.
 #pragma once
