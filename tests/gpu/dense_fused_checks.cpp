@@ -32,6 +32,15 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
+// Which GEMM runs a W8A8 linear at T tokens and how it splits K, for the check names: the few-token
+// kernel up to 4 tokens (no shared codes), fp8_small_n.cu below 17 (its K splits added in a
+// cluster), the wgmma kernel from 17 (its partial sums added by the fused consumers).
+std::string plan_note(Harness& h, int64_t T, const Linear& w) {
+  if (T <= 4) return " (few-token kernel)";
+  if (T < 17) return " (small-n, cluster of " + std::to_string(fp8_small_n_plan_splits(*h.gpu, T, w)) + ")";
+  return " (wgmma, K splits " + std::to_string(fp8_wgmma_plan_splits(*h.gpu, T, w)) + ")";
+}
+
 // The GDN in_proj family of one input: qkv and z (W8A8, dynamic scales), b and a (bf16, 32 rows).
 void check_linears(Harness& h, int64_t T) {
   const int64_t H = 2048;
@@ -69,8 +78,7 @@ void check_linear_add_rmsnorm(Harness& h, int64_t T) {
   h.gpu->linear_add_rmsnorm(res.gpu(), out.gpu(), x.gpu(), w.gpu_lin, norm.gpu(), 1e-6f);
   h.cpu->linear_add_rmsnorm(res.cpu(), out.cpu(), x.cpu(), w.cpu_lin, norm.cpu(), 1e-6f);
   h.gpu->Backend::linear_add_rmsnorm(res2.gpu(), out2.gpu(), x.gpu(), w.gpu_lin, norm.gpu(), 1e-6f);
-  const int splits = fp8_wgmma_plan_splits(*h.gpu, T, w.gpu_lin);
-  const std::string name = "linear_add_rmsnorm T " + std::to_string(T) + " (K splits " + std::to_string(splits) + ")";
+  const std::string name = "linear_add_rmsnorm T " + std::to_string(T) + plan_note(h, T, w.gpu_lin);
   record("dense_fused", name + " residual == op chain", max_abs_diff(h.gpu_f(res), h.gpu_f(res2)), kExact);
   record("dense_fused", name + " out == op chain", max_abs_diff(h.gpu_f(out), h.gpu_f(out2)), kExact);
   record("dense_fused", name + " residual vs cpu", h.err(res), kFp32);
@@ -111,8 +119,7 @@ void check_gated_mlp(Harness& h, int64_t T) {
   h.gpu->gated_mlp(out.gpu(), x.gpu(), gu.gpu_lin, dn.gpu_lin);
   h.cpu->gated_mlp(out.cpu(), x.cpu(), gu.cpu_lin, dn.cpu_lin);
   h.gpu->Backend::gated_mlp(out2.gpu(), x.gpu(), gu.gpu_lin, dn.gpu_lin);
-  const int splits = fp8_wgmma_plan_splits(*h.gpu, T, gu.gpu_lin);
-  const std::string name = "gated_mlp T " + std::to_string(T) + " (gate_up K splits " + std::to_string(splits) + ")";
+  const std::string name = "gated_mlp T " + std::to_string(T) + " gate_up" + plan_note(h, T, gu.gpu_lin);
   record("dense_fused", name + " == op chain", max_abs_diff(h.gpu_f(out), h.gpu_f(out2)), kExact);
   const auto [worst, flipped] = token_errors(h, out, T, H, kFp32);
   record("dense_fused", name + " worst token vs cpu", worst, kFlippedTokenErr);
@@ -120,15 +127,28 @@ void check_gated_mlp(Harness& h, int64_t T) {
 }
 
 void test_dense_fused(Harness& h) {
-  // 338: the later agent turn (wgmma, split K); 40: batched decode on the small-T tile; 8: below
-  // the wgmma kernel (the compositions run); 1024: gate_up without a K split.
-  for (int64_t T : {338, 40, 8}) {
+  // 338: the later agent turn (wgmma, split K); 40: batched decode on the small-T tile; 16, 8, 5:
+  // below the wgmma kernel (fp8_small_n.cu from shared codes, its K splits added in the kernel); 4:
+  // the few-token kernel (the compositions run); 1024: gate_up without a K split.
+  for (int64_t T : {338, 40, 16, 8, 5, 4}) {
     check_linears(h, T);
     check_linear_add_rmsnorm(h, T);
     check_gated_norm_out(h, T);
     check_gated_mlp(h, T);
   }
   check_gated_mlp(h, 1024);
+  {
+    // At 5..16 tokens the codes go to fp8_small_n.cu (so the checks above compare the shared-codes
+    // route with linear's): it must take the 35B shapes, out_proj with a cluster of K splits.
+    QWeight w = make_qweight(h, 1, 2048, 4096, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);
+    QWeight qkv = make_qweight(h, 1, 1024, 2048, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);
+    for (int64_t T : {5, 16}) {
+      record("dense_fused", "out_proj T " + std::to_string(T) + " on the small-N kernel with K splits in a cluster",
+             fp8_small_n_plan_splits(*h.gpu, T, w.gpu_lin) > 1 ? 0.0 : 1.0, kExact);
+      record("dense_fused", "qkv T " + std::to_string(T) + " on the small-N kernel",
+             fp8_small_n_plan_splits(*h.gpu, T, qkv.gpu_lin) > 0 ? 0.0 : 1.0, kExact);
+    }
+  }
   if (fp8_wgmma_expected(*h.gpu)) {
     // The fused consumers must have run where they are meant to: K split at the later-turn shapes.
     QWeight w = make_qweight(h, 1, 2048, 4096, 1, WeightFormat::kFp8Channel, ActivationQuant::kFp8TokenDynamic, 4.0f);

@@ -10,7 +10,10 @@
 //   few-token path (T <= 4), the mma.sync small-N kernel, the sm_90a wgmma kernel's small-T tile and
 //   the dispatch, µs and weight bytes per second against the measured copy bandwidth (the floor);
 // - "gemm small-T tile": the wgmma kernel's small-T tile with each K split forced;
-// - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM.
+// - "gemm bf16": router / lm_head: SIMT or GEMV vs the split-bf16 tensor-core GEMM;
+// - "gemm codes": batched decode at the 122B's shapes, T = 5..64: fp8_small_n.cu with its plan and
+//   each K split forced, the wgmma tile, the dispatch; the GDN in_proj pair and the shared expert,
+//   one op at a time against the ops that share the activation codes (linears, gated_mlp).
 // Method as bench_kernels.cpp: ops captured into a CUDA graph and replayed, median of 5; weights
 // rotated over >= 512 MB of copies where the weight stream is what is measured.
 #include <algorithm>
@@ -236,6 +239,83 @@ void bench_small_n_tiles(Backend& g) {
   }
 }
 
+// Batched decode at the 122B's shapes, T = 5..64 (--bench-filter "gemm codes"): one linear through
+// fp8_small_n.cu (quantize + one kernel, K splits added in a cluster) with its plan and with each K
+// split forced, the wgmma small-T tile and the dispatch; then the GDN in_proj pair (qkv and z of one
+// input: branches of linear against linears, which quantizes once) and the shared expert (linear,
+// silu_mul, linear against gated_mlp). Weights rotated over >= 512 MB: their stream is measured.
+void bench_codes(Backend& g) {
+  const double copy = copy_bandwidth(g);
+  std::printf("-- batched decode W8A8 (122B shapes): us per call (GB/s of weights; floor: copy %.0f GB/s)\n", copy);
+  const int64_t Ts[] = {5, 8, 16, 32, 64};
+  XCache xs{g, {}};
+  for (const Shape& s : kFp8Shapes) {
+    const double bytes = static_cast<double>(s.N) * (s.K + 4);
+    auto ws = prefill_weights(g, s, 64);
+    const int copies = static_cast<int>(ws.size()), iters = std::max(copies, 8);
+    for (int64_t T : Ts) {
+      const Tensor& x = xs.get(T, s.K);
+      Buffer out(&g, DType::kF32, {T, s.N});
+      const std::string plan = "small-n s" + std::to_string(fp8_small_n_plan_splits(g, T, ws[0].lin));
+      for (auto [path, name] : {std::pair{LinearPath::kFp8SmallN, plan.c_str()}, {LinearPath::kFp8Wgmma, "wgmma"},
+                                {LinearPath::kDispatch, "dispatch"}}) {
+        const double ms = time_path(g, out, x, ws, path, iters);
+        if (ms >= 0) print_row(s.name, T, name, ms, 2.0 * T * s.N * s.K, bytes, copy);
+      }
+      if (T > 16) continue;
+      for (int splits : {1, 2, 4, 6, 8, 12, 16}) {
+        if (!fp8_small_n_probe(g, out, x, ws[0].lin, splits)) continue;
+        const double ms = time_graph(
+            g, [&](int i) { fp8_small_n_probe(g, out, x, ws[static_cast<size_t>(i % copies)].lin, splits); }, iters);
+        const std::string name = "forced s" + std::to_string(splits);
+        print_row(s.name, T, name.c_str(), ms, 2.0 * T * s.N * s.K, bytes, copy);
+      }
+    }
+  }
+  const auto fp8 = WeightFormat::kFp8Channel;
+  const auto dyn = ActivationQuant::kFp8TokenDynamic;
+  {
+    const int copies = 8;  // 8 x 63 MB
+    std::vector<BenchLinear> qkv, z;
+    for (int i = 0; i < copies; ++i) {
+      qkv.push_back(make_linear(&g, fp8, dyn, 1, 12288, 3072, 1));
+      z.push_back(make_linear(&g, fp8, dyn, 1, 8192, 3072, 1));
+    }
+    for (int64_t T : Ts) {
+      const Tensor& x = xs.get(T, 3072);
+      Buffer mo(&g, DType::kF32, {T, 12288}), zo(&g, DType::kF32, {T, 8192});
+      auto at = [&](int i) { return static_cast<size_t>(i % copies); };
+      const double branches_ms = time_graph(g, [&](int i) {
+        g.run_branches({[&] { g.linear(mo, x, qkv[at(i)].lin); }, [&] { g.linear(zo, x, z[at(i)].lin); }});
+      }, 16);
+      const double fused_ms = time_graph(g, [&](int i) { g.linears({mo, zo}, x, {&qkv[at(i)].lin, &z[at(i)].lin}); }, 16);
+      std::printf("%-32s %5lld branches of linear %8.2f us, linears %8.2f us\n", "122B in_proj qkv + z",
+                  static_cast<long long>(T), branches_ms * 1e3, fused_ms * 1e3);
+    }
+  }
+  {
+    const int copies = 16;  // 16 x 9.4 MB
+    std::vector<BenchLinear> gu, dn;
+    for (int i = 0; i < copies; ++i) {
+      gu.push_back(make_linear(&g, fp8, dyn, 1, 2048, 3072, 2));
+      dn.push_back(make_linear(&g, fp8, dyn, 1, 3072, 1024, 1));
+    }
+    for (int64_t T : Ts) {
+      const Tensor& x = xs.get(T, 3072);
+      Buffer gup(&g, DType::kF32, {T, 2048}), act(&g, DType::kF32, {T, 1024}), out(&g, DType::kF32, {T, 3072});
+      auto at = [&](int i) { return static_cast<size_t>(i % copies); };
+      const double chain_ms = time_graph(g, [&](int i) {
+        g.linear(gup, x, gu[at(i)].lin);
+        g.silu_mul(act, gup);
+        g.linear(out, act, dn[at(i)].lin);
+      }, 16);
+      const double fused_ms = time_graph(g, [&](int i) { g.gated_mlp(out, x, gu[at(i)].lin, dn[at(i)].lin); }, 16);
+      std::printf("%-32s %5lld chain of linear %8.2f us, gated_mlp %8.2f us\n", "122B shared expert",
+                  static_cast<long long>(T), chain_ms * 1e3, fused_ms * 1e3);
+    }
+  }
+}
+
 void bench_bf16(Backend& g) {
   const double copy = copy_bandwidth(g);
   std::printf("-- bf16 weights: SIMT / GEMV vs split-bf16 tensor cores\n");
@@ -269,6 +349,7 @@ RegisterKernelBench reg_tiles("gemm fp8 tiles", bench_fp8_tiles);
 RegisterKernelBench reg_small("gemm small-N", bench_small_n);
 RegisterKernelBench reg_small_tiles("gemm small-T tile", bench_small_n_tiles);
 RegisterKernelBench reg_bf16("gemm bf16", bench_bf16);
+RegisterKernelBench reg_codes("gemm codes", bench_codes);
 
 }  // namespace
 }  // namespace sparkserve

@@ -1,5 +1,6 @@
 // gpu_ops checks of the tensor-core matmul paths (backend/cuda/fp8_gemm.cu, fp8_gemm_wgmma.cu,
-// fp8_small_n.cu, fp8_few_tokens.cu, bf16_gemm.cu, bf16_small_n.cu, bf16_few_tokens.cu) and of
+// fp8_small_n.cu incl. its forced K splits, fp8_few_tokens.cu, bf16_gemm.cu, bf16_small_n.cu,
+// bf16_few_tokens.cu) and of
 // linear's dispatch around them, vs the CPU backend on fresh random inputs. Groups: gemm_fp8,
 // gemm_bf16, gemm_router.
 //
@@ -163,6 +164,31 @@ void test_fp8(Harness& h) {
   cases.push_back({4, 1000, 192, 1, WeightFormat::kFp8Channel, dyn});
   cases.push_back({3, 520, 1024, 2, WeightFormat::kFp8Tensor, stat});
   cases.push_back({4, 200, 16384, 1, WeightFormat::kFp8Channel, dyn});
+  // The small-N kernel's clusters of K splits (fp8_small_n.cu, T = 5..64 from codes): the 122B's qkv
+  // at 5 tokens (96 row blocks), out_proj's K 8192 at 12 (16 splits), 3 chunks at 16 (one split, no
+  // cluster reduction, rows no multiple of 128), static per-partition scales at 9, two dynamic-scale
+  // partitions at 7 (one launch over both), the shared down at 33 (four token tiles, the last one
+  // partial), a K of 16384 at 64 (eight token tiles, a 1,024-wide slice per split).
+  cases.push_back({5, 12288, 3072, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({12, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({16, 1000, 192, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({9, 520, 1024, 2, WeightFormat::kFp8Tensor, stat});
+  cases.push_back({7, 2048, 3072, 2, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({33, 3072, 1024, 1, WeightFormat::kFp8Channel, dyn});
+  cases.push_back({64, 200, 16384, 1, WeightFormat::kFp8Channel, dyn});
+  // The small-N kernel's plans on those cases: a cluster of 16 K splits for out_proj's K at 12
+  // tokens (the reduction through distributed shared memory), one split at 3 chunks (direct stores).
+  record("gemm_fp8", "small-n clusters K splits, 3072x8192 at T 12 (want 16, 8 where clusters > 8 are refused)",
+         [&] {
+           QWeight w = make_qweight(h, 1, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
+           const int s = fp8_small_n_plan_splits(*h.gpu, 12, w.gpu_lin);
+           return s == 16 || s == 8 ? 0.0 : 1.0 + s;
+         }(),
+         kExact);
+  record("gemm_fp8", "small-n one split, 1000x192 at T 16", [&] {
+    QWeight w = make_qweight(h, 1, 1000, 192, 1, WeightFormat::kFp8Channel, dyn, 4.0f);
+    return fp8_small_n_plan_splits(*h.gpu, 16, w.gpu_lin) == 1 ? 0.0 : 1.0;
+  }(), kExact);
   struct Path {
     LinearPath path;
     const char* name;
@@ -247,6 +273,42 @@ void test_fp8(Harness& h) {
       record("gemm_fp8", "wgmma tiles run " + shape, runs >= 9 ? 0.0 : 1.0, kExact);  // 3 tiles x 3 splits
       record("gemm_fp8", "wgmma all tiles+splits " + shape, worst_norm, fp32_sums_bound(c.K));
       record("gemm_fp8", "wgmma all tiles+splits max-rel " + shape, worst_rel, kFp32);
+    }
+  }
+  // 3b. The small-N kernel with its K split forced to 1 (direct stores), 3, 7 and 16 (the cluster
+  // reduction through distributed shared memory, 16 the largest cluster; declined where an empty
+  // split or clusters > 8 would be needed) on cases of section 2's kinds: a partial row block, a
+  // partial token tile, static per-partition scales, 64 tokens. Bounds as in 2.
+  {
+    const std::vector<Case> forced = {
+        {13, 1000, 3072, 1, WeightFormat::kFp8Channel, dyn}, {6, 520, 1024, 2, WeightFormat::kFp8Tensor, stat},
+        {64, 384, 2048, 1, WeightFormat::kFp8Channel, dyn},  {29, 3072, 8192, 1, WeightFormat::kFp8Channel, dyn},
+    };
+    for (const Case& c : forced) {
+      QWeight w = make_qweight(h, 1, c.N, c.K, c.P, c.fmt, c.act, 4.0f);
+      auto xv = randn(c.T * c.K);
+      Pair x = h.f32({c.T, c.K}, xv), o = h.out({c.T, c.N});
+      h.cpu->linear(o.cpu(), x.cpu(), w.cpu_lin);
+      const auto ref = h.cpu_f(o);
+      std::vector<double> rn, cn;
+      fp8_norms(h, w, xv, c.T, c.K, c.N, c.P, c.act == dyn, rn, cn);
+      const std::string shape = std::string(c.act == dyn ? "dyn " : "static ") + "TxNxKxP " + sz({c.T, c.N, c.K, c.P});
+      double worst_norm = 0, worst_rel = 0;
+      int runs = 0;
+      for (int splits : {1, 3, 7, 16}) {
+        h.gpu->upload(o.gpu(), std::vector<float>(static_cast<size_t>(c.T * c.N), NAN).data());
+        if (!fp8_small_n_probe(*h.gpu, o.gpu(), x.gpu(), w.gpu_lin, splits)) {
+          std::printf("      small-n splits %d %s: declined\n", splits, shape.c_str());
+          continue;
+        }
+        ++runs;
+        const auto got = h.gpu_f(o);
+        worst_norm = std::max(worst_norm, norm_relative(got, ref, rn, cn));
+        worst_rel = std::max(worst_rel, rel_err(got, ref));
+      }
+      record("gemm_fp8", "small-n forced splits run (two at least) " + shape, runs >= 2 ? 0.0 : 1.0, kExact);
+      record("gemm_fp8", "small-n forced splits 1/3/7/16 " + shape, worst_norm, fp32_sums_bound(c.K));
+      record("gemm_fp8", "small-n forced splits 1/3/7/16 max-rel " + shape, worst_rel, kFp32);
     }
   }
   // 4. Shapes the tensor cores do not take fall back to the GEMVs (K % 16 != 0 here): the

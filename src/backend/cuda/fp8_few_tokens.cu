@@ -1,6 +1,6 @@
 // W8A8 FP8 Linear for 2..kFp8FewTokensMax tokens (a speculative verify step at batch 1, decode at
 // batch 2-4): tc_gemm.h's fp8_few_tokens_linear, ONE kernel per linear where fp8_small_n.cu runs
-// three (the activation quantization, the GEMM, the split-K reduction). The weights are the MMA's M
+// two (the activation quantization, then the GEMM with its split-K reduction in a cluster). The weights are the MMA's M
 // operand (16 rows per tile), the tokens its N operand (one tile of 8), so each weight byte is read
 // from HBM once whatever T is.
 //
@@ -18,7 +18,8 @@
 // Every block reads its slice of x (T x K x 4 bytes per row block in all): at <= 4 tokens a few
 // MB from L2 for the largest layers, against their 25-50 MB of weights from HBM; at 8-16 tokens
 // that read and the f32 staging (shared memory, so fewer blocks per SM) made this kernel slower than
-// fp8_small_n.cu's three launches (docs/performance.md), hence its token limit.
+// the quantization + GEMM + reduction of the time (docs/performance.md), hence its token limit;
+// fp8_small_n.cu now stages f16 codes quantized once instead.
 //
 // Numerics as fp8_gemm.cu's exact route: the activation codes and scales are the CPU's
 // (fp8_quantize_rows_f16's operations), E4M3 values of both operands are exact in f16, the MMA

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cublaslt.h"
 #include "backend/cuda/fp8_codes.cuh"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
@@ -37,10 +38,12 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's advice for H
 template <Fp8CodeOrder kOrder>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(__half* values, float* scales, const float* x,
                                                                      int64_t K, int64_t ld, const float* static_scale) {
-  // The GEMM after this may start now (fp8_gemm_wgmma.cu, programmatic dependent launch): it
-  // streams its weights meanwhile and waits for these codes at griddepcontrol.wait. A no-op for
-  // launches that did not ask for it.
+  // The GEMM after this may start now (fp8_gemm_wgmma.cu, fp8_small_n.cu: programmatic dependent
+  // launch): it streams its weights meanwhile and waits for these codes at griddepcontrol.wait. This
+  // kernel is launched the same way: it waits for the kernel that wrote x before touching memory. Both
+  // no-ops for launches that did not ask for them.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t t = blockIdx.x;
   const float* xr = x + t * K;
   float s;
@@ -122,15 +125,17 @@ void fp8_quantize_rows_f16(cudaStream_t s, __half* values, float* scales, const 
                            const float* static_scale, Fp8CodeOrder order) {
   if (T == 0) return;
   CHECK(K % 4 == 0 && T <= INT32_MAX);
+  // Programmatic stream serialization: launched while the kernel before it finishes (it waits for
+  // that kernel's results at griddepcontrol.wait).
+  const PdlLaunch l(dim3(static_cast<unsigned>(T)), dim3(kQuantThreads), 0, s);
   if (order == Fp8CodeOrder::kNatural) {
-    quantize_rows_kernel<Fp8CodeOrder::kNatural>
-        <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, K, static_scale);
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, quantize_rows_kernel<Fp8CodeOrder::kNatural>, values, scales, x, K, K,
+                                  static_scale));
   } else {
     CHECK(K % 16 == 0);
-    quantize_rows_kernel<Fp8CodeOrder::kWgmma64>
-        <<<static_cast<unsigned>(T), kQuantThreads, 0, s>>>(values, scales, x, K, fp8_wgmma_row(K), static_scale);
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, quantize_rows_kernel<Fp8CodeOrder::kWgmma64>, values, scales, x, K,
+                                  fp8_wgmma_row(K), static_scale));
   }
-  CUDA_CHECK_LAUNCH();
 }
 void fp8_silu_mul_quantize(cudaStream_t s, __half* values, float* scales, const float* gu, int splits, int64_t T,
                            int64_t I, const float* ts, const float* ws) {

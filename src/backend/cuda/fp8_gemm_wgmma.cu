@@ -295,6 +295,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n], summed in split order.
+__global__ void reduce_splits_kernel(float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
+                                     const float* ts, const float* ws) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * rows) return;
+  const int64_t t = i / rows, n = i % rows;
+  float s = 0.0f;
+  for (int k = 0; k < splits; ++k) s += part[k * T * rows + i];
+  out[t * ldo + n] = s * (ts[t] * ws[n]);
+}
+
 // The tile shapes (weight rows per unit = 128 kMT, tokens kBN) and the planner's relative MMA
 // efficiency of each, fitted with its fixed costs below to gpu_ops' "gemm fp8 tiles" sweep on the
 // H200 (122B and 35B shapes, T = 128..8192: its choice within 2.8% of the best tile and split of the
@@ -393,6 +404,13 @@ Plan plan_small(int64_t T, int64_t rows, int64_t K, int sms) {
 }
 
 }  // namespace
+
+void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
+                       const float* ts, const float* ws) {
+  if (T * rows == 0) return;
+  reduce_splits_kernel<<<blocks_for(T * rows, 256), 256, 0, s>>>(out, ldo, part, splits, T, rows, ts, ws);
+  CUDA_CHECK_LAUNCH();
+}
 
 bool fp8_wgmma_available() {
   static const bool ok = [] {

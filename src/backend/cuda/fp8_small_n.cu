@@ -1,67 +1,140 @@
-// W8A8 FP8 Linear for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
-// fp8_few_tokens.cu's one-kernel path up to 4 tokens and, on sm_90a, fp8_gemm_wgmma.cu's small-T
-// tile from 17): tc_gemm.h's fp8_small_n_linear. The weights are the MMA's M operand (16 rows per tile), the tokens its N
-// operand (8 per tile, up to 64), so each weight byte is read from HBM once per step whatever T is
-// (the GEMVs re-read the weights for every 8 tokens).
+// W8A8 FP8 Linear for T = kFp8FewTokensMax + 1 .. 64 tokens (batched decode, speculative verify at
+// batch) from activation codes made beforehand: tc_gemm.h's fp8_small_n_linear (quantize, then this
+// kernel) and fp8_small_n_codes_linear (codes shared by the linears of one input, or made by the op
+// that produced the input: linear_fused.cu). linear.cu takes it from 5 tokens up to the wgmma small-T
+// tile's range on sm_90a, and up to 64 elsewhere. Two launches per linear where the previous kernel
+// here ran three (quantize, GEMM, split-K reduction): the K splits of a row block form a thread-block
+// cluster and add their partial sums through distributed shared memory (fp8_few_tokens.cu's epilogue).
 //
-// Numerics as fp8_gemm.cu's exact route: the activation codes are the CPU's (fp8_quantize_rows_f16),
-// E4M3 values of both operands are exact in f16, mma.sync m16n8k16 multiplies them exactly and
-// accumulates in f32; s_t · ws[n] is applied to the f32 sum. Deterministic: a split of K over blocks
-// writes partial sums that one kernel adds in split order.
+// The weights are the MMA's M operand (16 rows per tile), the tokens its N operand (NT tiles of 8),
+// so each weight byte is read from HBM once whatever T is.
 //
-// Per warp: 32 weight rows (two m16 tiles) x all token tiles, over a range of 64-wide K chunks. A
-// lane loads 16 bytes of codes per row and chunk (4 lanes cover a row's 64 bytes) and converts them
-// in registers (one cvt per 2 codes). The MMA's K order is free (a dot product does not depend on it),
-// so the lane's bytes 4s..4s+3 serve MMA step s as its k pairs (2q, 2q+1) and (2q + 8, 2q + 9), and the
-// B fragment takes the same four activation values: x[n][16q + 4s .. + 3], one 8-byte load.
+// A block owns 128 weight rows and one K slice; the S blocks of a row block (its K splits) form a
+// cluster:
+// - prologue: the block's first weight chunks are loaded into registers; then (the kernel before,
+//   which wrote the codes, finished: programmatic dependent launch) the codes of the slice of every
+//   token row are copied into shared memory (cp.async, all in flight together) with the T scales.
+// - main loop: mma.sync m16n8k16 over the slice, the activation fragments from shared memory.
+// - epilogue: S == 1 scales and stores; else each block's partial sums go into its shared memory
+//   (over the codes, read for the last time), and block r of the cluster adds the S partial sums of
+//   its share of the outputs in split order (0 + p0 + p1 + ...), then scales: deterministic.
+//
+// Numerics as fp8_gemm.cu's exact route: the codes and scales are the CPU's (fp8_quantize_rows_f16),
+// E4M3 values of both operands are exact in f16, the MMA multiplies them exactly and accumulates in
+// f32; s_t · ws[n] is applied to the f32 sum.
+//
+// Per warp: 32 weight rows (two m16 tiles) over the block's 64-wide K chunks. A lane loads 16 bytes
+// of codes per row and chunk (4 lanes cover a row's 64 bytes) and converts them in registers (one cvt
+// per 2 codes). Lane q's bytes 4s..4s+3 (x's k = 16 q + 4 s + j) serve MMA step s as its A pairs
+// (2q, 2q+1) and (2q + 8, 2q + 9); the activation codes are in tc_gemm.h's kWgmma64 order, where
+// those k of a token sit at 16 s + 2 q + {0, 1} and 16 s + 2 q + {8, 9} of the chunk: the B
+// fragment's two registers, two 4-byte shared loads.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "backend/cuda/fp8_codes.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/tc_gemm.h"
 #include "core/check.h"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "fp8_small_n.cu needs sm_90 or newer (thread-block clusters, programmatic dependent launch)"
+#endif
+
 namespace sparkserve {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kWarps = 4;
-constexpr int kMTiles = 2;                       // m16 tiles per warp
+constexpr int kThreads = kWarps * 32;
+constexpr int kMTiles = 2;  // m16 tiles per warp
 constexpr int kRowsPerWarp = 16 * kMTiles;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-constexpr int kChunk = 64;                       // K per step (16 bytes of codes per lane and row)
-constexpr int kStages = 3;                       // chunks of weights in registers: one computed, two in flight
+constexpr int kChunk = 64;      // K per step (16 bytes of codes per lane and row)
+constexpr int kStages = 4;      // chunks of weights in registers: one computed, three in flight
+constexpr int kMaxSplits = 16;  // the largest cluster (non-portable; 8 is portable)
+constexpr int kMaxT = static_cast<int>(kFp8SmallNMaxTokens);
+// Activation code rows are L + 8 f16 apart (L a multiple of 64): a row stride of 16 bytes mod 128, so
+// the 4-byte B loads of a warp (8 rows g x 4 lanes q, 4 bytes apart) hit 32 distinct banks.
+constexpr int kXPad = 8;
+constexpr int kPartLd = kRowsPerBlock + 4;  // f32 partial-sum rows: the 4 q lanes' tokens in distinct banks
 
-struct SmallNArgs {
+struct CodesArgs {
   const uint8_t* w;   // [rows, K] E4M3, row stride K
-  const __half* x;    // [T, K] the activation codes' values
+  const __half* xq;   // [T, K] the activation codes' values, kWgmma64 order (K % 64 == 0: rows K apart)
   const float* ts;    // [T] activation scales
   const float* ws;    // [rows] weight scales
-  float* out;         // [T, ldo]: splits == 1
-  float* part;        // [splits, T, rows]: splits > 1
+  float* out;         // [T, ldo]
   int64_t K, rows, ldo;
-  int T, chunks_per_split, splits;
+  int T, chunks_per_split;
 };
 
+// Shared memory: the codes of the slice [T][L + kXPad] f16, reused after the main loop for the
+// partial sums [T][kPartLd] f32; then the scales [kMaxT] f32.
+__host__ __device__ inline int64_t region_bytes(int chunks_per_split, int T) {
+  const int64_t codes = (int64_t{T} * (chunks_per_split * kChunk + kXPad) * 2 + 15) / 16 * 16;
+  const int64_t part = int64_t{T} * kPartLd * 4;
+  return codes > part ? codes : part;
+}
+inline int64_t smem_bytes(int chunks_per_split, int T) { return region_bytes(chunks_per_split, T) + kMaxT * 4; }
 
-
-// grid: (ceil(rows / 128), splits), 128 threads. NT token tiles of 8 (T <= 8 NT).
+// grid: (S, ceil(rows / 128)), clusters of (S, 1, 1): block (r, b) = K split r of row block b. NT
+// token tiles of 8 (T <= 8 NT).
 template <int NT>
-__global__ void __launch_bounds__(kWarps * 32) fp8_small_n_kernel(SmallNArgs a) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
+__global__ void __launch_bounds__(kThreads) fp8_small_n_kernel(CodesArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int S = static_cast<int>(cluster.num_blocks()), split = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4, tid = threadIdx.x;
+  const int T = a.T;
+  const int L = a.chunks_per_split * kChunk, ldx = L + kXPad;
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* part = reinterpret_cast<float*>(smem);  // after the main loop
+  float* scale_s = reinterpret_cast<float*>(smem + region_bytes(a.chunks_per_split, T));
+
+  const int64_t row_base = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
+  const int64_t row0 = row_base + warp * kRowsPerWarp;
+  const int64_t c0 = static_cast<int64_t>(split) * a.chunks_per_split;
+  const int64_t c1 = min(c0 + a.chunks_per_split, a.K / kChunk);
   // The lane's rows: tile i, half h -> row0 + 16 i + 8 h + g (clamped for the loads; not stored).
   const uint8_t* wp[2 * kMTiles];
 #pragma unroll
-  for (int r = 0; r < 2 * kMTiles; ++r)
-    wp[r] = a.w + min(row0 + 8 * r + g, a.rows - 1) * a.K + 16 * q;
+  for (int r = 0; r < 2 * kMTiles; ++r) wp[r] = a.w + min(row0 + 8 * r + g, a.rows - 1) * a.K + 16 * q;
+  uint4 buf[kStages][2 * kMTiles];
+  auto load = [&](uint4 (&dst)[2 * kMTiles], int64_t c) {
+#pragma unroll
+    for (int r = 0; r < 2 * kMTiles; ++r) dst[r] = ld_stream16(wp[r] + c * kChunk);
+  };
+  // The weights do not depend on the kernel before this one: their first chunks are in flight
+  // while it finishes.
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st)
+    if (c0 + st < c1) load(buf[st], c0 + st);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
+  // Prologue: the slice's codes into shared memory, every copy in flight at once.
+  const int n16 = (c1 > c0 ? static_cast<int>(c1 - c0) : 0) * (kChunk / 8);  // 16-byte granules per token row
+  for (int i = tid; i < T * n16; i += kThreads) {
+    const int t = i / n16, c = i % n16;
+    cp_async16(xs + t * ldx + 8 * c, a.xq + t * a.K + c0 * kChunk + 8 * c);
+  }
+  cp_async_commit();
+  if (tid < T) scale_s[tid] = a.ts[tid];
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Token columns past T read row T - 1 (not stored).
   const __half* xp[NT];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) xp[j] = a.x + static_cast<int64_t>(min(8 * j + g, a.T - 1)) * a.K + 16 * q;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * a.chunks_per_split;
-  const int64_t c1 = min(c0 + a.chunks_per_split, a.K / kChunk);
+  for (int j = 0; j < NT; ++j) xp[j] = xs + min(8 * j + g, T - 1) * ldx + 2 * q;
   float acc[kMTiles][NT][4];
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i)
@@ -69,29 +142,25 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_small_n_kernel(SmallNArgs a) 
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-  uint4 buf[kStages][2 * kMTiles];
-  auto load = [&](uint4 (&dst)[2 * kMTiles], int64_t c) {
-#pragma unroll
-    for (int r = 0; r < 2 * kMTiles; ++r) dst[r] = ld_stream16(wp[r] + c * kChunk);
-  };
   auto compute = [&](const uint4 (&wq)[2 * kMTiles], int64_t c) {
+    const int off = static_cast<int>(c - c0) * kChunk;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      uint2 xb[NT];
+      uint32_t b0[NT], b1[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xb[j] = __ldg(reinterpret_cast<const uint2*>(xp[j] + c * kChunk + 4 * s));
+      for (int j = 0; j < NT; ++j) {
+        b0[j] = *reinterpret_cast<const uint32_t*>(xp[j] + off + 16 * s);
+        b1[j] = *reinterpret_cast<const uint32_t*>(xp[j] + off + 16 * s + 8);
+      }
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         const uint32_t lo = code_word(wq[2 * i], s), hi = code_word(wq[2 * i + 1], s);
         const uint32_t af[4] = {e4m3x2_f16x2(lo), e4m3x2_f16x2(hi), e4m3x2_f16x2(lo >> 16), e4m3x2_f16x2(hi >> 16)};
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mma_f16_16816(acc[i][j], af, xb[j].x, xb[j].y);
+        for (int j = 0; j < NT; ++j) mma_f16_16816(acc[i][j], af, b0[j], b1[j]);
       }
     }
   };
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st)
-    if (c0 + st < c1) load(buf[st], c0 + st);
   for (int64_t c = c0; c < c1; c += kStages) {
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
@@ -103,108 +172,227 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_small_n_kernel(SmallNArgs a) 
     }
   }
   // C fragment: acc[i][j] = rows (tile i) g and g + 8, tokens 8 j + 2 q and + 1.
+  if (S == 1) {
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t n = row0 + 16 * i + 8 * h + g;
+        if (n >= a.rows) continue;
+        const float wsn = a.ws[n];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int t = 8 * j + 2 * q + e;
+            if (t < T) a.out[t * a.ldo + n] = acc[i][j][2 * h + e] * (scale_s[t] * wsn);
+          }
+      }
+    return;
+  }
+  __syncthreads();  // every warp has read the codes: the partial sums go over them
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = row0 + 16 * i + 8 * h + g;
-      if (n >= a.rows) continue;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int t = 8 * j + 2 * q + e;
-          if (t >= a.T) continue;
-          const float v = acc[i][j][2 * h + e];
-          if (a.splits == 1) a.out[t * a.ldo + n] = v * (a.ts[t] * a.ws[n]);
-          else a.part[(static_cast<int64_t>(blockIdx.y) * a.T + t) * a.rows + n] = v;
+          if (t < T) part[t * kPartLd + warp * kRowsPerWarp + 16 * i + 8 * h + g] = acc[i][j][2 * h + e];
         }
+  cluster.sync();  // every block's partial sums written
+  // Block `split` adds its share of the [T, 128] outputs: elements e0..e1 (row fastest: coalesced).
+  const int E = T * kRowsPerBlock, per = (E + S - 1) / S;
+  const int e1 = min(E, (split + 1) * per);
+  for (int e = split * per + tid; e < e1; e += kThreads) {
+    const int t = e / kRowsPerBlock, lr = e % kRowsPerBlock;
+    float v[kMaxSplits];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r) v[r] = r < S ? *cluster.map_shared_rank(part + t * kPartLd + lr, r) : 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; ++r)
+      if (r < S) sum += v[r];
+    const int64_t n = row_base + lr;
+    if (n < a.rows) a.out[t * a.ldo + n] = sum * (scale_s[t] * a.ws[n]);
+  }
+  cluster.sync();  // no block leaves while another reads its shared memory
+}
+
+// The kernel per token-tile count: index 0..3 for NT = 1, 2, 4, 8.
+using KernelFn = void (*)(CodesArgs);
+const KernelFn kKernels[] = {fp8_small_n_kernel<1>, fp8_small_n_kernel<2>, fp8_small_n_kernel<4>,
+                                 fp8_small_n_kernel<8>};
+int kernel_index(int64_t T) { return T <= 8 ? 0 : T <= 16 ? 1 : T <= 32 ? 2 : 3; }
+
+// The largest cluster this device runs the kernels in (16 where non-portable sizes are allowed, else 8).
+int most_splits() {
+  static const int most = [] {
+    int n = kMaxSplits;
+    for (KernelFn k : kKernels) {
+      if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 8;
+      }
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(kMaxSplits);
+      cfg.blockDim = dim3(kThreads);
+      int c = 0;
+      if (cudaOccupancyMaxPotentialClusterSize(&c, k, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 8;
+      }
+      n = std::min(n, c >= kMaxSplits ? kMaxSplits : 8);
     }
+    return n;
+  }();
+  return most;
 }
 
-// out[t, n] = ts[t] · ws[n] · Σ_s part[s, t, n], summed in split order.
-__global__ void reduce_splits_kernel(float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
-                                     const float* ts, const float* ws) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= T * rows) return;
-  const int64_t t = i / rows, n = i % rows;
-  float s = 0.0f;
-  for (int k = 0; k < splits; ++k) s += part[k * T * rows + i];
-  out[t * ldo + n] = s * (ts[t] * ws[n]);
+// Launch configuration: clusters of the S splits of a row block, programmatic stream serialization
+// (the weight loads overlap the tail of the kernel before: the quantization).
+PdlLaunch launch_config(int ki, int splits, int64_t row_blocks, int64_t smem, cudaStream_t stream) {
+  static int64_t allowed[4] = {0, 0, 0, 0};
+  allow_smem(kKernels[ki], smem, allowed[ki]);
+  return PdlLaunch(dim3(static_cast<unsigned>(splits), static_cast<unsigned>(row_blocks)), dim3(kThreads), smem,
+                   stream, static_cast<unsigned>(splits));
 }
 
-template <int NT>
-void launch_small_n(const SmallNArgs& a, dim3 grid, cudaStream_t s) {
-  fp8_small_n_kernel<NT><<<grid, kWarps * 32, 0, s>>>(a);
-  CUDA_CHECK_LAUNCH();
+// Clusters of `splits` blocks with `smem` bytes each that the device holds at once (cached: the query
+// is a driver call).
+int resident_clusters(int ki, int splits, int64_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int64_t>, int> cache;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(ki, splits, smem);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  PdlLaunch l = launch_config(ki, splits, 1, smem, nullptr);
+  cudaLaunchConfig_t& cfg = l.cfg;
+  cfg.numAttrs = 1;  // the cluster shape only
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kKernels[ki], &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  cache[key] = n;
+  return n;
 }
 
-}  // namespace
-
-namespace {
-// One call for T <= 64 tokens.
-void small_n_tokens(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
-  const int64_t K = w.in_features, N = w.out_features;
-  const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
-  const int64_t parts = per_partition ? w.partitions : 1, rows = N / parts;
-  // Splits of K over blocks: enough warps to keep ~16 per SM streaming, each split at least two
-  // chunks, and the partial sums (written and read once) at most half the weight bytes.
+// K splits: the most (up to a cluster; each split at least two chunks) whose row blocks all run in one
+// wave of resident clusters: every block then streams from the start, and a block's fixed costs
+// (prologue, cluster barriers) are paid once per SM slot. Where no split count gives one wave, the
+// fewest that fit shared memory. 0: none fits.
+int plan_splits(int64_t T, int64_t rows, int64_t K) {
+  const int ki = kernel_index(T);
   const int64_t chunks = K / kChunk, row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int64_t want = (4 * static_cast<int64_t>(b.sm_count()) + row_blocks - 1) / row_blocks;
-  const int64_t cap = std::max<int64_t>(1, std::min(chunks / 2, K / (16 * T)));
-  const int64_t splits = std::clamp<int64_t>(want, 1, cap);
-  const int64_t per_split = (chunks + splits - 1) / splits;
-  const int used = static_cast<int>((chunks + per_split - 1) / per_split);  // no empty split
-  CHECK(row_blocks <= INT32_MAX);
-  CudaBackend::Scratch xh(&b, static_cast<size_t>(T * K) * 2), ts(&b, static_cast<size_t>(T) * 4),
-      part(&b, used > 1 ? static_cast<size_t>(used * T * rows) * 4 : 0);
+  const int most = static_cast<int>(std::min<int64_t>(most_splits(), std::max<int64_t>(1, chunks / 2)));
+  int fallback = 0;
+  for (int s = most; s >= 1; --s) {
+    const int64_t per = (chunks + s - 1) / s;
+    if ((chunks + per - 1) / per != s) continue;  // an empty split: the same as fewer splits
+    const int64_t smem = smem_bytes(static_cast<int>(per), static_cast<int>(T));
+    if (smem > smem_budget()) continue;
+    const int resident = resident_clusters(ki, s, smem);
+    if (resident == 0) continue;
+    fallback = s;
+    if (row_blocks <= resident) return s;
+  }
+  return fallback;
+}
+
+// One partition's product: codes xq [T, K] (T <= 64) with scales ts -> out (rows ldo apart).
+void run(CudaBackend& b, int splits, float* out, int64_t ldo, const __half* xq, const float* ts, int64_t T,
+         int64_t rows, int64_t K, const uint8_t* wq, const float* ws) {
+  CodesArgs a{};
+  a.w = wq;
+  a.xq = xq;
+  a.ts = ts;
+  a.ws = ws;
+  a.out = out;
+  a.K = K;
+  a.rows = rows;
+  a.ldo = ldo;
+  a.T = static_cast<int>(T);
+  const int64_t chunks = K / kChunk;
+  a.chunks_per_split = static_cast<int>((chunks + splits - 1) / splits);
+  const int ki = kernel_index(T);
+  const int64_t row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const PdlLaunch l = launch_config(ki, splits, row_blocks, smem_bytes(a.chunks_per_split, a.T), b.stream());
+  CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kKernels[ki], a));
+}
+
+// Whether the kernel takes rows x K at T tokens (a plan fits), and its split count then; forced > 0:
+// that split where it fits (no empty split, shared memory).
+int splits_for(int64_t T, int64_t rows, int64_t K, int forced = 0) {
+  if (T < 1 || T > kMaxT || rows == 0 || (rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) return 0;
+  if (forced <= 0) return plan_splits(T, rows, K);
+  const int64_t chunks = K / kChunk, per = (chunks + forced - 1) / forced;
+  if (forced > std::min(most_splits(), static_cast<int>(chunks)) || (chunks + per - 1) / per != forced ||
+      smem_bytes(static_cast<int>(per), static_cast<int>(T)) > smem_budget())
+    return 0;
+  return forced;
+}
+
+// fp8_small_n_linear with the plan's split (forced == 0) or a forced one.
+bool small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int forced) {
+  if (!fp8_w8a8_takes(w, kChunk) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
+  const int64_t K = w.in_features, N = w.out_features;
+  if (T == 0 || N == 0) return true;
+  // A static activation scale may differ per partition: each partition's rows get x quantized with
+  // its own scale. Dynamic scales are per token, the same for every partition.
+  const bool stat = w.activation == ActivationQuant::kFp8TensorStatic;
+  const int64_t parts = stat && w.partitions > 1 ? w.partitions : 1, rows = N / parts;
+  // Pieces of 64 tokens (past 64: the fallback where the tensor-core GEMMs do not run); every piece's
+  // plan is checked before anything is launched.
+  const int64_t first = std::min(T, kFp8SmallNMaxTokens), last = T % kFp8SmallNMaxTokens;
+  if (splits_for(first, rows, K, forced) == 0 || (last != 0 && splits_for(last, rows, K, forced) == 0)) return false;
+  CudaBackend::Scratch xq(&b, static_cast<size_t>(first * K) * 2), ts(&b, static_cast<size_t>(first) * 4);
   const auto* wq = static_cast<const uint8_t*>(w.weight.data);
   const auto* ws = static_cast<const float*>(w.weight_scale.data);
   const auto* is = static_cast<const float*>(w.input_scale.data);
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(used));
-  const int nt = T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
-  for (int64_t p = 0; p < parts; ++p) {
-    fp8_quantize_rows_f16(b.stream(), xh.as<__half>(), ts.as<float>(), x, T, K,
-                          w.activation == ActivationQuant::kFp8TensorStatic ? is + p : nullptr);
-    SmallNArgs a{};
-    a.w = wq + p * rows * K;
-    a.x = xh.as<__half>();
-    a.ts = ts.as<float>();
-    a.ws = ws + p * rows;
-    a.out = out + p * rows;
-    a.part = part.as<float>();
-    a.K = K;
-    a.rows = rows;
-    a.ldo = N;
-    a.T = static_cast<int>(T);
-    a.chunks_per_split = static_cast<int>(per_split);
-    a.splits = used;
-    switch (nt) {
-      case 1: launch_small_n<1>(a, grid, b.stream()); break;
-      case 2: launch_small_n<2>(a, grid, b.stream()); break;
-      case 4: launch_small_n<4>(a, grid, b.stream()); break;
-      default: launch_small_n<8>(a, grid, b.stream()); break;
-    }
-    if (used > 1) {
-      fp8_reduce_splits(b.stream(), out + p * rows, N, part.as<float>(), used, T, rows, ts.as<float>(), ws + p * rows);
+  for (int64_t t0 = 0; t0 < T; t0 += kFp8SmallNMaxTokens) {
+    const int64_t n = std::min(kFp8SmallNMaxTokens, T - t0);
+    const int splits = splits_for(n, rows, K, forced);
+    for (int64_t p = 0; p < parts; ++p) {
+      fp8_quantize_rows_f16(b.stream(), xq.as<__half>(), ts.as<float>(), x + t0 * K, n, K, stat ? is + p : nullptr,
+                            Fp8CodeOrder::kWgmma64);
+      run(b, splits, out + t0 * N + p * rows, N, xq.as<__half>(), ts.as<float>(), n, rows, K, wq + p * rows * K,
+          ws + p * rows);
     }
   }
+  return true;
 }
+
 }  // namespace
 
-void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
-                       const float* ts, const float* ws) {
-  if (T * rows == 0) return;
-  reduce_splits_kernel<<<blocks_for(T * rows, 256), 256, 0, s>>>(out, ldo, part, splits, T, rows, ts, ws);
-  CUDA_CHECK_LAUNCH();
+int fp8_small_n_splits(const Linear& w, int64_t T) {
+  if (!fp8_w8a8_takes(w, kChunk)) return 0;
+  const bool per_partition = w.activation == ActivationQuant::kFp8TensorStatic && w.partitions > 1;
+  return splits_for(std::min(T, kFp8SmallNMaxTokens), w.out_features / (per_partition ? w.partitions : 1),
+                    w.in_features);
+}
+
+bool fp8_small_n_takes_codes(const Linear& w, int64_t T) {
+  return fp8_w8a8_takes(w, kChunk) && w.activation == ActivationQuant::kFp8TokenDynamic &&
+         splits_for(T, w.out_features, w.in_features) > 0;
+}
+
+void fp8_small_n_codes_linear(CudaBackend& b, float* out, const __half* xq, const float* ts, int64_t T,
+                              const Linear& w) {
+  CHECK(fp8_small_n_takes_codes(w, T));
+  run(b, splits_for(T, w.out_features, w.in_features), out, w.out_features, xq, ts, T, w.out_features, w.in_features,
+      static_cast<const uint8_t*>(w.weight.data), static_cast<const float*>(w.weight_scale.data));
 }
 
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w) {
-  if (!fp8_w8a8_takes(w, kChunk) || (reinterpret_cast<uintptr_t>(x) & 15u) != 0) return false;
-  const int64_t K = w.in_features, N = w.out_features;
-  for (int64_t t0 = 0; t0 < T && N > 0; t0 += kFp8SmallNMaxTokens)
-    small_n_tokens(b, out + t0 * N, x + t0 * K, std::min(kFp8SmallNMaxTokens, T - t0), w);
-  return true;
+  return small_n_linear(b, out, x, T, w, 0);
+}
+
+bool fp8_small_n_linear_forced(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int splits) {
+  return splits > 0 && small_n_linear(b, out, x, T, w, splits);
 }
 
 }  // namespace sparkserve

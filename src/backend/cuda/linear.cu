@@ -2,8 +2,9 @@
 //   one_token_gemv            T = 1, any format          -> gemv_fp8_t1.cu / gemv_dense.cu
 //   fp8_small_n_regime        W8A8, T = 2..64            -> fp8_few_tokens.cu (one kernel) up to 4 tokens,
 //                                                           fp8_gemm_wgmma.cu's small-T tile on sm_90a from 17
-//                                                           tokens, else fp8_small_n.cu (mma.sync); weights
-//                                                           read once
+//                                                           tokens, else fp8_small_n.cu (quantize + one
+//                                                           mma.sync kernel, K splits added in a cluster);
+//                                                           weights read once
 //   fp8_tensor_core_regime    W8A8, larger T             -> fp8_gemm_wgmma.cu on sm_90a, else fp8_gemm.cu
 //                                                           (cuBLASLt); exact f16 products both
 //   bf16_small_n_regime       bf16 weights <= 64 rows    -> bf16_small_n.cu (split-bf16 in registers, mma.sync)
@@ -39,9 +40,11 @@ bool fp8_small_n_regime(int64_t T, const Linear& w) { return T >= 2 && T <= kFp8
 // tokens (2-4x at 48-64); in whole decode steps, where projections run in concurrent branches, the
 // 35B batch-16 step is 0.25 ms (2.7%) faster with the mma.sync kernel at 16 tokens; at 2-8 tokens
 // the two tie alone (each ahead on some shapes by < 3 us) and the 122B batch-4 step is faster with
-// the mma.sync kernel (8.73 against 8.98 ms).
+// the mma.sync kernel (8.73 against 8.98 ms). fp8_small_n.cu's two-launch kernel (docs/performance.md
+// "Batched decode in two launches") took the 122B batch-16 step from 16.98 to 16.72 ms; run up to 64
+// tokens instead of the wgmma tile, batch 64 went from 32.0 to 35.7 ms.
 // Up to kFp8FewTokensMax tokens the one-kernel path first (fp8_few_tokens.cu): measured on the H200
-// (docs/performance.md "Few tokens"), 0.1-2.9 us faster than fp8_small_n.cu's three launches at all
+// (docs/performance.md "Few tokens"), 0.1-2.9 us faster than the previous fp8_small_n.cu's three launches at all
 // 28 points (14 shapes of the 122B and 35B, T = 2 and 4; the wgmma tile is faster alone on the 122B's
 // q at 2 and 4 and qkv at 4), the 122B batch-4 step 8.77 -> 8.65 ms and its verify steps (batch 1,
 // k = 1 / 2 / 3) 7.27 -> 7.03, 8.13 -> 7.98, 8.93 -> 8.84 ms; from 8 tokens on it loses.
@@ -144,6 +147,19 @@ int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w) {
   auto* c = dynamic_cast<CudaBackend*>(&b);
   if (!c || !fp8_wgmma_takes_codes(w)) return 0;
   return fp8_wgmma_splits(*c, T, w);
+}
+
+bool fp8_small_n_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int splits) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  if (!c) return false;
+  const int64_t K = w.in_features, N = w.out_features, T = K == 0 ? 0 : x.numel() / K;
+  CHECK(x.numel() == T * K && out.numel() == T * N && splits > 0);
+  return fp8_small_n_linear_forced(*c, out.ptr<float>(), x.ptr<const float>(), T, w, splits);
+}
+
+int fp8_small_n_plan_splits(Backend& b, int64_t T, const Linear& w) {
+  if (!dynamic_cast<CudaBackend*>(&b)) return 0;
+  return fp8_small_n_splits(w, T);
 }
 
 bool fp8_wgmma_expected(Backend& b) {

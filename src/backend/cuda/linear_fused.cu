@@ -1,11 +1,12 @@
 // The dense projections of a layer with fewer launches (backend/ops.h: linears, linear_add_rmsnorm,
-// gated_rmsnorm_linear_add_rmsnorm, gated_mlp), where linear would take the sm_90a wgmma kernel (fp8_gemm_wgmma.cu) or the small-N
-// bf16 kernel (bf16_small_n.cu); anything else runs the ops' compositions.
+// gated_rmsnorm_linear_add_rmsnorm, gated_mlp), where linear would take a W8A8 GEMM from activation
+// codes (fp8_small_n.cu at 5..16 tokens, the sm_90a wgmma kernel fp8_gemm_wgmma.cu from 17) or the
+// small-N bf16 kernel (bf16_small_n.cu); anything else runs the ops' compositions.
 //   linears: x quantized once for all its W8A8 linears (dynamic per-token scales: the codes do not
 //     depend on the weight), the bf16 small-N ones in one launch, then each GEMM in its own branch.
-//   linear_add_rmsnorm: a split-K product's partial sums are added by the add + norm kernel instead
-//     of fp8_reduce_splits; gated_rmsnorm_linear_add_rmsnorm also makes the codes in the GDN's gated
-//     norm kernel.
+//   linear_add_rmsnorm: a split-K product's partial sums (the wgmma kernel's; fp8_small_n.cu adds its
+//     own in the kernel) are added by the add + norm kernel instead of fp8_reduce_splits;
+//     gated_rmsnorm_linear_add_rmsnorm also makes the codes in the GDN's gated norm kernel.
 //   gated_mlp: gate_up's product (or its partial sums) goes through silu_mul and the quantization of
 //     down's input in one kernel.
 // Results bitwise those of the compositions on this backend: the same quantization, the same GEMM
@@ -23,9 +24,34 @@
 namespace sparkserve {
 namespace {
 
-// Where linear's dispatch takes the wgmma kernel and the codes can be shared.
-bool wgmma_codes(int64_t T, const Linear& w, const float* x) {
-  return T >= kFp8WgmmaSmallMinTokens && fp8_wgmma_takes_codes(w) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+// Where linear's dispatch takes a GEMM from codes and they can be shared (dynamic per-token scales:
+// the codes do not depend on the weight): fp8_small_n.cu's kernel from kFp8FewTokensMax + 1 tokens
+// below the wgmma kernel's threshold, the sm_90a wgmma kernel (fp8_gemm_wgmma.cu) from it. At
+// 2..kFp8FewTokensMax tokens fp8_few_tokens.cu quantizes in its own prologue: nothing to share.
+bool small_n_codes(int64_t T, const Linear& w) {
+  return T > kFp8FewTokensMax && T < kFp8WgmmaSmallMinTokens && fp8_small_n_takes_codes(w, T);
+}
+bool takes_codes(int64_t T, const Linear& w) {
+  return small_n_codes(T, w) || (T >= kFp8WgmmaSmallMinTokens && fp8_wgmma_takes_codes(w));
+}
+bool shares_codes(int64_t T, const Linear& w, const float* x) {
+  return takes_codes(T, w) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+}
+
+// The K split of the GEMM from codes at (T, w): 1 (out written by the kernel; fp8_small_n.cu adds its
+// splits inside the kernel) or the wgmma kernel's partial sums' count.
+int codes_splits(CudaBackend& b, int64_t T, const Linear& w) {
+  return small_n_codes(T, w) ? 1 : fp8_wgmma_splits(b, T, w);
+}
+// splits == codes_splits(b, T, w); 1: out = x W^T; > 1: part gets the wgmma kernel's partial sums.
+void codes_gemm(CudaBackend& b, float* out, float* part, int splits, const __half* xq, const float* ts, int64_t T,
+                const Linear& w) {
+  if (small_n_codes(T, w)) {
+    CHECK(splits == 1);
+    fp8_small_n_codes_linear(b, out, xq, ts, T, w);
+  } else {
+    fp8_wgmma_codes_linear(b, out, part, splits, xq, ts, T, w);
+  }
 }
 
 // Activation codes of x in the wgmma order and their scales.
@@ -40,11 +66,11 @@ struct Codes {
       : values(&b, static_cast<size_t>(T * fp8_wgmma_row(K)) * 2), scales(&b, static_cast<size_t>(T) * 4) {}
 };
 
-// out = x W^T from codes: the kernel, then fp8_reduce_splits where it splits K.
+// out = x W^T from codes: the kernel, then fp8_reduce_splits where it leaves partial sums.
 void codes_linear(CudaBackend& b, float* out, const Codes& c, int64_t T, const Linear& w) {
-  const int splits = fp8_wgmma_splits(b, T, w);
+  const int splits = codes_splits(b, T, w);
   CudaBackend::Scratch part(&b, splits > 1 ? static_cast<size_t>(splits * T * w.out_features) * 4 : 0);
-  fp8_wgmma_codes_linear(b, out, part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T, w);
+  codes_gemm(b, out, part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T, w);
   if (splits > 1)
     fp8_reduce_splits(b.stream(), out, w.out_features, part.as<float>(), splits, T, w.out_features,
                       c.scales.as<float>(), static_cast<const float*>(w.weight_scale.data));
@@ -61,7 +87,7 @@ void CudaBackend::linears(const std::vector<Tensor>& outs, const Tensor& x, cons
   for (size_t i = 0; i < ws.size(); ++i) {
     const Linear& w = *ws[i];
     CHECK(w.in_features == K && x.numel() == T * K && outs[i].numel() == T * w.out_features);
-    if (wgmma_codes(T, w, xp))
+    if (shares_codes(T, w, xp))
       fp8.push_back(i);
     else if (bf16_small_n_takes(w, T) && bf16.size() < kBf16SmallNMaxLinears)
       bf16.push_back(i);
@@ -102,10 +128,9 @@ void codes_add_rmsnorm(CudaBackend& b, const Tensor& residual, const Tensor& out
                        const Linear& w, const Tensor& norm_w, float eps) {
   const int64_t D = w.out_features;
   CHECK(residual.numel() == T * D && out.numel() == T * D && norm_w.numel() == D);
-  const int splits = fp8_wgmma_splits(b, T, w);
+  const int splits = codes_splits(b, T, w);
   CudaBackend::Scratch part(&b, static_cast<size_t>(splits * T * D) * 4);
-  fp8_wgmma_codes_linear(b, part.as<float>(), part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T,
-                         w);
+  codes_gemm(b, part.as<float>(), part.as<float>(), splits, c.values.as<__half>(), c.scales.as<float>(), T, w);
   if (splits > 1)
     fp8_splits_add_rmsnorm(b.stream(), residual.ptr<float>(), out.ptr<float>(), part.as<float>(), splits,
                            c.scales.as<float>(), static_cast<const float*>(w.weight_scale.data),
@@ -119,7 +144,7 @@ void codes_add_rmsnorm(CudaBackend& b, const Tensor& residual, const Tensor& out
 void CudaBackend::linear_add_rmsnorm(const Tensor& residual, const Tensor& out, const Tensor& x, const Linear& w,
                                      const Tensor& norm_w, float eps) {
   const int64_t K = w.in_features, T = K == 0 ? 0 : x.numel() / K;
-  if (w.out_features != norm_w.numel() || !wgmma_codes(T, w, x.ptr<const float>())) {
+  if (w.out_features != norm_w.numel() || !shares_codes(T, w, x.ptr<const float>())) {
     Backend::linear_add_rmsnorm(residual, out, x, w, norm_w, eps);  // the op chain
     return;
   }
@@ -131,7 +156,7 @@ void CudaBackend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const
                                                    const Tensor& z, const Tensor& gate_norm_w, const Linear& w,
                                                    const Tensor& norm_w, float eps) {
   const int64_t K = w.in_features, T = K == 0 ? 0 : core.numel() / K, dv = gate_norm_w.numel();
-  if (w.out_features != norm_w.numel() || !wgmma_codes(T, w, core.ptr<const float>()) || dv == 0 || K % dv != 0 ||
+  if (w.out_features != norm_w.numel() || !shares_codes(T, w, core.ptr<const float>()) || dv == 0 || K % dv != 0 ||
       dv > kFp8GatedNormMaxDv || K > kFp8GatedNormMaxK) {
     Backend::gated_rmsnorm_linear_add_rmsnorm(residual, out, core, z, gate_norm_w, w, norm_w, eps);  // the op chain
     return;
@@ -146,17 +171,16 @@ void CudaBackend::gated_rmsnorm_linear_add_rmsnorm(const Tensor& residual, const
 void CudaBackend::gated_mlp(const Tensor& out, const Tensor& x, const Linear& gate_up, const Linear& down) {
   const int64_t H = gate_up.in_features, I = down.in_features, T = H == 0 ? 0 : x.numel() / H;
   const auto* xp = x.ptr<const float>();
-  if (gate_up.out_features != 2 * I || !wgmma_codes(T, gate_up, xp) || !fp8_wgmma_takes_codes(down) || I % 16 != 0 ||
+  if (gate_up.out_features != 2 * I || !shares_codes(T, gate_up, xp) || !takes_codes(T, down) || I % 16 != 0 ||
       I > kFp8SiluQuantMaxI) {
     Backend::gated_mlp(out, x, gate_up, down);  // the op chain
     return;
   }
   CHECK(x.numel() == T * H && out.numel() == T * down.out_features);
-  const int splits = fp8_wgmma_splits(*this, T, gate_up);
+  const int splits = codes_splits(*this, T, gate_up);
   const Codes in(*this, xp, T, H);
   Scratch gu(this, static_cast<size_t>(splits * T * 2 * I) * 4);
-  fp8_wgmma_codes_linear(*this, gu.as<float>(), gu.as<float>(), splits, in.values.as<__half>(), in.scales.as<float>(),
-                         T, gate_up);
+  codes_gemm(*this, gu.as<float>(), gu.as<float>(), splits, in.values.as<__half>(), in.scales.as<float>(), T, gate_up);
   Codes act(*this, T, I);
   fp8_silu_mul_quantize(stream_, act.values.as<__half>(), act.scales.as<float>(), gu.as<float>(), splits, T, I,
                         in.scales.as<float>(), static_cast<const float*>(gate_up.weight_scale.data));

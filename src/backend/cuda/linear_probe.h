@@ -35,6 +35,17 @@ bool fp8_wgmma_probe(Backend& b, const Tensor& out, const Tensor& x, const Linea
 // gated_mlp add in their consumers); 0 when `b` is not the CUDA backend or the kernel would not run.
 int fp8_wgmma_plan_splits(Backend& b, int64_t T, const Linear& w);
 
+// linear through fp8_small_n.cu with a forced K split (the thread-block cluster's size, 1..16). False
+// when `b` is not the CUDA backend, the kernel does not take the case, or the split does not fit
+// (an empty split, shared memory).
+// x: [T, K] f32 -> out: [T, N] f32
+bool fp8_small_n_probe(Backend& b, const Tensor& out, const Tensor& x, const Linear& w, int splits);
+
+// The K split (thread-block cluster size) fp8_small_n.cu plans for (T, w): 1 writes the outputs
+// directly, > 1 adds the partial sums in the cluster; 0 when `b` is not the CUDA backend or the
+// kernel does not take the case.
+int fp8_small_n_plan_splits(Backend& b, int64_t T, const Linear& w);
+
 // Whether fp8_gemm_wgmma.cu is expected to run: the CUDA backend on a compute 9.0 device (builds
 // for the H200 carry sm_90a code).
 bool fp8_wgmma_expected(Backend& b);

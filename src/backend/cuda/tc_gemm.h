@@ -1,8 +1,8 @@
 // The tensor-core GEMMs of linear: fp8_gemm_wgmma.cu (W8A8 FP8 weights with dynamic per-token or
 // static activation scales, prefill T and batched decode from 17 tokens, sm_90a), fp8_gemm.cu (the same on the other targets through
-// cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 2..64, own
-// mma.sync kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands,
-// cuBLASLt). Each returns false when it does not take the case (format, shape,
+// cuBLASLt: cublaslt.h), fp8_small_n.cu (the same for T = 5..64 from activation codes, own
+// mma.sync kernel, K splits added in a thread-block cluster), fp8_few_tokens.cu (T <= 4, one
+// kernel) and bf16_gemm.cu (bf16 weights, f32 activations as split-bf16 hi + lo operands, cuBLASLt). Each returns false when it does not take the case (format, shape,
 // alignment, the library missing or refusing the problem); the caller then runs another kernel.
 // Graph-capturable: launches on the backend's stream, stream-ordered scratch.
 #pragma once
@@ -56,12 +56,28 @@ void fp8_wgmma_codes_linear(CudaBackend& b, float* out, float* part, int splits,
 // part: [splits, T, rows] f32, ts: [T], ws: [rows] (device) -> out: [T, ldo] f32 (device)
 void fp8_reduce_splits(cudaStream_t s, float* out, int64_t ldo, const float* part, int splits, int64_t T, int64_t rows,
                        const float* ts, const float* ws);
-// out = x W^T for T = 2..64 tokens (batched decode, speculative verify; linear.cu takes
-// fp8_few_tokens_linear below up to 4 tokens and, on sm_90a, the wgmma kernel above from 17): fp8_small_n.cu, weights on the MMA's M side streamed once, exact f16
-// products, f32 sums; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64 tokens (each reads the
-// weights again: the fallback where cuBLASLt is missing).
+// out = x W^T for T = 5..64 tokens (batched decode, speculative verify; linear.cu takes
+// fp8_few_tokens_linear below up to 4 tokens and, on sm_90a, the wgmma kernel above from
+// kFp8WgmmaSmallMinTokens): fp8_small_n.cu, x quantized (fp8_quantize_rows_f16, kWgmma64), then one
+// kernel: weights on the MMA's M side streamed once, exact f16 products, f32 sums, the K splits' partial
+// sums added inside a thread-block cluster; fp8_w8a8_takes(w, 64). Larger T run in pieces of 64
+// tokens (each reads the weights again: the fallback where cuBLASLt is missing). False (nothing
+// launched) where it does not take the case.
 // x: [T, K] f32 (device) -> out: [T, N] f32 (device)
 bool fp8_small_n_linear(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w);
+// The same product from codes made beforehand (the linears of one input share them; a producer may
+// make them): w with dynamic per-token activation scales, T <= kFp8SmallNMaxTokens, where the kernel
+// takes the shape. The result is fp8_small_n_linear's bit for bit (the same codes, kernel and plan).
+bool fp8_small_n_takes_codes(const Linear& w, int64_t T);
+// The K split (the cluster's size) fp8_small_n.cu plans for w at T tokens (its first piece past 64);
+// 0 where it does not take the case.
+int fp8_small_n_splits(const Linear& w, int64_t T);
+// fp8_small_n_linear with a forced K split (1..16; tests and benchmarks); false where the kernel does
+// not take the case or the split count gives an empty split or does not fit.
+bool fp8_small_n_linear_forced(CudaBackend& b, float* out, const float* x, int64_t T, const Linear& w, int splits);
+// xq: [T, K] f16 (fp8_quantize_rows_f16's kWgmma64 codes), ts: [T] f32 (device) -> out: [T, N] f32 (device)
+void fp8_small_n_codes_linear(CudaBackend& b, float* out, const __half* xq, const float* ts, int64_t T,
+                              const Linear& w);
 inline constexpr int64_t kFp8SmallNMaxTokens = 64;
 // out = x W^T for 1..kFp8FewTokensMax tokens (decode at batch 2-4, a speculative verify step at
 // batch 1) in ONE kernel (fp8_few_tokens.cu): the activation quantization in its prologue, the
