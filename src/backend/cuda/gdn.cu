@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn_state.cuh"
 #include "backend/cuda/launch_config.cuh"
 
 namespace sparkserve {
@@ -256,34 +258,36 @@ __device__ __forceinline__ float4 delta_token(float4 (&st)[kRows], const float (
   return o;
 }
 
-// The thread's tile of state S [dk, dv] (rows rg + 16 m, columns c .. c + 3): loaded, stored.
-template <int kRows>
-__device__ __forceinline__ void load_tile(float4 (&st)[kRows], const float* S, int dk, int dv, int c, bool col_ok,
+// The thread's tile of state S [dk, dv] (rows rg + 16 m, columns c .. c + 3): loaded (widened to
+// f32), stored (rounded to the pool's dtype: gdn_state.cuh).
+template <int kRows, class St>
+__device__ __forceinline__ void load_tile(float4 (&st)[kRows], const St* S, int dk, int dv, int c, bool col_ok,
                                           int rg) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = rg + m * kTileGroups;
-    st[m] = col_ok && i < dk ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    st[m] = col_ok && i < dk ? state_load4(S + static_cast<int64_t>(i) * dv + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
-template <int kRows>
-__device__ __forceinline__ void store_tile(const float4 (&st)[kRows], float* S, int dk, int dv, int c, bool col_ok,
+template <int kRows, class St>
+__device__ __forceinline__ void store_tile(const float4 (&st)[kRows], St* S, int dk, int dv, int c, bool col_ok,
                                            int rg) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = rg + m * kTileGroups;
-    if (col_ok && i < dk) *reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c) = st[m];
+    if (col_ok && i < dk) state_store4(S + static_cast<int64_t>(i) * dv + c, st[m]);
   }
 }
 
 // gdn_recurrent (kWrite: the state advances) and gdn_verify (the state is only read): the delta rule
 // over each span's tokens on the register tile, one block per (span, value head, 32 columns).
 // kRows: rows per thread (dk <= 16 kRows). At dk <= 128 at most 96 registers (no spills), so five
-// blocks fit an SM instead of four: a batch of 64 sequences is ~25 waves of blocks, not ~31.
-template <int kRows, bool kWrite>
+// blocks fit an SM instead of four: a batch of 64 sequences is ~25 waves of blocks, not ~31. St: the
+// state pool's storage (gdn_state.cuh); a bf16 state is rounded only where it is stored (the span's
+// end and its saves).
+template <int kRows, bool kWrite, class St>
 __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_delta_kernel(
-    float* out, const float* qkv, const float* g, const float* beta, float* state_pool, DeviceLayout L, int Hv,
+    float* out, const float* qkv, const float* g, const float* beta, St* state_pool, DeviceLayout L, int Hv,
     int Hk, int dk, int dv, int64_t conv_dim, float scale) {
   const int col_blocks = (dv + kTileCols - 1) / kTileCols;
   const int head = static_cast<int>(blockIdx.x) / col_blocks, cb = static_cast<int>(blockIdx.x) % col_blocks;
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
   const int c = cb * kTileCols + warp * 8 + (lane & 1) * 4;  // this thread's first column
   const bool col_ok = c < dv;                                 // dv % 4 == 0
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   float4 st[kRows];
   load_tile(st, S, dk, dv, c, col_ok, rg);
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
@@ -325,11 +329,12 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
 // the a/b dot products (each block does 1/nc of the H terms) and the RMSNorm's sum of squares. The
 // state tile is loaded first, so its DRAM round trip overlaps the a/b products and the wait for the
 // conv kernel (programmatic dependent launch). Used while the grid fits one wave (gdn_verify_step).
+template <class St>
 __global__ void __launch_bounds__(kTileThreads) gdn_verify_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, int64_t H, const float* A_log, const float* dt_bias,
-    const float* norm_w, float eps, float* state_pool, float* g_out, float* beta_out, DeviceLayout L, int Hv, int Hk,
-    int dk, int dv, int64_t conv_dim, float scale) {
+    const float* norm_w, float eps, const St* state_pool, float* g_out, float* beta_out, DeviceLayout L, int Hv,
+    int Hk, int dk, int dv, int64_t conv_dim, float scale) {
   __shared__ float ab_all[kTileSlots][2];  // [rank * warps + warp]: that warp's share of a and b
   __shared__ double ssq_all[kTileSlots];   // [rank * warps + warp]: sum of squares of its outputs
 
@@ -343,7 +348,7 @@ __global__ void __launch_bounds__(kTileThreads) gdn_verify_step_kernel(
   const int c = cb * kTileCols + warp * 8 + (lane & 1) * 4;  // this thread's first column
   const bool col_ok = c < dv;                                 // dv % 8 == 0: a warp's quads are all in or out
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  const St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   // A block may write another's shared memory only once that one has started: arrive here, wait
@@ -477,10 +482,13 @@ __device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t
   return *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
 }
 
+// St: the state pool's storage (gdn_state.cuh): a bf16 state moves half the bytes, widened on load
+// and rounded once on store.
+template <class St>
 __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
-    const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
+    const float* norm_w, float eps, St* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
     int64_t conv_dim, float scale) {
   __shared__ float qk_n[2][kStepMaxDk];     // normalised q (scaled), k; zero past dk
   __shared__ float ab_all[kStepWarps][2];   // that warp's share of a and b
@@ -493,15 +501,14 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
   const bool col_ok = c < dv;                       // dv % 4 == 0: a thread's 4 columns are all in or out
   const int64_t row = L.row_begin(s);
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   float4 st[kStepRows];
 #pragma unroll
   for (int m = 0; m < kStepRows; ++m) {
     const int i = rg + m * kStepGroups;
-    const float4* src = reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c);
-    st[m] = col_ok && i < dk ? __ldcs(src) : zero4;
+    st[m] = col_ok && i < dk ? state_load4_cs(S + static_cast<int64_t>(i) * dv + c) : zero4;
   }
   const int64_t oi = (row * Hv + h) * dv + c;
   const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
@@ -614,9 +621,7 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     st[m].y += ki * delta.y;
     st[m].z += ki * delta.z;
     st[m].w += ki * delta.w;
-    if (col_ok && i < dk) {
-      __stcs(reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c), st[m]);
-    }
+    if (col_ok && i < dk) state_store4_cs(S + static_cast<int64_t>(i) * dv + c, st[m]);
     o.x += st[m].x * qi;
     o.y += st[m].y * qi;
     o.z += st[m].z * qi;
@@ -657,6 +662,11 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
 
 namespace {
 
+void check_state_dtype(const Tensor& state_pool) {
+  CHECK_MSG(state_pool.dtype == DType::kF32 || state_pool.dtype == DType::kBF16,
+            "a GDN recurrent state pool is f32 or bf16");
+}
+
 bool plain_weight(const Linear& w) {
   return (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF32) && w.activation == ActivationQuant::kNone;
 }
@@ -680,6 +690,7 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
   CHECK(g.numel() == T * Hv && beta.numel() == T * Hv);
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) {
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
@@ -714,12 +725,17 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   const void* wb_dev = fuse_ab ? in_proj_b.weight.data : nullptr;
   const bool w_bf16 = in_proj_a.format == WeightFormat::kBf16;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_verify_step_kernel, out.ptr<float>(),
-                                qkv.as<const float>(), z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(),
-                                wa_dev, wb_dev, w_bf16, H, A_log.ptr<const float>(), dt_bias.ptr<const float>(),
-                                norm_w.ptr<const float>(), eps, state_pool.ptr<float>(), g.ptr<float>(), beta.ptr<float>(), L,
-                                static_cast<int>(Hv), static_cast<int>(d.num_k_heads), static_cast<int>(dk),
-                                static_cast<int>(dv), C, scale));
+  auto launch_for = [&](auto* pool) {
+    using St = std::remove_const_t<std::remove_pointer_t<decltype(pool)>>;
+    CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_verify_step_kernel<St>, out.ptr<float>(), qkv.as<const float>(),
+                                  z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, H,
+                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                  pool, g.ptr<float>(), beta.ptr<float>(), L, static_cast<int>(Hv),
+                                  static_cast<int>(d.num_k_heads), static_cast<int>(dk), static_cast<int>(dv), C,
+                                  scale));
+  };
+  if (state_pool.dtype == DType::kBF16) launch_for(state_pool.ptr<const uint16_t>());
+  else launch_for(state_pool.ptr<const float>());
   CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -735,17 +751,24 @@ void run_delta(CudaBackend& be, bool write, const Tensor& out, const Tensor& qkv
   CHECK_MSG(dk <= 2 * kTileMaxDk && dk % 4 == 0 && dv % 4 == 0,
             "CUDA Gated DeltaNet supports k_head_dim <= 256 and head sizes that are multiples of 4");
   CHECK(aligned16(state_pool.data) && aligned16(qkv.data) && aligned16(out.data));
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, state_pool.dim(0)));
   if (batch.seqs.empty()) return;
   DeviceLayout L = be.device_layout(batch);
   const unsigned blocks = static_cast<unsigned>(batch.seqs.size() * Hv * ((dv + kTileCols - 1) / kTileCols));
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  auto kernel = dk <= kTileMaxDk ? (write ? gdn_delta_kernel<kTileRows, true> : gdn_delta_kernel<kTileRows, false>)
-                                 : (write ? gdn_delta_kernel<2 * kTileRows, true> : gdn_delta_kernel<2 * kTileRows, false>);
-  kernel<<<blocks, kTileThreads, 0, be.stream()>>>(out.ptr<float>(), qkv.ptr<const float>(), g.ptr<const float>(),
-                                                   beta.ptr<const float>(), state_pool.ptr<float>(), L,
-                                                   static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                                   static_cast<int>(dk), static_cast<int>(dv), d.conv_dim(), scale);
+  auto launch = [&](auto* pool) {
+    using St = std::remove_pointer_t<decltype(pool)>;
+    auto kernel = dk <= kTileMaxDk
+                      ? (write ? gdn_delta_kernel<kTileRows, true, St> : gdn_delta_kernel<kTileRows, false, St>)
+                      : (write ? gdn_delta_kernel<2 * kTileRows, true, St> : gdn_delta_kernel<2 * kTileRows, false, St>);
+    kernel<<<blocks, kTileThreads, 0, be.stream()>>>(out.ptr<float>(), qkv.ptr<const float>(), g.ptr<const float>(),
+                                                     beta.ptr<const float>(), pool, L, static_cast<int>(Hv),
+                                                     static_cast<int>(d.num_k_heads), static_cast<int>(dk),
+                                                     static_cast<int>(dv), d.conv_dim(), scale);
+  };
+  if (state_pool.dtype == DType::kBF16) launch(state_pool.ptr<uint16_t>());
+  else launch(state_pool.ptr<float>());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -772,6 +795,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CHECK(norm_w.numel() == dv && conv_w.dim(0) == C && conv_w.dim(1) == K);
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) {
     CHECK_MSG(s.num_tokens == 1 && s.num_saves == 0, "gdn_decode_step takes single-token spans without saves");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
@@ -808,11 +832,17 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
   const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) && aligned16(wa_dev) && aligned16(wb_dev);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
-                                a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
-                                A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
-                                state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                static_cast<int>(dk), static_cast<int>(dv), C, scale));
+  auto launch_for = [&](auto* pool) {
+    using St = std::remove_pointer_t<decltype(pool)>;
+    CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_step_kernel<St>, out.ptr<float>(), qkv.as<const float>(),
+                                  z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16,
+                                  ab_vec, H, A_log.ptr<const float>(), dt_bias.ptr<const float>(),
+                                  norm_w.ptr<const float>(), eps, pool, L, static_cast<int>(Hv),
+                                  static_cast<int>(d.num_k_heads), static_cast<int>(dk), static_cast<int>(dv), C,
+                                  scale));
+  };
+  if (state_pool.dtype == DType::kBF16) launch_for(state_pool.ptr<uint16_t>());
+  else launch_for(state_pool.ptr<float>());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -826,11 +856,14 @@ void CudaBackend::gdn_verify_step(const Tensor& out, const Tensor& g, const Tens
   // wave of resident blocks that latency repeats per wave; the op chain (a/b projections as GEMMs, the
   // barrier-free register delta kernel) is then faster. H200, 122B, k = 2: batch 1 8.04 ms per verify
   // step fused against 8.63 ms chained; batch 64 86.0 against 73.9 ms.
-  static const int64_t resident = [&] {
+  auto resident_blocks = [&](const void* kernel) {
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_verify_step_kernel, kTileThreads, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, 0));
     return static_cast<int64_t>(std::max(1, per_sm)) * sm_count_;
-  }();
+  };
+  static const int64_t resident_f32 = resident_blocks(reinterpret_cast<const void*>(gdn_verify_step_kernel<float>));
+  static const int64_t resident_bf16 = resident_blocks(reinterpret_cast<const void*>(gdn_verify_step_kernel<uint16_t>));
+  const int64_t resident = state_pool.dtype == DType::kBF16 ? resident_bf16 : resident_f32;
   const int64_t blocks = static_cast<int64_t>(batch.seqs.size()) * d.num_v_heads * ((d.v_head_dim + kTileCols - 1) / kTileCols);
   if (blocks > resident ||
       !run_verify_step(*this, out, g, beta, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,
