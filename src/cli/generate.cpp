@@ -221,7 +221,8 @@ void register_generate(CLI::App& root, int& exit_code) {
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
   cmd->add_option("--spec-k,--speculative-tokens", opts->spec_k,
                   "Speculative decoding with the checkpoint's multi-token-prediction layer: K draft tokens per step "
-                  "(0: off; the output is the same)")
+                  "(0: off; the output is the same with the float32 GDN state: a bfloat16 one is rounded once per "
+                  "verify step's accepted tokens instead of once per token)")
       ->default_val(0);
   cmd->add_option("--image", opts->images,
                   "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "
