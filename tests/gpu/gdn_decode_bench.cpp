@@ -53,7 +53,7 @@ void bench_gdn_decode(Backend& gpu) {
     gpu.upload(A_log.tensor(), uniform(Hv, 0.0f, 2.7f, 2).data());
     gpu.upload(dt.tensor(), uniform(Hv, -0.5f, 0.5f, 3).data());
     gpu.upload(norm_w.tensor(), uniform(dv, 0.8f, 1.2f, 4).data());
-    for (int64_t B : {1, 2, 4, 8, 16, 32, 64}) {
+    for (int64_t B : {1, 16, 64}) {
       // Enough state sets that one graph replay streams >= 256 MB of distinct state.
       const int64_t sets = std::min<int64_t>(64, std::max<int64_t>(2, (256ll << 20) / (B * per_seq * es)));
       BatchLayout L;
