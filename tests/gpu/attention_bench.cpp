@@ -4,9 +4,9 @@
 // as a recorded decode step reads it:
 //  - prefill: one span of T = 2K / 8K / 32K tokens (an 8K chunk after a 24K prefix; attention_agent_turn:
 //    338 / 384 tokens after a 10K prefix) at the 122B (32 query / 2 kv heads) and 35B (16 / 2)
-//    shapes, hd 256; TFLOP/s counts the causal work 2·T·(start + T/2)·nh·hd·2 once (the hi/lo split
-//    doubles what the tensor cores execute). Where the wgmma kernel runs, the mma.sync kernel the
-//    other targets take is timed beside it.
+//    shapes, hd 256; TFLOP/s counts the causal work 2·T·(start + T/2)·nh·hd·2 once (what the wgmma
+//    kernel's single bf16 operands execute; the mma.sync kernel's hi/lo split doubles it). Where the
+//    wgmma kernel runs, the mma.sync kernel the other targets take is timed beside it.
 //  - decode: B = 1 / 16 / 64 sequences at contexts 0 / 8K / 32K / 128K; GB/s counts the K/V bytes
 //    read. Pools of several copies (rotated per call) keep small contexts out of L2.
 #include <algorithm>

@@ -6,11 +6,13 @@
 //                sides: prefill (flash kernel), prefill chunks continuing a cached prefix, several
 //                spans of mixed kinds, decode batches and speculative-verify spans (split-K kernel),
 //                contexts crossing many blocks, at the 122B / 35B head shapes and the fixtures'.
-//                Bound kTensorCore (below). Also the SIMT path (f32 pools, odd head dims). Where the
-//                sm_90a wgmma prefill kernel runs (head_dim 256), every case runs again with the
-//                mma.sync prefill kernel forced (the other targets' kernel), tagged
-//                "[prefill mma.sync]"; an agent turn (384 tokens after 10000) and short chunks
-//                exercise the wgmma kernel's key splits.
+//                Bounds: kBf16Operands where the sm_90a wgmma prefill kernel runs (Q and P as
+//                single bf16), kTensorCore for the mma.sync kernels (prefill on the other targets,
+//                decode and verify everywhere: Q and P as bf16 hi + lo). Also the SIMT path (f32
+//                pools, odd head dims). Where the wgmma prefill kernel runs (head_dim 256), every
+//                prefill case runs again with the mma.sync prefill kernel forced (the other targets'
+//                kernel), tagged "[prefill mma.sync]"; an agent turn (384 tokens after 10000) and
+//                short chunks exercise the wgmma kernel's key splits.
 //  - attn_graph: the decode kernel reading a fixed layout (as inside a recorded decode step, with a
 //                larger length bound) gives bit-identical results to the same call run eagerly.
 //  - attn_small: a few small cases of both kernels (for compute-sanitizer runs).
@@ -39,12 +41,37 @@ bool attention_prefill_force(int kernel);
 
 namespace {
 
-// The tensor-core kernels vs the fp32 CPU reference on identical K/V values. Q and P go through the
+// The mma.sync kernels vs the fp32 CPU reference on identical K/V values. Q and P go through the
 // MMAs as bf16 hi + lo pairs (relative error <= 2^-17 ~ 7.6e-6 per operand, attention_common.cuh)
 // with f32 accumulation, against the CPU's f32 dot products and softmax; over hd = 256 products and
 // thousands of keys the worst element lands around 1e-5 of max|out|. 1e-4 leaves margin and stays
-// 20x below what one bf16 operand gives (2^-9 ~ 2e-3, the error these kernels are built to avoid).
+// 40x below what one bf16 operand gives (~4e-3, below).
 constexpr double kTensorCore = 1e-4;
+
+// The wgmma prefill kernel (sm_90a, head_dim 256) vs the same fp32 CPU reference: Q and P are single
+// bf16 operands, K and V the pool's exact values, f32 accumulation and softmax. Rounding x to bf16
+// (8 significant bits, round to nearest even) gives x (1 + d) with |d| <= u = 2^-8 and, for values
+// spread over binades, RMS(d) ~ 2^-9. The inputs of check_attention: q ~ N(0, 2^2), k ~ N(0, 1),
+// v ~ N(0, 2^2) (K and V rounded to the pool's dtype on both sides), scale 1 / sqrt(hd), so every
+// score s_j = scale q.k_j has standard deviation 2 whatever hd.
+//  - Q rounding: s_j moves by scale sum_c q_c d_c k_jc, independent across keys j (the k_j are), with
+//    standard deviation RMS(d) * std(s) = 2^-9 * 2 = 2^-8; exp() turns that into a relative change
+//    of each unnormalised probability p_j by ~2^-8 (the max subtracted is exact: any common shift
+//    cancels).
+//  - P rounding: each p_j entering P.V is p_j (1 + e_j), RMS(e) ~ 2^-9; the row sum l is taken over
+//    the unrounded p_j, so it does not cancel.
+// With pi_j = p_j / l, out = sum_j pi_j v_j moves by sum_j pi_j (ds_j (v_j - out) + e_j v_j): a sum
+// of independent terms of relative size sqrt(2^-16 + 2^-18) ~ 4.4e-3 against the output's own
+// scale sqrt(sum_j pi_j^2 v_j^2) (the size of out itself for v independent of pi, peaked rows and
+// flat ones alike). err() = max|d out| / max|out| over the tensor is then ~4.4e-3 (measured 5.7e-3
+// worst over the head_dim-256 checks of a Q/P-hi-only build of the previous kernel). Bound 2e-2:
+// ~4.5x the expected value for the tail over 124 cases and two kernels, and still 5x to 50x below
+// what a real fault gives (a key masked wrongly, a missed rescale, a wrong fp8 scale: 1e-1 .. 1).
+constexpr double kBf16Operands = 2e-2;
+
+// Spans of more than this many tokens take the prefill kernels (attention_kernels.cuh's
+// kDecodeMaxTokens); all shorter ones the decode kernel.
+constexpr int64_t kDecodeMaxTokens = 8;
 
 // Whole fixture models, CUDA vs CPU with the same bf16 / fp8 KV dtype. The K rows come out of
 // attention_prep a few fp32 ulps apart on the two backends (cosf/sinf, summation order: the fp32
@@ -234,18 +261,22 @@ void check_attention(Harness& h, const Shape& s, DType dt, const LayoutCase& lc,
   Pair o = h.out({T, s.nh, s.hd}), og = h.out({T, s.nh, s.hd});
   h.cpu->attention(o.cpu(), q.cpu(), pool.cpu, sp.layout, d);
   h.cpu->gated_attention(og.cpu(), q.cpu(), g.cpu(), pool.cpu, sp.layout, d);
-  const double bound = dt == DType::kF32 ? kFp32 : kTensorCore;
-  // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs)
-  // the mma.sync prefill kernel that the other targets take, forced, against the same reference.
-  const bool both = s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
+  // The automatic kernel choice, then (head_dim 256 on a device where the wgmma prefill kernel runs,
+  // a layout that takes the prefill kernels) the mma.sync prefill kernel that the other targets take,
+  // forced, against the same reference.
+  bool prefill = false;
+  for (const SeqSpan& x : sp.layout.seqs) prefill = prefill || x.num_tokens > kDecodeMaxTokens;
+  const bool wgmma = prefill && s.hd == 256 && dt != DType::kF32 && attention_prefill_force(1);
   attention_prefill_force(-1);
   for (int kernel : {-1, 0}) {
-    if (kernel == 0 && !both) break;
+    if (kernel != -1 && !wgmma) break;
+    const bool on_wgmma = wgmma && kernel != 0;
+    const double bound = dt == DType::kF32 ? kFp32 : on_wgmma ? kBf16Operands : kTensorCore;
     attention_prefill_force(kernel);
     h.gpu->attention(o.gpu(), q.gpu(), pool.gpu, sp.layout, d);
     h.gpu->gated_attention(og.gpu(), q.gpu(), g.gpu(), pool.gpu, sp.layout, d);
     attention_prefill_force(-1);
-    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : "";
+    const std::string tag = kernel == 0 ? " [prefill mma.sync]" : on_wgmma ? " [wgmma]" : "";
     record(group, name + tag, h.err(o), bound);
     record(group, name + " gated" + tag, h.err(og), bound);
   }
@@ -266,9 +297,8 @@ const std::vector<LayoutCase> kLayouts = {
 };
 
 void check_tensor_core(Harness& h) {
-  for (const Shape& s : kShapes)
-    for (DType dt : {DType::kBF16, DType::kF8E4M3})
-      for (const LayoutCase& lc : kLayouts) check_attention(h, s, dt, lc, "attn_tc");
+  // (The cases of the wgmma kernel's tiles, splits and block sizes first: the CPU reference of the
+  // whole group takes ~30 s on 16 cores.)
   // A long prefill crossing many blocks and many key tiles, one shape.
   check_attention(h, kShapes[0], DType::kBF16, {"prefill 1024", {{0, 1024}}}, "attn_tc");
   check_attention(h, kShapes[1], DType::kF8E4M3, {"chunk 512 after 3000", {{3000, 512}}}, "attn_tc");
@@ -287,6 +317,10 @@ void check_tensor_core(Harness& h) {
   // CTAs: groups of 8 and 16 query heads) and the causal edge inside a tile.
   check_attention(h, kShapes[1], DType::kBF16, {"chunk 200 after 4100, blocks of 40", {{4100, 200}}, 40}, "attn_tc");
   check_attention(h, kShapes[0], DType::kF8E4M3, {"chunk 150 after 2000, blocks of 7", {{2000, 150}}, 7}, "attn_tc");
+  // Every shape, dtype and layout kind.
+  for (const Shape& s : kShapes)
+    for (DType dt : {DType::kBF16, DType::kF8E4M3})
+      for (const LayoutCase& lc : kLayouts) check_attention(h, s, dt, lc, "attn_tc");
   // The SIMT path: f32 pools (exact fp32) and head dims the tensor-core kernels do not take.
   check_attention(h, kShapes[0], DType::kF32, kLayouts[2], "attn_simt");
   check_attention(h, kShapes[0], DType::kF32, kLayouts[3], "attn_simt");

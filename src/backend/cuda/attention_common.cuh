@@ -5,11 +5,13 @@
 //
 // Precision of the tensor-core kernels: K and V are exact bf16 values (a bf16 pool holds them; an
 // e4m3 code has 4 significant bits, so it is exact in bf16 and its row scale is applied to the
-// f32 score / probability instead). Q and the probabilities P are f32: each is split into
-// hi = bf16(x) and lo = bf16(x - hi), and both halves go through the MMA, so the operand carries
-// ~16 significant bits (relative error <= 2^-17) and the products accumulate in f32. The result is
-// within ~1e-5 of the fp32 reference (gpu_ops attention checks), where a single bf16 operand would
-// be off by ~2^-9.
+// f32 score / probability instead). In the mma.sync kernels (prefill on every target but sm_90a at
+// head_dim 256, decode and verify everywhere) Q and the probabilities P are f32, each split into
+// hi = bf16(x) and lo = bf16(x - hi) with both halves through the MMA, so the operand carries ~16
+// significant bits (relative error <= 2^-17) and the products accumulate in f32: within ~1e-5 of
+// the fp32 reference (gpu_ops attention checks). The sm_90a wgmma prefill kernel
+// (attention_prefill_wgmma.cu) takes Q and P as single bf16 operands, as production attention on
+// bf16 KV caches does: ~4e-3 of max|out| from the reference, half the MMAs.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -138,6 +138,45 @@ __device__ __forceinline__ void p_fragments(const float (&p)[NK / 8][4], const f
   split_pack(x[1][2], x[1][3], ph[3], pl[3]);
 }
 
+// The single-bf16 forms of load_q_split and p_fragments (the wgmma prefill kernel's operands on
+// bf16 / fp8 pools): each value rounded once to bf16 (round to nearest even), no lo half.
+template <int HD, int NR, int kThreads, class ChunkAt>
+__device__ __forceinline__ void load_q_bf16(uint16_t* q_tile, const AttentionArgs& a, int64_t rb, int h, int i0,
+                                            int rows, ChunkAt chunk_at) {
+  constexpr int C = HD / 8;
+  const int G = a.group;
+  for (int idx = threadIdx.x; idx < NR * C; idx += kThreads) {
+    const int r = idx / C, c = idx % C;
+    const int i = min(i0 + r, rows - 1);
+    const float* src = a.q + ((rb + i / G) * a.nh + h * G + i % G) * HD + c * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+    uint4 b;
+    b.x = bf16x2_rn(x0.x, x0.y);
+    b.y = bf16x2_rn(x0.z, x0.w);
+    b.z = bf16x2_rn(x1.x, x1.y);
+    b.w = bf16x2_rn(x1.z, x1.w);
+    *reinterpret_cast<uint4*>(q_tile + chunk_at(r, c) * 8) = b;
+  }
+}
+
+template <int NK>
+__device__ __forceinline__ void p_fragments_bf16(const float (&p)[NK / 8][4], const float* v_sc, int kk, int lane,
+                                                 uint32_t (&pa)[4]) {
+  const int q4 = lane % 4;
+  float x[2][4];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[hf][e] = p[2 * kk + hf][e];
+      if (v_sc) x[hf][e] *= v_sc[kk * 16 + hf * 8 + q4 * 2 + (e & 1)];
+    }
+  pa[0] = bf16x2_rn(x[0][0], x[0][1]);
+  pa[1] = bf16x2_rn(x[0][2], x[0][3]);
+  pa[2] = bf16x2_rn(x[1][0], x[1][1]);
+  pa[3] = bf16x2_rn(x[1][2], x[1][3]);
+}
+
 // sacc = Q[:, d0 .. d0 + DW) K[0 .. NK, d0 .. d0 + DW)ᵀ, Q as hi + lo.
 template <int HD, int DW, int NK>
 __device__ __forceinline__ void qk_tile(float (&sacc)[NK / 8][4], const uint32_t (&qh)[DW / 16][4],

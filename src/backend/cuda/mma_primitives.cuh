@@ -70,6 +70,12 @@ __device__ __forceinline__ void mma_bf16_1688(float (&d)[4], const uint32_t (&a)
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(b0));
 }
+// bf16(x0), bf16(x1) (round to nearest even) packed in a pair, x0 in the low half: one packing
+// conversion.
+__device__ __forceinline__ uint32_t bf16x2_rn(float x0, float x1) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 // x0, x1 split into hi = bf16(x) and lo = bf16(x - hi), packed in pairs (x0 in the low half). Both
 // pairs by the packing conversion (one instruction a pair; single conversions run on the quarter-rate
 // XU pipe, which the attention kernels' softmax also needs for its exponentials).
