@@ -123,6 +123,18 @@ struct GdnDims {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
+// The recurrent state pool: a GDN layer's state [rows, Hv, dk, dv], stored in one of two dtypes:
+//   kF32    the values as computed;
+//   kBF16   the state between ops in bf16. An op that reads the pool widens each value to f32 and
+//           runs the f32 function as above; an op that writes it rounds each value it stores to
+//           nearest even, once: at the end of its span (the span's slot) and at each save (the save's
+//           row), never between the tokens of one call. A chunked prefill of 3,000 tokens rounds
+//           once, a decode step once per token, a commit of k accepted tokens (one gdn_recurrent span)
+//           once, and gdn_verify, which writes nothing, not at all: its outputs are those of the same
+//           span's gdn_recurrent (the commit), not those of k single-token decode steps.
+// So the bf16 form of an op is exactly the f32 op on the widened rows followed by one rounding of
+// what it stores; the CPU backend computes it that way (backend/cpu/gdn.cpp) and is the reference.
+// The conv state pools stay f32.
 // One attention layer's paged KV cache. k, v: [num_blocks, block_size, kvh, hd] of one dtype:
 //   kF32    the values as written;
 //   kBF16   each value rounded to nearest even bf16;
@@ -281,7 +293,7 @@ class Backend {
   // per value head: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. A save after t tokens:
   // row `row` := S after the span's t-th token.
   // qkv: [T, conv_dim] f32 (conv output: q | k | v), g, beta: [T, Hv] f32,
-  // state_pool: [slots, Hv, dk, dv] f32 -> out: [T, Hv, dv] f32. Only rows of the batch's spans.
+  // state_pool: [slots, Hv, dk, dv] f32|bf16 -> out: [T, Hv, dv] f32. Only rows of the batch's spans.
   virtual void gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g,
                              const Tensor& beta, const Tensor& state_pool, const BatchLayout& batch,
                              const GdnDims& dims) = 0;
@@ -289,7 +301,7 @@ class Backend {
   // the span's state rows, i.e. the outputs of decoding those tokens one by one, while both pools keep
   // the state before the span (commit_speculative folds in the accepted prefix later).
   // mixed: [T, C] f32, conv_w: [C, K] f32, g, beta: [T, Hv] f32, conv_state_pool: [slots, C, K-1] f32,
-  // state_pool: [slots, Hv, dk, dv] f32 (both read only) -> qkv: [T, C] f32 (conv outputs),
+  // state_pool: [slots, Hv, dk, dv] f32|bf16 (both read only) -> qkv: [T, C] f32 (conv outputs),
   // out: [T, Hv, dv] f32. Only rows of the batch's spans.
   virtual void gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w,
                           const Tensor& g, const Tensor& beta, const Tensor& conv_state_pool,
@@ -316,7 +328,7 @@ class Backend {
   //   -> gated_rmsnorm(out, core, z, norm_w) over rows of dv.
   // h: [T, H] f32, mixed: [T, conv_dim] f32, z: [T, Hv*dv] f32, in_proj_a, in_proj_b: [Hv, H],
   // conv_w: [conv_dim, K] f32, A_log, dt_bias: [Hv] f32, norm_w: [dv] f32,
-  // conv_state_pool: [slots, conv_dim, K-1] f32, state_pool: [slots, Hv, dk, dv] f32
+  // conv_state_pool: [slots, conv_dim, K-1] f32, state_pool: [slots, Hv, dk, dv] f32|bf16
   // -> out: [T, Hv*dv] f32. Both pools are updated.
   virtual void gdn_decode_step(const Tensor& out, const Tensor& h, const Tensor& mixed, const Tensor& z,
                                const Linear& in_proj_a, const Linear& in_proj_b, const Tensor& conv_w,

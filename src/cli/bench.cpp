@@ -79,6 +79,7 @@ struct BenchOptions {
   // A/B measurements: each turns one decode mechanism off (all are on in serving).
   bool no_graphs = false, no_fused = false, sequential_branches = false, full_logits = false;
   std::string kv_cache_dtype = "auto";
+  std::string gdn_state_dtype = "auto";
   double gpu_memory_utilization = 0.9;
   std::string context_fill = "prefill";
   std::string spec_k;       // speculative decoding cases: draft counts, e.g. "1,2,3"
@@ -125,7 +126,7 @@ struct ByteModel {
   double token_bytes = 0;        // weights one token reads at batch 1
   double routed_bytes_all = 0;   // every routed expert of every layer
   double kv_bytes_per_token = 0; // K + V of every attention layer in the cache's dtype
-  double gdn_bytes_per_seq = 0;  // f32 recurrent + conv state of every GDN layer
+  double gdn_bytes_per_seq = 0;  // recurrent (--gdn-state-dtype) + f32 conv state of every GDN layer
   int experts = 0, top_k = 0;
 
   double weight_bytes(int batch) const {
@@ -139,7 +140,8 @@ struct ByteModel {
   }
 };
 
-ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& c, DType kv_dtype) {
+ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& c, DType kv_dtype,
+                     DType gdn_dtype) {
   ByteModel m;
   for (const auto& [name, info] : tensors) {
     if (name.find("visual") != std::string::npos || name.rfind("mtp.", 0) == 0) continue;
@@ -157,7 +159,7 @@ ByteModel byte_model(const std::map<std::string, TensorInfo>& tensors, const Mod
   m.top_k = c.num_experts_per_tok;
   m.kv_bytes_per_token = static_cast<double>(count_layers(c, LayerType::kFullAttention)) *
                          kv_bytes_per_token(kv_dtype, c.num_key_value_heads, c.head_dim);
-  m.gdn_bytes_per_seq = static_cast<double>(gdn_state_bytes(c));
+  m.gdn_bytes_per_seq = static_cast<double>(gdn_state_bytes(c, gdn_dtype));
   return m;
 }
 
@@ -229,6 +231,8 @@ int run_bench(const BenchOptions& o) {
   std::sort(contexts->begin(), contexts->end());
   auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
   if (!kv_dtype) return fail(kv_dtype.message());
+  auto gdn_dtype = parse_gdn_state_dtype(o.gdn_state_dtype);
+  if (!gdn_dtype) return fail(gdn_dtype.message());
   if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
     return fail("--gpu-memory-utilization must be in (0, 1]");
 
@@ -259,7 +263,7 @@ int run_bench(const BenchOptions& o) {
       std::printf("weights digest: %s\n", weights_digest(sm->weights, be).c_str());
       return 0;
     }
-    bytes = byte_model(synth_tensor_infos(*plan), sm->config, *kv_dtype);
+    bytes = byte_model(synth_tensor_infos(*plan), sm->config, *kv_dtype, *gdn_dtype);
     budget_token_bytes = sm->token_bytes;
     loaded_bytes = sm->loaded_bytes;
     model = std::make_unique<Qwen35Model>(be, std::move(sm->config), std::move(sm->weights));
@@ -280,7 +284,7 @@ int run_bench(const BenchOptions& o) {
     auto m = load_qwen35(o.model, be, nullptr, *load_opts);
     if (!m) return fail(m.message());
     model = std::move(*m);
-    bytes = byte_model(ckpt->tensors(), model->config(), *kv_dtype);
+    bytes = byte_model(ckpt->tensors(), model->config(), *kv_dtype, *gdn_dtype);
     for (const auto& [name, info] : ckpt->tensors()) loaded_bytes += info.nbytes;
   }
   be.synchronize();
@@ -378,12 +382,14 @@ int run_bench(const BenchOptions& o) {
                                                          static_cast<double>(mem_at_start.total_bytes - mem_at_start.free_bytes);
   auto fits = [&](double need) { return room < 0 || need < room; };
   j["kv_cache_dtype"] = kv_cache_dtype_name(*kv_dtype);
+  j["gdn_state_dtype"] = gdn_state_dtype_name(*gdn_dtype);
+  if (*gdn_dtype != DType::kF32) say("GDN recurrent state in %s (--gdn-state-dtype)\n", gdn_state_dtype_name(*gdn_dtype));
   j["context_fill"] = o.context_fill;
   j["prefill_saves"] = o.prefill_saves;
   if (o.prefill_saves > 0) say("each timed prefill saves its GDN state %d times (--prefill-saves)\n", o.prefill_saves);
   if (room >= 0) {
     // What `serve` would size with these settings: 64 sequences, steps of 2048 tokens.
-    auto kb = kv_budget_from_memory(be, c, o.gpu_memory_utilization, 64, 2048);
+    auto kb = kv_budget_from_memory(be, c, o.gpu_memory_utilization, 64, 2048, *gdn_dtype);
     if (!kb) return fail(kb.message());
     const double tokens = std::max(0.0, kb->kv) / bytes.kv_bytes_per_token;
     j["kv_capacity_tokens_serve_64"] = tokens;
@@ -402,6 +408,7 @@ int run_bench(const BenchOptions& o) {
   StateLimits lim;
   lim.block_size = 16;
   lim.kv_dtype = *kv_dtype;
+  lim.gdn_state_dtype = *gdn_dtype;
   auto blocks_for = [&](int64_t tokens) { return static_cast<int32_t>(tokens / lim.block_size + 2); };
 
   // Runs a prompt of `len` tokens through one sequence in chunks of --prefill-chunk.
@@ -715,6 +722,7 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_flag("--sequential-branches", opts->sequential_branches,
                 "A/B: run independent branches (routed vs shared expert, q/k/v) in order on one stream");
   add_kv_cache_dtype_option(cmd, opts->kv_cache_dtype);
+  add_gdn_state_dtype_option(cmd, opts->gdn_state_dtype);
   cmd->add_option("--gpu-memory-utilization", opts->gpu_memory_utilization,
                   "Fraction of the device's memory the cases may use (weights included); larger cases are skipped")
       ->capture_default_str();

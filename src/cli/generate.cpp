@@ -104,6 +104,8 @@ int run_generate(const GenerateOptions& o) {
     return fail("--threads must be between 1 and " + std::to_string(kMaxThreads) + " (0 or absent: all cores)");
   auto kv_dtype = parse_kv_cache_dtype(o.kv.dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
   if (!kv_dtype) return fail(kv_dtype.message());
+  auto gdn_dtype = parse_gdn_state_dtype(o.kv.gdn_state_dtype);
+  if (!gdn_dtype) return fail(gdn_dtype.message());
   if (!(o.kv.gpu_memory_utilization > 0 && o.kv.gpu_memory_utilization <= 1))
     return fail("--gpu-memory-utilization must be in (0, 1]");
   auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
@@ -127,7 +129,7 @@ int run_generate(const GenerateOptions& o) {
   if (total > max_pos)
     return fail("prompt + max tokens = " + std::to_string(total) + " exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  auto limits = one_sequence_state(*backend, c, total, *kv_dtype, o.kv.gpu_memory_utilization);
+  auto limits = one_sequence_state(*backend, c, total, *kv_dtype, *gdn_dtype, o.kv.gpu_memory_utilization);
   if (!limits) return fail(limits.message());
   std::optional<EngineStats> spec_stats;
   std::vector<int32_t> out;
@@ -219,7 +221,8 @@ void register_generate(CLI::App& root, int& exit_code) {
   cmd->add_option("--device", opts->device, "Backend: cpu or cuda")->default_val("cpu");
   cmd->add_option("--spec-k,--speculative-tokens", opts->spec_k,
                   "Speculative decoding with the checkpoint's multi-token-prediction layer: K draft tokens per step "
-                  "(0: off; the output is the same)")
+                  "(0: off; the output is the same with the float32 GDN state: a bfloat16 one is rounded once per "
+                  "verify step's accepted tokens instead of once per token)")
       ->default_val(0);
   cmd->add_option("--image", opts->images,
                   "Image file (JPEG, PNG, WebP, GIF), repeatable; each image token id in --prompt-ids is expanded "

@@ -24,6 +24,21 @@ const char* kv_cache_dtype_name(DType dtype) {
   }
 }
 
+Expected<DType> parse_gdn_state_dtype(const std::string& name) {
+  if (name == "auto" || name == "float32" || name == "fp32" || name == "f32") return DType::kF32;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  return make_error("--gdn-state-dtype: '" + name + "' is not one of auto, float32, bfloat16");
+}
+
+const char* gdn_state_dtype_name(DType dtype) { return dtype == DType::kBF16 ? "bfloat16" : "float32"; }
+
+void add_gdn_state_dtype_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--gdn-state-dtype,--mamba-ssm-cache-dtype", value,
+                  "GDN recurrent state storage between steps: auto (float32) | float32 | bfloat16 (half the "
+                  "bytes; rounded once per op that writes it)")
+      ->default_val("auto");
+}
+
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string& value) {
   cmd->add_option("--kv-cache-dtype", value,
                   "KV cache storage: auto (bf16 on cuda, float32 on cpu) | bf16 | fp8 (e4m3, a scale per position "
@@ -39,14 +54,14 @@ double activation_bytes(const ModelConfig& c, int64_t tokens) {
 }
 
 Expected<KvBudget> kv_budget_from_memory(Backend& backend, const ModelConfig& c, double utilization, int max_seqs,
-                                         int64_t step_tokens) {
+                                         int64_t step_tokens, DType gdn_dtype) {
   if (!(utilization > 0.0 && utilization <= 1.0)) return make_error("--gpu-memory-utilization must be in (0, 1]");
   const DeviceMemory mem = device_memory(backend);
   if (mem.total_bytes <= 0) return make_error("the backend does not report device memory");
   KvBudget b;
   b.total = static_cast<double>(mem.total_bytes);
   b.in_use = static_cast<double>(mem.total_bytes - mem.free_bytes);
-  b.gdn_state = static_cast<double>(gdn_state_bytes(c)) * max_seqs;
+  b.gdn_state = static_cast<double>(gdn_state_bytes(c, gdn_dtype)) * max_seqs;
   b.activations = activation_bytes(c, std::max<int64_t>(step_tokens, max_seqs)) + kHeadroomBytes;
   b.kv = utilization * b.total - b.in_use - b.gdn_state - b.activations;
   return b;
@@ -55,7 +70,8 @@ Expected<KvBudget> kv_budget_from_memory(Backend& backend, const ModelConfig& c,
 Expected<int32_t> serve_kv_blocks(Backend& backend, const ModelConfig& c, const StateLimits& limits, double utilization,
                                   int64_t step_tokens) {
   if (backend.device() == Device::kCpu) return limits.num_kv_blocks;
-  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, limits.max_sequences + limits.num_snapshots, step_tokens));
+  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, limits.max_sequences + limits.num_snapshots,
+                                                            step_tokens, limits.gdn_state_dtype));
   const double per_block = static_cast<double>(std::max(count_layers(c, LayerType::kFullAttention) + (limits.mtp ? 1 : 0), 1)) *
                            static_cast<double>(limits.block_size) *
                            static_cast<double>(kv_bytes_per_token(limits.kv_dtype, c.num_key_value_heads, c.head_dim));
@@ -77,11 +93,12 @@ Expected<int32_t> serve_kv_blocks(Backend& backend, const ModelConfig& c, const 
 }
 
 Expected<StateLimits> one_sequence_state(Backend& backend, const ModelConfig& c, int64_t positions, DType kv_dtype,
-                                         double utilization) {
+                                         DType gdn_dtype, double utilization) {
   StateLimits limits = one_sequence_limits(positions);
   limits.kv_dtype = kv_dtype;
+  limits.gdn_state_dtype = gdn_dtype;
   if (backend.device() == Device::kCpu) return limits;
-  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, 1, positions));
+  SS_ASSIGN_OR_RETURN(KvBudget b, kv_budget_from_memory(backend, c, utilization, 1, positions, gdn_dtype));
   const double need = static_cast<double>(limits.num_kv_blocks) * limits.block_size *
                       count_layers(c, LayerType::kFullAttention) *
                       kv_bytes_per_token(kv_dtype, c.num_key_value_heads, c.head_dim);
@@ -95,6 +112,7 @@ Expected<StateLimits> one_sequence_state(Backend& backend, const ModelConfig& c,
 
 void add_kv_options(CLI::App* cmd, KvCliOptions& o) {
   add_kv_cache_dtype_option(cmd, o.dtype);
+  add_gdn_state_dtype_option(cmd, o.gdn_state_dtype);
   cmd->add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                   "Fraction of the device's total memory this process may use (cuda)")
       ->default_val(0.9);

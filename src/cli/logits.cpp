@@ -1,9 +1,12 @@
 // `sparkserve logits`: teacher-forced logits for every prompt position, written as a float32 .npy
-// [T, vocab_size] (one forward over the whole prompt). With --image, T counts the expanded
-// image tokens. With --mtp-drafts K: the multi-token-prediction layer's draft logits instead,
+// [T, vocab_size] (one forward over the whole prompt; with --prefill-chunk N, forwards of N tokens
+// each continuing from the state the last one left, N = 1 being a cached decode: what a state dtype
+// changes between forwards shows in these rows). With --image, T counts the expanded image tokens.
+// With --mtp-drafts K: the multi-token-prediction layer's draft logits instead,
 // [T - 1 + K - 1, vocab]: row p < T - 1 reads the target's hidden state at p and token p + 1
 // (teacher forced), then K - 1 chained rows from the last one (each feeds the MTP's output and the
 // argmax draft of the row before, one position further).
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/backend_factory.h"
@@ -27,6 +30,7 @@ struct LogitsOptions {
   std::string device = "cpu";
   std::vector<std::string> images;
   int mtp_drafts = 0;
+  int64_t prefill_chunk = 0;  // 0: one forward
   LoadCliOptions load;
   KvCliOptions kv;
 };
@@ -42,6 +46,8 @@ int run_logits(const LogitsOptions& o) {
     return fail("--threads must be between 1 and " + std::to_string(kMaxThreads) + " (0 or absent: all cores)");
   auto kv_dtype = parse_kv_cache_dtype(o.kv.dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
   if (!kv_dtype) return fail(kv_dtype.message());
+  auto gdn_dtype = parse_gdn_state_dtype(o.kv.gdn_state_dtype);
+  if (!gdn_dtype) return fail(gdn_dtype.message());
   if (!(o.kv.gpu_memory_utilization > 0 && o.kv.gpu_memory_utilization <= 1))
     return fail("--gpu-memory-utilization must be in (0, 1]");
   auto made = make_backend(o.device, o.threads > 0 ? o.threads : default_thread_count());
@@ -52,6 +58,9 @@ int run_logits(const LogitsOptions& o) {
   if (!load_opts) return fail(load_opts.message());
   if (o.mtp_drafts < 0) return fail("--mtp-drafts must be >= 1");
   if (o.mtp_drafts > 0 && ids->size() < 2) return fail("--mtp-drafts needs at least 2 prompt tokens");
+  if (o.prefill_chunk < 0) return fail("--prefill-chunk must be >= 0");
+  if (o.prefill_chunk > 0 && (o.mtp_drafts > 0 || !o.images.empty()))
+    return fail("--prefill-chunk goes without --mtp-drafts and --image");
   load_opts->load_mtp = o.mtp_drafts > 0;
   auto model = load_qwen35(o.model, *backend, &notes, *load_opts);
   if (!model) return fail(model.message());
@@ -64,7 +73,7 @@ int run_logits(const LogitsOptions& o) {
   if (T > max_pos)
     return fail("prompt of " + std::to_string(T) + " tokens exceeds the model's maximum of " +
                 std::to_string(max_pos) + " positions (max_position_embeddings)");
-  auto limits = one_sequence_state(*backend, c, T + o.mtp_drafts, *kv_dtype, o.kv.gpu_memory_utilization);
+  auto limits = one_sequence_state(*backend, c, T + o.mtp_drafts, *kv_dtype, *gdn_dtype, o.kv.gpu_memory_utilization);
   if (!limits) return fail(limits.message());
   limits->mtp = o.mtp_drafts > 0;
   DirectState state(*backend, c, *limits);
@@ -72,12 +81,22 @@ int run_logits(const LogitsOptions& o) {
   if (!seq) return fail(seq.message());
   std::vector<SequenceInput> batch(1);
   batch[0].state = &*seq;
-  batch[0].tokens = *ids;
   batch[0].all_logits = o.mtp_drafts == 0;
   batch[0].mm = mm->get();
   SpecCapture capture;
-  auto logits = state.forward(**model, batch, o.mtp_drafts > 0 ? &capture : nullptr);
-  if (!logits) return fail(logits.message());
+  Expected<Logits> logits = Logits{};
+  const int64_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : T;
+  for (int64_t done = 0; done < T; done += chunk) {
+    batch[0].tokens.assign(ids->begin() + done, ids->begin() + std::min(T, done + chunk));
+    auto part = state.forward(**model, batch, o.mtp_drafts > 0 ? &capture : nullptr);
+    if (!part) return fail(part.message());
+    if (done == 0) {
+      logits = std::move(part);
+    } else {  // every row came back whole (all_logits, no argmax rows)
+      logits->data.insert(logits->data.end(), part->data.begin(), part->data.end());
+      logits->rows += part->rows;
+    }
+  }
   if (o.mtp_drafts > 0) {
     if (Status st = state.reserve(*seq, T + o.mtp_drafts); !st.ok()) return fail(st.message());
     Qwen35Model::DraftSeq d;
@@ -110,6 +129,10 @@ void register_logits(CLI::App& root, int& exit_code) {
   cmd->add_option("--mtp-drafts", opts->mtp_drafts,
                   "Write the multi-token-prediction layer's draft logits instead: the T-1 teacher-forced rows, "
                   "then K-1 chained ones");
+  cmd->add_option("--prefill-chunk", opts->prefill_chunk,
+                  "Run the prompt in forwards of this many tokens, each continuing from the state the last left (1: "
+                  "token by token, as a cached decode); 0: one forward")
+      ->default_val(0);
   add_load_options(cmd, opts->load);
   add_kv_options(cmd, opts->kv);
   cmd->callback([opts, &exit_code] { exit_code = run_logits(*opts); });

@@ -270,6 +270,8 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   }
   auto kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, o.device == "cuda" ? Device::kCuda : Device::kCpu);
   if (!kv_dtype) return fail(kv_dtype.message());
+  auto gdn_dtype = parse_gdn_state_dtype(o.gdn_state_dtype);
+  if (!gdn_dtype) return fail(gdn_dtype.message());
   auto spec_tokens = speculative_tokens_from(o);
   if (!spec_tokens) return fail(spec_tokens.message());
 
@@ -376,12 +378,13 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   limits.num_kv_blocks = static_cast<int32_t>(blocks);
   limits.block_size = o.block_size;
   limits.kv_dtype = *kv_dtype;
+  limits.gdn_state_dtype = *gdn_dtype;
   limits.mtp = *spec_tokens > 0;
   // Prefix-cache snapshots: whole GDN states of one sequence each, from the --prefix-cache-state-mb
   // budget, at most 4 per sequence slot (enough for every running conversation's last turns; a
   // tiny model would otherwise get millions). On a GPU the KV sizing counts them as GDN state.
   if (!o.no_prefix_caching) {
-    const int64_t per_snapshot = std::max<int64_t>(gdn_state_bytes(c), 1);
+    const int64_t per_snapshot = std::max<int64_t>(gdn_state_bytes(c, *gdn_dtype), 1);
     limits.num_snapshots = static_cast<int32_t>(
         std::min<int64_t>((o.prefix_cache_state_mb << 20) / per_snapshot, 4LL * o.max_num_seqs));
   }
@@ -469,10 +472,12 @@ int run_serve(ServeOptions& o, const RunnerFactory& make_runner) {
   }
   std::fprintf(stderr,
                "sparkserve: serving %s on http://%s:%d (max_model_len %lld, %lld KV blocks of %d = %lld tokens, %s "
-               "%.2f GB, %d sequences, prefix cache %s with %d state snapshots, %lld MTP draft tokens per step)\n",
+               "%.2f GB, %d sequences, GDN state %s, prefix cache %s with %d state snapshots, %lld MTP draft tokens per "
+               "step)\n",
                name.c_str(), o.host.c_str(), *bound, static_cast<long long>(max_model_len), static_cast<long long>(blocks),
                o.block_size, static_cast<long long>(pool_tokens), kv_cache_dtype_name(*kv_dtype),
-               static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs, o.no_prefix_caching ? "off" : "on",
+               static_cast<double>(blocks) * bytes_per_block / 1e9, o.max_num_seqs, gdn_state_dtype_name(*gdn_dtype),
+               o.no_prefix_caching ? "off" : "on",
                limits.num_snapshots, static_cast<long long>(*spec_tokens));
   std::fprintf(stderr, "sparkserve: on %s; chat page at http://%s:%d/ ; OpenAI API at http://%s:%d/v1 ; Anthropic API at http://%s:%d\n",
                o.device.c_str(), o.host.c_str(), *bound, o.host.c_str(), *bound, o.host.c_str(), *bound);
@@ -534,6 +539,7 @@ void add_serve_options(CLI::App* cmd, ServeOptions& opts) {
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb,
                   "KV cache budget in MiB (default: what --gpu-memory-utilization leaves on cuda, 256 on cpu)");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  add_gdn_state_dtype_option(cmd, o->gdn_state_dtype);
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "Fraction of the device's total memory this process may use; the KV cache gets what the weights, "
                   "the GDN state and activations leave of it (cuda)")

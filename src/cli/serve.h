@@ -44,6 +44,7 @@ struct ServeOptions {
   int64_t kv_blocks = 0;
   int64_t kv_cache_mb = 0;  // 0: from --gpu-memory-utilization (cuda) or 256 MiB (cpu)
   std::string kv_cache_dtype = "auto";
+  std::string gdn_state_dtype = "auto";
   double gpu_memory_utilization = 0.9;
   int block_size = 16;
   int threads = 0;

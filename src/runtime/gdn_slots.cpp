@@ -4,12 +4,14 @@
 
 namespace sparkserve {
 
-GdnSlots::GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& d)
+GdnSlots::GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& d,
+                   DType recurrent_dtype)
     : backend_(&backend), num_slots_(num_slots), num_snapshots_(num_snapshots) {
+  CHECK_MSG(recurrent_dtype == DType::kF32 || recurrent_dtype == DType::kBF16, "the GDN recurrent state is f32 or bf16");
   const int64_t rows = num_slots + num_snapshots;
   for (int l = 0; l < num_layers; ++l) {
     conv_.emplace_back(&backend, DType::kF32, std::vector<int64_t>{rows, d.conv_dim(), d.conv_kernel - 1});
-    rec_.emplace_back(&backend, DType::kF32, std::vector<int64_t>{rows, d.num_v_heads, d.k_head_dim, d.v_head_dim});
+    rec_.emplace_back(&backend, recurrent_dtype, std::vector<int64_t>{rows, d.num_v_heads, d.k_head_dim, d.v_head_dim});
   }
 }
 

@@ -1,5 +1,6 @@
-// Gated DeltaNet state storage: for each GDN layer a conv state pool [rows, conv_dim, K-1] (the
-// last K-1 conv inputs) and a recurrent state pool [rows, Hv, dk, dv], both f32. A row is one
+// Gated DeltaNet state storage: for each GDN layer a conv state pool [rows, conv_dim, K-1] f32 (the
+// last K-1 conv inputs) and a recurrent state pool [rows, Hv, dk, dv], f32 or bf16 (the ops read
+// either: backend/ops.h, "The recurrent state pool"). A row is one
 // sequence's whole GDN state. Rows [0, slots) belong to running sequences; rows
 // [slots, slots + snapshots) hold copies of such states kept for the prefix cache. Which row
 // belongs to whom is decided by the owner (the engine's scheduler, or DirectState).
@@ -14,7 +15,8 @@ namespace sparkserve {
 
 class GdnSlots {
  public:
-  GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& dims);
+  GdnSlots(Backend& backend, int num_layers, int32_t num_slots, int32_t num_snapshots, const GdnDims& dims,
+           DType recurrent_dtype = DType::kF32);
 
   const Tensor& conv_pool(int layer) const { return conv_[static_cast<size_t>(layer)].tensor(); }
   const Tensor& recurrent_pool(int layer) const { return rec_[static_cast<size_t>(layer)].tensor(); }

@@ -22,11 +22,13 @@ struct StateLimits {
   int32_t num_snapshots = 0;  // GDN state rows kept for the prefix cache
   DType kv_dtype = DType::kF32;  // KvPool: kF32, kBF16 or kF8E4M3
   bool mtp = false;              // a KV pool for the multi-token-prediction layer too (speculative decoding)
+  // The GDN recurrent state's storage, kF32 or kBF16 (GdnSlots; the conv windows stay f32).
+  DType gdn_state_dtype = DType::kF32;
 };
 
-// Bytes of one sequence's GDN state (every linear-attention layer's conv window and recurrent
-// state, f32): what one prefix-cache snapshot costs.
-int64_t gdn_state_bytes(const ModelConfig& config);
+// Bytes of one sequence's GDN state (every linear-attention layer's conv window, f32, and recurrent
+// state in `recurrent_dtype`): what one live slot or prefix-cache snapshot costs.
+int64_t gdn_state_bytes(const ModelConfig& config, DType recurrent_dtype = DType::kF32);
 
 class ModelState {
  public:

@@ -7,7 +7,9 @@
 #    every fixture prompt (the vl-* fixtures with their images: vision tower, M-RoPE) with the float32 KV
 #    cache (bound max|d|/max|ref| <= 1e-4, tests/python/test_model_reference.py's fp32 bound),
 #    `generate --device cuda` reproducing the reference greedy ids exactly, and the CUDA default (bf16)
-#    KV cache within 1e-2 of the reference (tests/python/model/test_kv_cache_dtype.py's bf16 bound).
+#    KV cache within 1e-2 of the reference (tests/python/model/test_kv_cache_dtype.py's bf16 bound), and
+#    with a bf16 GDN state, logits decoded token by token (--prefill-chunk 1) within 0.15 of the reference
+#    (tests/python/model/test_gdn_state_dtype.py's bound; text fixtures, not the quantized ones).
 # 3. `bench --synth` on CUDA: for every layout, the weights the device kernel generates
 #    (backend/cuda/synth_fill.cu) hash to the same digest as `synth --like tiny` written to disk and
 #    loaded onto the GPU, and as the CPU generator; and a short bench of each layout on CUDA gives
@@ -35,10 +37,10 @@ def rel(a, b):
     return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
 def image_args(pr):  # vl-* fixtures: the prompt's images (--image, in order)
     return [a for im in pr.get("images", []) for a in ("--image", f"tests/fixtures/vision-images/{im}")]
-def logits(fx, pr, dev, kv="float32"):
+def logits(fx, pr, dev, kv="float32", extra=()):
     out = tmp / f"{dev}.npy"
     p = subprocess.run([bin_, "logits", "--model", str(fx), "--prompt-ids", ",".join(map(str, pr["prompt_ids"])),
-                        "--out", str(out), "--device", dev, "--kv-cache-dtype", kv] + image_args(pr),
+                        "--out", str(out), "--device", dev, "--kv-cache-dtype", kv] + image_args(pr) + list(extra),
                        capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         print(p.stderr); return None
@@ -75,9 +77,15 @@ for fx in fixtures:
         # The CUDA default KV cache (bf16) within tests/python/model/test_kv_cache_dtype.py's bf16 bound.
         gb = logits(fx, pr, "cuda", "auto")
         e_bf16 = rel(gb, r) if gb is not None else float("inf")
-        ok = e_ref <= 1e-4 and e_cpu <= 1e-4 and ok_gen and e_bf16 <= 1e-2
+        # The bf16 GDN state, token by token (text prompts: --prefill-chunk goes without --image).
+        e_gdn, gdn_note = 0.0, ""
+        if not pr.get("images"):
+            gg = logits(fx, pr, "cuda", "float32", ("--gdn-state-dtype", "bfloat16", "--prefill-chunk", "1"))
+            e_gdn = rel(gg, r) if gg is not None and gg.shape == r.shape else float("inf")
+            gdn_note = f", cuda bf16 gdn state token by token vs ref {e_gdn:.3e}"
+        ok = e_ref <= 1e-4 and e_cpu <= 1e-4 and ok_gen and e_bf16 <= 1e-2 and e_gdn <= 0.15
         fails += not ok
-        print(f"{'ok' if ok else 'FAIL'} {fx.name}/{pr['name']}: cuda vs ref {e_ref:.3e}, cuda vs cpu {e_cpu:.3e}, greedy {'exact' if ok_gen else 'DIFFERENT'}, cuda bf16 kv vs ref {e_bf16:.3e}")
+        print(f"{'ok' if ok else 'FAIL'} {fx.name}/{pr['name']}: cuda vs ref {e_ref:.3e}, cuda vs cpu {e_cpu:.3e}, greedy {'exact' if ok_gen else 'DIFFERENT'}, cuda bf16 kv vs ref {e_bf16:.3e}{gdn_note}")
 print(f"CLI_SUMMARY prompts={n} failed={fails} worst_vs_ref={worst_ref:.3e} worst_vs_cpu={worst_cpu:.3e}")
 sys.exit(1 if fails else 0)
 PYEOF

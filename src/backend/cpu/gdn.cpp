@@ -2,6 +2,7 @@
 // recurrent (decode) and chunked (prefill, HF torch_chunk_gated_delta_rule) forms.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -86,6 +87,58 @@ std::vector<Work> span_heads(const BatchLayout& batch, int64_t Hv) {
   return w;
 }
 
+// A bf16 recurrent-state pool seen by the f32 delta rule (ops.h, "The recurrent state pool"): the
+// rows the batch reads or writes (every span's slot and save rows, each pool row once) widened into
+// an f32 pool, and the batch renumbered onto it; store() rounds them back to nearest even. So a bf16
+// op is the f32 op from the widened state, its state writes rounded once, bit for bit.
+class WidenedState {
+ public:
+  WidenedState(const Tensor& pool, const BatchLayout& batch) : pool_(pool), batch_(batch) {
+    const int64_t row_n = pool.numel() / pool.dim(0);
+    std::map<int32_t, int32_t> index;  // pool row -> widened row
+    auto widened = [&](int32_t row) {
+      auto [it, fresh] = index.emplace(row, static_cast<int32_t>(rows_.size()));
+      if (fresh) rows_.push_back(row);
+      return it->second;
+    };
+    saves_.resize(batch.seqs.size());
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      SeqSpan& s = batch_.seqs[i];
+      s.gdn_slot = widened(s.gdn_slot);
+      for (int64_t j = 0; j < s.num_saves; ++j) saves_[i].push_back({s.saves[j].tokens, widened(s.saves[j].row)});
+      s.saves = saves_[i].data();
+    }
+    data_.resize(rows_.size() * static_cast<size_t>(row_n));
+    const uint16_t* src = pool.ptr<const uint16_t>();
+    for (size_t r = 0; r < rows_.size(); ++r)
+      for (int64_t i = 0; i < row_n; ++i) data_[r * row_n + i] = bf16_to_f32(src[rows_[r] * row_n + i]);
+    std::vector<int64_t> shape = pool.shape;
+    shape[0] = static_cast<int64_t>(rows_.size());
+    f32_ = Tensor(data_.data(), DType::kF32, std::move(shape), Device::kCpu);
+  }
+  const Tensor& pool() const { return f32_; }
+  const BatchLayout& batch() const { return batch_; }
+  void store() const {
+    const int64_t row_n = pool_.numel() / pool_.dim(0);
+    uint16_t* dst = pool_.ptr<uint16_t>();
+    for (size_t r = 0; r < rows_.size(); ++r)
+      for (int64_t i = 0; i < row_n; ++i) dst[rows_[r] * row_n + i] = f32_to_bf16(data_[r * row_n + i]);
+  }
+
+ private:
+  Tensor pool_;
+  BatchLayout batch_;
+  std::vector<std::vector<GdnStateSave>> saves_;
+  std::vector<int32_t> rows_;
+  std::vector<float> data_;
+  Tensor f32_;
+};
+
+void check_state_pool(const Tensor& pool, const BatchLayout& batch) {
+  CHECK_MSG(pool.dtype == DType::kF32 || pool.dtype == DType::kBF16, "a GDN recurrent state pool is f32 or bf16");
+  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, pool.dim(0)));
+}
+
 }  // namespace
 
 void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tensor& g,
@@ -94,7 +147,13 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, r = Hv / d.num_k_heads;
   CHECK(qkv.dim(1) == d.conv_dim() && state_pool.dim(1) == Hv && state_pool.dim(2) == dk &&
         state_pool.dim(3) == dv);
-  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, state_pool.dim(0)));
+  check_state_pool(state_pool, batch);
+  if (state_pool.dtype == DType::kBF16) {
+    const WidenedState w(state_pool, batch);
+    gdn_recurrent(out, qkv, g, beta, w.pool(), w.batch(), d);
+    w.store();
+    return;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   auto work = span_heads(batch, Hv);
   pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t b, int64_t e) {
@@ -133,9 +192,11 @@ void CpuBackend::gdn_recurrent(const Tensor& out, const Tensor& qkv, const Tenso
 void CpuBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& mixed, const Tensor& conv_w,
                             const Tensor& g, const Tensor& beta, const Tensor& conv_state_pool,
                             const Tensor& state_pool, const BatchLayout& batch, const GdnDims& d) {
-  // Copies of the spans' state rows (copy i = span i), run through the decode form: the pools keep
-  // the state before the spans.
+  // Copies of the spans' state rows (copy i = span i; a bf16 recurrent state widened to f32), run
+  // through the decode form: the pools keep the state before the spans.
   const auto n = static_cast<int64_t>(batch.seqs.size());
+  CHECK_MSG(state_pool.dtype == DType::kF32 || state_pool.dtype == DType::kBF16,
+            "a GDN recurrent state pool is f32 or bf16");
   for (const SeqSpan& s : batch.seqs) CHECK_MSG(s.num_saves == 0, "gdn_verify spans save no state");
   const int64_t conv_row = conv_state_pool.numel() / conv_state_pool.dim(0);
   const int64_t rec_row = state_pool.numel() / state_pool.dim(0);
@@ -145,7 +206,12 @@ void CpuBackend::gdn_verify(const Tensor& out, const Tensor& qkv, const Tensor& 
     const int64_t slot = batch.seqs[static_cast<size_t>(i)].gdn_slot;
     CHECK(slot >= 0 && slot < conv_state_pool.dim(0) && slot < state_pool.dim(0));
     std::copy_n(conv_state_pool.ptr<const float>() + slot * conv_row, conv_row, conv_copy.data() + i * conv_row);
-    std::copy_n(state_pool.ptr<const float>() + slot * rec_row, rec_row, rec_copy.data() + i * rec_row);
+    if (state_pool.dtype == DType::kBF16) {
+      const uint16_t* src = state_pool.ptr<const uint16_t>() + slot * rec_row;
+      std::transform(src, src + rec_row, rec_copy.data() + i * rec_row, bf16_to_f32);
+    } else {
+      std::copy_n(state_pool.ptr<const float>() + slot * rec_row, rec_row, rec_copy.data() + i * rec_row);
+    }
     copies.seqs[static_cast<size_t>(i)].gdn_slot = static_cast<int32_t>(i);
   }
   const Tensor conv_t(conv_copy.data(), DType::kF32, {n, conv_state_pool.dim(1), conv_state_pool.dim(2)}, Device::kCpu);
@@ -161,7 +227,13 @@ void CpuBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor&
   const int64_t Hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim, r = Hv / d.num_k_heads;
   CHECK(qkv.dim(1) == d.conv_dim() && state_pool.dim(1) == Hv && state_pool.dim(2) == dk &&
         state_pool.dim(3) == dv);
-  for (const SeqSpan& sp : batch.seqs) CHECK(gdn_rows_ok(sp, state_pool.dim(0)));
+  check_state_pool(state_pool, batch);
+  if (state_pool.dtype == DType::kBF16) {
+    const WidenedState w(state_pool, batch);
+    gdn_chunked(out, qkv, g, beta, w.pool(), w.batch(), d);
+    w.store();
+    return;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   auto work = span_heads(batch, Hv);
   pool_.parallel_for(static_cast<int64_t>(work.size()), [&](int64_t b, int64_t e) {

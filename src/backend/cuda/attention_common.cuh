@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/bf16_round.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/mma_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
@@ -42,13 +43,6 @@ __device__ __forceinline__ int64_t kv_row_index(const DeviceLayout& L, int s, in
                                                 int64_t kvh, int64_t head) {
   const int32_t block = L.table(s)[pos / block_size];
   return (static_cast<int64_t>(block) * block_size + pos % block_size) * kvh + head;
-}
-
-// The CPU's f32_to_bf16 (round to nearest even; NaN stays NaN).
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
-  const uint32_t bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 // Block-wide (every thread of the block calls it; kThreads = 32: warp-wide, tid = the lane): stores

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn_state.cuh"
 #include "backend/cuda/launch_config.cuh"
 
 namespace sparkserve {
@@ -256,34 +258,36 @@ __device__ __forceinline__ float4 delta_token(float4 (&st)[kRows], const float (
   return o;
 }
 
-// The thread's tile of state S [dk, dv] (rows rg + 16 m, columns c .. c + 3): loaded, stored.
-template <int kRows>
-__device__ __forceinline__ void load_tile(float4 (&st)[kRows], const float* S, int dk, int dv, int c, bool col_ok,
+// The thread's tile of state S [dk, dv] (rows rg + 16 m, columns c .. c + 3): loaded (widened to
+// f32), stored (rounded to the pool's dtype: gdn_state.cuh).
+template <int kRows, class St>
+__device__ __forceinline__ void load_tile(float4 (&st)[kRows], const St* S, int dk, int dv, int c, bool col_ok,
                                           int rg) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = rg + m * kTileGroups;
-    st[m] = col_ok && i < dk ? *reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    st[m] = col_ok && i < dk ? state_load4(S + static_cast<int64_t>(i) * dv + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
-template <int kRows>
-__device__ __forceinline__ void store_tile(const float4 (&st)[kRows], float* S, int dk, int dv, int c, bool col_ok,
+template <int kRows, class St>
+__device__ __forceinline__ void store_tile(const float4 (&st)[kRows], St* S, int dk, int dv, int c, bool col_ok,
                                            int rg) {
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const int i = rg + m * kTileGroups;
-    if (col_ok && i < dk) *reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c) = st[m];
+    if (col_ok && i < dk) state_store4(S + static_cast<int64_t>(i) * dv + c, st[m]);
   }
 }
 
 // gdn_recurrent (kWrite: the state advances) and gdn_verify (the state is only read): the delta rule
 // over each span's tokens on the register tile, one block per (span, value head, 32 columns).
 // kRows: rows per thread (dk <= 16 kRows). At dk <= 128 at most 96 registers (no spills), so five
-// blocks fit an SM instead of four: a batch of 64 sequences is ~25 waves of blocks, not ~31.
-template <int kRows, bool kWrite>
+// blocks fit an SM instead of four: a batch of 64 sequences is ~25 waves of blocks, not ~31. St: the
+// state pool's storage (gdn_state.cuh); a bf16 state is rounded only where it is stored (the span's
+// end and its saves).
+template <int kRows, bool kWrite, class St>
 __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_delta_kernel(
-    float* out, const float* qkv, const float* g, const float* beta, float* state_pool, DeviceLayout L, int Hv,
+    float* out, const float* qkv, const float* g, const float* beta, St* state_pool, DeviceLayout L, int Hv,
     int Hk, int dk, int dv, int64_t conv_dim, float scale) {
   const int col_blocks = (dv + kTileCols - 1) / kTileCols;
   const int head = static_cast<int>(blockIdx.x) / col_blocks, cb = static_cast<int>(blockIdx.x) % col_blocks;
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
   const int c = cb * kTileCols + warp * 8 + (lane & 1) * 4;  // this thread's first column
   const bool col_ok = c < dv;                                 // dv % 4 == 0
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   float4 st[kRows];
   load_tile(st, S, dk, dv, c, col_ok, rg);
   const int64_t r0 = L.row_begin(s), n = L.num_tokens(s);
@@ -325,11 +329,12 @@ __global__ void __launch_bounds__(kTileThreads, kRows <= kTileRows ? 5 : 1) gdn_
 // the a/b dot products (each block does 1/nc of the H terms) and the RMSNorm's sum of squares. The
 // state tile is loaded first, so its DRAM round trip overlaps the a/b products and the wait for the
 // conv kernel (programmatic dependent launch). Used while the grid fits one wave (gdn_verify_step).
+template <class St>
 __global__ void __launch_bounds__(kTileThreads) gdn_verify_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, int64_t H, const float* A_log, const float* dt_bias,
-    const float* norm_w, float eps, float* state_pool, float* g_out, float* beta_out, DeviceLayout L, int Hv, int Hk,
-    int dk, int dv, int64_t conv_dim, float scale) {
+    const float* norm_w, float eps, const St* state_pool, float* g_out, float* beta_out, DeviceLayout L, int Hv,
+    int Hk, int dk, int dv, int64_t conv_dim, float scale) {
   __shared__ float ab_all[kTileSlots][2];  // [rank * warps + warp]: that warp's share of a and b
   __shared__ double ssq_all[kTileSlots];   // [rank * warps + warp]: sum of squares of its outputs
 
@@ -343,7 +348,7 @@ __global__ void __launch_bounds__(kTileThreads) gdn_verify_step_kernel(
   const int c = cb * kTileCols + warp * 8 + (lane & 1) * 4;  // this thread's first column
   const bool col_ok = c < dv;                                 // dv % 8 == 0: a warp's quads are all in or out
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  const St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   // A block may write another's shared memory only once that one has started: arrive here, wait
@@ -477,10 +482,69 @@ __device__ __forceinline__ float4 load_weight4(const void* w, bool bf16, int64_t
   return *reinterpret_cast<const float4*>(static_cast<const float*>(w) + i);
 }
 
+// The a/b partial dot products of this thread (a block of kThreads over the H terms of row `row` of
+// h against value head h's rows of in_proj_a/b), summed over its warp: 16-byte loads of h when ab_vec
+// (H % 4 == 0 and aligned rows), else element by element.
+template <int kThreads>
+__device__ __forceinline__ void ab_partials(float& pa, float& pb, const float* hid, const void* wa, const void* wb,
+                                            bool w_bf16, bool ab_vec, int64_t H, int64_t row, int h) {
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  pa = 0.0f;
+  pb = 0.0f;
+  const float* hr = hid + row * H;
+  const int64_t wrow = static_cast<int64_t>(h) * H;
+  const int64_t n4 = ab_vec ? H / 4 : 0;
+  for (int64_t base = threadIdx.x; base < n4; base += kStepAbUnroll * kThreads) {
+    float4 xv[kStepAbUnroll], av[kStepAbUnroll], bv[kStepAbUnroll];
+#pragma unroll
+    for (int u = 0; u < kStepAbUnroll; ++u) {
+      const int64_t j = base + static_cast<int64_t>(u) * kThreads;
+      const bool in = j < n4;
+      xv[u] = in ? reinterpret_cast<const float4*>(hr)[j] : zero4;
+      av[u] = in ? load_weight4(wa, w_bf16, wrow + 4 * j) : zero4;
+      bv[u] = in ? load_weight4(wb, w_bf16, wrow + 4 * j) : zero4;
+    }
+#pragma unroll
+    for (int u = 0; u < kStepAbUnroll; ++u) {
+      pa += xv[u].x * av[u].x + xv[u].y * av[u].y + xv[u].z * av[u].z + xv[u].w * av[u].w;
+      pb += xv[u].x * bv[u].x + xv[u].y * bv[u].y + xv[u].z * bv[u].z + xv[u].w * bv[u].w;
+    }
+  }
+  // The elements past 4 * n4 (all of H when !ab_vec).
+#pragma unroll 1
+  for (int64_t i = 4 * n4 + threadIdx.x; i < H; i += kThreads) {
+    pa += hr[i] * load_weight(wa, w_bf16, wrow + i);
+    pb += hr[i] * load_weight(wb, w_bf16, wrow + i);
+  }
+  pa = warp_sum(pa);
+  pb = warp_sum(pb);
+}
+
+// Warp 0: q (HF l2norm: x * rsqrt(sum x^2 + 1e-6), times dk^-0.5), warp 1: k, of key head kh of
+// row `row` into qk_n (zero past dk).
+__device__ __forceinline__ void normalise_qk(float (&qk_n)[2][kStepMaxDk], const float* qkv, int64_t row,
+                                             int64_t conv_dim, int64_t key_dim, int kh, int dk, float scale,
+                                             int warp, int lane) {
+  const float* src = qkv + row * conv_dim + warp * key_dim + static_cast<int64_t>(kh) * dk;
+  float x[kStepMaxDk / 32], ss = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kStepMaxDk / 32; ++t) {
+    const int i = lane + 32 * t;
+    x[t] = i < dk ? src[i] : 0.0f;
+    ss += x[t] * x[t];
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
+#pragma unroll
+  for (int t = 0; t < kStepMaxDk / 32; ++t) qk_n[warp][lane + 32 * t] = x[t] * inv;
+}
+
+// St: the state pool's storage (gdn_state.cuh). Used for f32; a bf16 state takes gdn_step_bf16_kernel.
+template <class St>
 __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
     const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
-    const float* norm_w, float eps, float* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
+    const float* norm_w, float eps, St* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
     int64_t conv_dim, float scale) {
   __shared__ float qk_n[2][kStepMaxDk];     // normalised q (scaled), k; zero past dk
   __shared__ float ab_all[kStepWarps][2];   // that warp's share of a and b
@@ -493,67 +557,26 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
   const bool col_ok = c < dv;                       // dv % 4 == 0: a thread's 4 columns are all in or out
   const int64_t row = L.row_begin(s);
   const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
-  float* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+  St* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   float4 st[kStepRows];
 #pragma unroll
   for (int m = 0; m < kStepRows; ++m) {
     const int i = rg + m * kStepGroups;
-    const float4* src = reinterpret_cast<const float4*>(S + static_cast<int64_t>(i) * dv + c);
-    st[m] = col_ok && i < dk ? __ldcs(src) : zero4;
+    // (The pointer computed first: the same expression inside the call measured 140 registers for the
+    // f32 kernel instead of 126, one block per SM instead of two.)
+    const St* src = S + static_cast<int64_t>(i) * dv + c;
+    st[m] = col_ok && i < dk ? state_load4_cs(src) : zero4;
   }
   const int64_t oi = (row * Hv + h) * dv + c;
   const float4 zv = rg == 0 && col_ok ? *reinterpret_cast<const float4*>(z + oi) : zero4;
 
-  // a/b partial dot products: 16-byte loads of h when ab_vec (H % 4 == 0 and aligned rows), else
-  // element by element.
   float pa = 0.0f, pb = 0.0f;
-  if (wa) {
-    const float* hr = hid + row * H;
-    const int64_t wrow = static_cast<int64_t>(h) * H;
-    const int64_t n4 = ab_vec ? H / 4 : 0;
-    for (int64_t base = threadIdx.x; base < n4; base += kStepAbUnroll * kStepThreads) {
-      float4 xv[kStepAbUnroll], av[kStepAbUnroll], bv[kStepAbUnroll];
-#pragma unroll
-      for (int u = 0; u < kStepAbUnroll; ++u) {
-        const int64_t j = base + static_cast<int64_t>(u) * kStepThreads;
-        const bool in = j < n4;
-        xv[u] = in ? reinterpret_cast<const float4*>(hr)[j] : zero4;
-        av[u] = in ? load_weight4(wa, w_bf16, wrow + 4 * j) : zero4;
-        bv[u] = in ? load_weight4(wb, w_bf16, wrow + 4 * j) : zero4;
-      }
-#pragma unroll
-      for (int u = 0; u < kStepAbUnroll; ++u) {
-        pa += xv[u].x * av[u].x + xv[u].y * av[u].y + xv[u].z * av[u].z + xv[u].w * av[u].w;
-        pb += xv[u].x * bv[u].x + xv[u].y * bv[u].y + xv[u].z * bv[u].z + xv[u].w * bv[u].w;
-      }
-    }
-    // The elements past 4 * n4 (all of H when !ab_vec).
-#pragma unroll 1
-    for (int64_t i = 4 * n4 + threadIdx.x; i < H; i += kStepThreads) {
-      pa += hr[i] * load_weight(wa, w_bf16, wrow + i);
-      pb += hr[i] * load_weight(wb, w_bf16, wrow + i);
-    }
-    pa = warp_sum(pa);
-    pb = warp_sum(pb);
-  }
+  if (wa) ab_partials<kStepThreads>(pa, pb, hid, wa, wb, w_bf16, ab_vec, H, row, h);
 
   pdl_wait();  // qkv is the conv kernel's output
-  if (warp < 2) {  // warp 0: q (HF l2norm: x * rsqrt(sum x^2 + 1e-6), times dk^-0.5), warp 1: k
-    const float* src = qkv + row * conv_dim + warp * key_dim + static_cast<int64_t>(kh) * dk;
-    float x[kStepMaxDk / 32], ss = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kStepMaxDk / 32; ++t) {
-      const int i = lane + 32 * t;
-      x[t] = i < dk ? src[i] : 0.0f;
-      ss += x[t] * x[t];
-    }
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss + 1e-6f) * (warp == 0 ? scale : 1.0f);
-#pragma unroll
-    for (int t = 0; t < kStepMaxDk / 32; ++t) qk_n[warp][lane + 32 * t] = x[t] * inv;
-  }
+  if (warp < 2) normalise_qk(qk_n, qkv, row, conv_dim, key_dim, kh, dk, scale, warp, lane);
   const float4 v = col_ok ? *reinterpret_cast<const float4*>(qkv + row * conv_dim + 2 * key_dim +
                                                              static_cast<int64_t>(h) * dv + c)
                           : zero4;
@@ -614,9 +637,7 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     st[m].y += ki * delta.y;
     st[m].z += ki * delta.z;
     st[m].w += ki * delta.w;
-    if (col_ok && i < dk) {
-      __stcs(reinterpret_cast<float4*>(S + static_cast<int64_t>(i) * dv + c), st[m]);
-    }
+    if (col_ok && i < dk) state_store4_cs(S + static_cast<int64_t>(i) * dv + c, st[m]);
     o.x += st[m].x * qi;
     o.y += st[m].y * qi;
     o.z += st[m].z * qi;
@@ -653,9 +674,171 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
   }
 }
 
+// gdn_step_kernel for a bf16 state. Half the bytes per head (32 KB at 128 x 128) in the f32
+// kernel's layout would halve the bytes in flight per SM (2 blocks of 32 KB: measured ~2 TB/s, 38.4
+// against 45.3 us at 122B b16), so a lane owns twice the columns: one block of 4 warps per (span,
+// value head), each warp 32 columns (lane = 4 rg + quad: 8 adjacent columns in one 16-byte access, on
+// rows rg, rg + 8, ..., 16 rows), and the state stays in registers as loaded (16 x 8 bf16 = 64
+// registers, the f32 kernel's count). The decay is applied twice from the same bf16 values (for
+// S^T k, then for the update): the same f32 products the f32 kernel keeps. 4 blocks of 128 threads
+// fit an SM: 128 KB of state loads in flight per SM, as in the f32 kernel.
+constexpr int kStepB16Threads = 128;
+constexpr int kStepB16Warps = kStepB16Threads / 32;
+constexpr int kStepB16Cols = 32;  // state columns per warp
+
+__device__ __forceinline__ void unpack_bf16x8(const uint4 u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = __uint_as_float(w[j] << 16);
+    f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+
+__global__ void __launch_bounds__(kStepB16Threads) gdn_step_bf16_kernel(
+    float* out, const float* qkv, const float* z, const float* a, const float* b, const float* hid,
+    const void* wa, const void* wb, bool w_bf16, bool ab_vec, int64_t H, const float* A_log, const float* dt_bias,
+    const float* norm_w, float eps, uint16_t* state_pool, DeviceLayout L, int Hv, int Hk, int dk, int dv,
+    int64_t conv_dim, float scale) {
+  __shared__ float qk_n[2][kStepMaxDk];      // normalised q (scaled), k; zero past dk
+  __shared__ float ab_all[kStepB16Warps][2];  // that warp's share of a and b
+  __shared__ double ssq_all[kStepB16Warps];   // sum of squares of that warp's outputs
+
+  const int head = static_cast<int>(blockIdx.x);  // span * Hv + value head
+  const int s = head / Hv, h = head % Hv, kh = h / (Hv / Hk);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane / 4;
+  const int c = warp * kStepB16Cols + (lane & 3) * 8;  // this thread's first column
+  const bool col_ok = c < dv;                           // dv % 8 == 0: a thread's 8 columns are all in or out
+  const int64_t row = L.row_begin(s);
+  const int64_t key_dim = static_cast<int64_t>(Hk) * dk;
+  uint16_t* S = state_pool + (static_cast<int64_t>(L.gdn_slot(s)) * Hv + h) * dk * dv;
+
+  uint4 st[kStepRows];
+#pragma unroll
+  for (int m = 0; m < kStepRows; ++m) {
+    const int i = rg + m * kStepGroups;
+    const uint4* src = reinterpret_cast<const uint4*>(S + static_cast<int64_t>(i) * dv + c);
+    st[m] = col_ok && i < dk ? __ldcs(src) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const int64_t oi = (row * Hv + h) * dv + c;
+
+  float pa = 0.0f, pb = 0.0f;
+  if (wa) ab_partials<kStepB16Threads>(pa, pb, hid, wa, wb, w_bf16, ab_vec, H, row, h);
+
+  pdl_wait();  // qkv is the conv kernel's output
+  if (warp < 2) normalise_qk(qk_n, qkv, row, conv_dim, key_dim, kh, dk, scale, warp, lane);
+  float v[8] = {};
+  if (col_ok) {
+    const float* vs = qkv + row * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * dv + c;
+    const float4 v0 = *reinterpret_cast<const float4*>(vs), v1 = *reinterpret_cast<const float4*>(vs + 4);
+    v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  }
+  if (wa && lane == 0) {
+    ab_all[warp][0] = pa;
+    ab_all[warp][1] = pb;
+  }
+  __syncthreads();  // also for qk_n
+  float a_val, b_val;
+  if (wa) {
+    a_val = 0.0f;
+    b_val = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kStepB16Warps; ++k) {
+      a_val += ab_all[k][0];
+      b_val += ab_all[k][1];
+    }
+  } else {
+    a_val = a[row * Hv + h];
+    b_val = b[row * Hv + h];
+  }
+  // Gating as gdn_gating_kernel computes it.
+  const float x = a_val + dt_bias[h];
+  const float softplus = x > 20.0f ? x : log1pf(expf(x));
+  const float decay = expf(-expf(A_log[h]) * softplus);
+  const float bt = sigmoid_f(b_val);
+
+  // kv = (e^g S)^T k over this thread's rows, then the warp's 8 row groups (lanes 4 apart).
+  float kv[8] = {};
+#pragma unroll
+  for (int m = 0; m < kStepRows; ++m) {
+    const float ki = qk_n[1][rg + m * kStepGroups];
+    float f[8];
+    unpack_bf16x8(st[m], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float sd = f[j] * decay;
+      kv[j] += sd * ki;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) kv[j] += __shfl_xor_sync(0xffffffffu, kv[j], o);
+  float delta[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) delta[j] = (v[j] - kv[j]) * bt;
+
+  // S = e^g S + k delta^T, stored rounded; o = S^T q (from the f32 values).
+  float o[8] = {};
+#pragma unroll
+  for (int m = 0; m < kStepRows; ++m) {
+    const int i = rg + m * kStepGroups;
+    const float ki = qk_n[1][i], qi = qk_n[0][i];
+    // The packed words again, opaque to the compiler: otherwise it keeps the 128 products e^g S of
+    // the first pass alive across the shuffles (168 registers) instead of recomputing them.
+    uint4 u = st[m];
+    asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+    float f[8];
+    unpack_bf16x8(u, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float sd = f[j] * decay;
+      f[j] = sd + ki * delta[j];
+      o[j] += f[j] * qi;
+    }
+    if (col_ok && i < dk) {
+      const uint2 lo = bf16x4_bits(make_float4(f[0], f[1], f[2], f[3]));
+      const uint2 hi = bf16x4_bits(make_float4(f[4], f[5], f[6], f[7]));
+      __stcs(reinterpret_cast<uint4*>(S + static_cast<int64_t>(i) * dv + c), make_uint4(lo.x, lo.y, hi.x, hi.y));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int k = 4; k < 32; k <<= 1) o[j] += __shfl_xor_sync(0xffffffffu, o[j], k);
+
+  // Gated RMSNorm over the head's dv outputs (sum of squares in double, as norm.cu).
+  double sq = 0.0;
+  if (col_ok)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sq += static_cast<double>(o[j]) * o[j];
+  sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+  sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+  if (lane == 0) ssq_all[warp] = sq;
+  __syncthreads();
+  if (rg == 0 && col_ok) {
+    double tot = 0.0;
+#pragma unroll
+    for (int k = 0; k < kStepB16Warps; ++k) tot += ssq_all[k];
+    const float rs = static_cast<float>(1.0 / sqrt(tot / static_cast<double>(dv) + eps));
+    const float4 z0 = *reinterpret_cast<const float4*>(z + oi), z1 = *reinterpret_cast<const float4*>(z + oi + 4);
+    const float zv[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = o[j] * rs * norm_w[c + j] * silu_f(zv[j]);
+    *reinterpret_cast<float4*>(out + oi) = make_float4(y[0], y[1], y[2], y[3]);
+    *reinterpret_cast<float4*>(out + oi + 4) = make_float4(y[4], y[5], y[6], y[7]);
+  }
+}
+
 }  // namespace
 
 namespace {
+
+void check_state_dtype(const Tensor& state_pool) {
+  CHECK_MSG(state_pool.dtype == DType::kF32 || state_pool.dtype == DType::kBF16,
+            "a GDN recurrent state pool is f32 or bf16");
+}
 
 bool plain_weight(const Linear& w) {
   return (w.format == WeightFormat::kBf16 || w.format == WeightFormat::kF32) && w.activation == ActivationQuant::kNone;
@@ -680,6 +863,7 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
   CHECK(g.numel() == T * Hv && beta.numel() == T * Hv);
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) {
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
   }
@@ -714,12 +898,17 @@ bool run_verify_step(CudaBackend& be, const Tensor& out, const Tensor& g, const 
   const void* wb_dev = fuse_ab ? in_proj_b.weight.data : nullptr;
   const bool w_bf16 = in_proj_a.format == WeightFormat::kBf16;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_verify_step_kernel, out.ptr<float>(),
-                                qkv.as<const float>(), z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(),
-                                wa_dev, wb_dev, w_bf16, H, A_log.ptr<const float>(), dt_bias.ptr<const float>(),
-                                norm_w.ptr<const float>(), eps, state_pool.ptr<float>(), g.ptr<float>(), beta.ptr<float>(), L,
-                                static_cast<int>(Hv), static_cast<int>(d.num_k_heads), static_cast<int>(dk),
-                                static_cast<int>(dv), C, scale));
+  auto launch_for = [&](auto* pool) {
+    using St = std::remove_const_t<std::remove_pointer_t<decltype(pool)>>;
+    CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_verify_step_kernel<St>, out.ptr<float>(), qkv.as<const float>(),
+                                  z.ptr<const float>(), a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, H,
+                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                  pool, g.ptr<float>(), beta.ptr<float>(), L, static_cast<int>(Hv),
+                                  static_cast<int>(d.num_k_heads), static_cast<int>(dk), static_cast<int>(dv), C,
+                                  scale));
+  };
+  if (state_pool.dtype == DType::kBF16) launch_for(state_pool.ptr<const uint16_t>());
+  else launch_for(state_pool.ptr<const float>());
   CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -735,17 +924,24 @@ void run_delta(CudaBackend& be, bool write, const Tensor& out, const Tensor& qkv
   CHECK_MSG(dk <= 2 * kTileMaxDk && dk % 4 == 0 && dv % 4 == 0,
             "CUDA Gated DeltaNet supports k_head_dim <= 256 and head sizes that are multiples of 4");
   CHECK(aligned16(state_pool.data) && aligned16(qkv.data) && aligned16(out.data));
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) CHECK(gdn_rows_ok(s, state_pool.dim(0)));
   if (batch.seqs.empty()) return;
   DeviceLayout L = be.device_layout(batch);
   const unsigned blocks = static_cast<unsigned>(batch.seqs.size() * Hv * ((dv + kTileCols - 1) / kTileCols));
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  auto kernel = dk <= kTileMaxDk ? (write ? gdn_delta_kernel<kTileRows, true> : gdn_delta_kernel<kTileRows, false>)
-                                 : (write ? gdn_delta_kernel<2 * kTileRows, true> : gdn_delta_kernel<2 * kTileRows, false>);
-  kernel<<<blocks, kTileThreads, 0, be.stream()>>>(out.ptr<float>(), qkv.ptr<const float>(), g.ptr<const float>(),
-                                                   beta.ptr<const float>(), state_pool.ptr<float>(), L,
-                                                   static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                                   static_cast<int>(dk), static_cast<int>(dv), d.conv_dim(), scale);
+  auto launch = [&](auto* pool) {
+    using St = std::remove_pointer_t<decltype(pool)>;
+    auto kernel = dk <= kTileMaxDk
+                      ? (write ? gdn_delta_kernel<kTileRows, true, St> : gdn_delta_kernel<kTileRows, false, St>)
+                      : (write ? gdn_delta_kernel<2 * kTileRows, true, St> : gdn_delta_kernel<2 * kTileRows, false, St>);
+    kernel<<<blocks, kTileThreads, 0, be.stream()>>>(out.ptr<float>(), qkv.ptr<const float>(), g.ptr<const float>(),
+                                                     beta.ptr<const float>(), pool, L, static_cast<int>(Hv),
+                                                     static_cast<int>(d.num_k_heads), static_cast<int>(dk),
+                                                     static_cast<int>(dv), d.conv_dim(), scale);
+  };
+  if (state_pool.dtype == DType::kBF16) launch(state_pool.ptr<uint16_t>());
+  else launch(state_pool.ptr<float>());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -772,6 +968,7 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CHECK(norm_w.numel() == dv && conv_w.dim(0) == C && conv_w.dim(1) == K);
   CHECK(conv_state_pool.dim(1) == C && conv_state_pool.dim(2) == K - 1);
   CHECK(state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv && Hv % d.num_k_heads == 0);
+  check_state_dtype(state_pool);
   for (const SeqSpan& s : batch.seqs) {
     CHECK_MSG(s.num_tokens == 1 && s.num_saves == 0, "gdn_decode_step takes single-token spans without saves");
     CHECK(s.gdn_slot >= 0 && s.gdn_slot < state_pool.dim(0) && s.gdn_slot < conv_state_pool.dim(0));
@@ -799,7 +996,9 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   CUDA_CHECK_LAUNCH();
   // One block per (span, value head). The step kernel may start while the conv kernel runs (it
   // waits for qkv at griddepcontrol.wait): its state loads and a/b products overlap the conv.
-  const PdlLaunch launch(dim3(static_cast<unsigned>(batch.seqs.size() * Hv)), dim3(kStepThreads), 0, stream_);
+  const bool bf16 = state_pool.dtype == DType::kBF16;
+  const PdlLaunch launch(dim3(static_cast<unsigned>(batch.seqs.size() * Hv)), dim3(bf16 ? kStepB16Threads : kStepThreads),
+                         0, stream_);
   const float* a_dev = fuse_ab ? nullptr : ab_dev + T * Hv;
   const float* b_dev = ab_dev;
   const void* wa_dev = fuse_ab ? in_proj_a.weight.data : nullptr;
@@ -808,11 +1007,15 @@ void CudaBackend::gdn_decode_step(const Tensor& out, const Tensor& h, const Tens
   // 16-byte loads of h and 4 weights at a time: rows start aligned when H % 4 == 0.
   const bool ab_vec = fuse_ab && H % 4 == 0 && aligned16(h.data) && aligned16(wa_dev) && aligned16(wb_dev);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, gdn_step_kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
-                                a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
-                                A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
-                                state_pool.ptr<float>(), L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
-                                static_cast<int>(dk), static_cast<int>(dv), C, scale));
+  auto launch_for = [&](auto kernel, auto* pool) {
+    CUDA_CHECK(cudaLaunchKernelEx(&launch.cfg, kernel, out.ptr<float>(), qkv.as<const float>(), z.ptr<const float>(),
+                                  a_dev, b_dev, h.ptr<const float>(), wa_dev, wb_dev, w_bf16, ab_vec, H,
+                                  A_log.ptr<const float>(), dt_bias.ptr<const float>(), norm_w.ptr<const float>(), eps,
+                                  pool, L, static_cast<int>(Hv), static_cast<int>(d.num_k_heads),
+                                  static_cast<int>(dk), static_cast<int>(dv), C, scale));
+  };
+  if (bf16) launch_for(gdn_step_bf16_kernel, state_pool.ptr<uint16_t>());
+  else launch_for(gdn_step_kernel<float>, state_pool.ptr<float>());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -826,11 +1029,14 @@ void CudaBackend::gdn_verify_step(const Tensor& out, const Tensor& g, const Tens
   // wave of resident blocks that latency repeats per wave; the op chain (a/b projections as GEMMs, the
   // barrier-free register delta kernel) is then faster. H200, 122B, k = 2: batch 1 8.04 ms per verify
   // step fused against 8.63 ms chained; batch 64 86.0 against 73.9 ms.
-  static const int64_t resident = [&] {
+  auto resident_blocks = [&](const void* kernel) {
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gdn_verify_step_kernel, kTileThreads, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, 0));
     return static_cast<int64_t>(std::max(1, per_sm)) * sm_count_;
-  }();
+  };
+  static const int64_t resident_f32 = resident_blocks(reinterpret_cast<const void*>(gdn_verify_step_kernel<float>));
+  static const int64_t resident_bf16 = resident_blocks(reinterpret_cast<const void*>(gdn_verify_step_kernel<uint16_t>));
+  const int64_t resident = state_pool.dtype == DType::kBF16 ? resident_bf16 : resident_f32;
   const int64_t blocks = static_cast<int64_t>(batch.seqs.size()) * d.num_v_heads * ((d.v_head_dim + kTileCols - 1) / kTileCols);
   if (blocks > resident ||
       !run_verify_step(*this, out, g, beta, h, mixed, z, in_proj_a, in_proj_b, conv_w, A_log, dt_bias, norm_w, eps,

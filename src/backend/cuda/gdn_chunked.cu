@@ -8,7 +8,9 @@
 //   S   = e^gamma_C S + K^T (e^(gamma_C - gamma) V')
 //
 // Work split: one thread block per (span, value head, slice of 16 * kGroups state columns), walking
-// the span's chunks in order.
+// the span's chunks in order. The state pool is f32 or bf16 (gdn_state.cuh): read once into the f32
+// accumulators at the span's start, rounded to the pool's dtype only where stored (the span's end and
+// each save).
 //  - 4 prep warps run one chunk ahead (double-buffered shared memory): cp.async the chunk's normalised
 //    fp16 q, k (written by gdn_qk_norm_kernel, shared by the value heads of a key head), g, beta;
 //    gamma; KK^T and QK^T on tensor cores; -L and P = QK^T (.) Gamma (strictly lower) in fp16; the four
@@ -28,6 +30,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn_state.cuh"
 
 namespace sparkserve {
 namespace {
@@ -181,7 +184,7 @@ struct ChunkArgs {
   const float* qk;     // [R, Hk]
   const float* g;      // [R, Hv]
   const float* beta;   // [R, Hv]
-  float* state;        // [slots, Hv, 128, dv]
+  void* state;         // [slots, Hv, 128, dv] f32 or bf16 (the kernel's St)
   DeviceLayout L;
   int Hv, Hk, dv, slices;
   int64_t conv_dim, v_off;
@@ -376,16 +379,17 @@ __device__ __forceinline__ void add_kv(float (&acc)[8][4], const float (&vp)[8][
 }
 
 // A warp's tiles of S^T, times the per-row factors lo / hi, into state rows at dst (S[k][d] at
-// dst[k dv + d], the warp's first dk row and the pair's first column).
-__device__ __forceinline__ void store_state(float* dst, const float (&st)[8][4], float lo, float hi, int dv, int g,
+// dst[k dv + d], the warp's first dk row and the pair's first column), rounded to the pool's St.
+template <class St>
+__device__ __forceinline__ void store_state(St* dst, const float (&st)[8][4], float lo, float hi, int dv, int g,
                                             int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int k = 8 * j + 2 * t;
-    dst[static_cast<int64_t>(k) * dv + g] = st[j][0] * lo;
-    dst[static_cast<int64_t>(k + 1) * dv + g] = st[j][1] * lo;
-    dst[static_cast<int64_t>(k) * dv + g + 8] = st[j][2] * hi;
-    dst[static_cast<int64_t>(k + 1) * dv + g + 8] = st[j][3] * hi;
+    state_store1(dst + static_cast<int64_t>(k) * dv + g, st[j][0] * lo);
+    state_store1(dst + static_cast<int64_t>(k + 1) * dv + g, st[j][1] * lo);
+    state_store1(dst + static_cast<int64_t>(k) * dv + g + 8, st[j][2] * hi);
+    state_store1(dst + static_cast<int64_t>(k + 1) * dv + g + 8, st[j][3] * hi);
   }
 }
 
@@ -393,7 +397,8 @@ __device__ __forceinline__ void store_state(float* dst, const float (&st)[8][4],
 // update over tokens 0..e, times 1/sigma. S: the warp's tiles before the chunk's decay; f_lo / f_hi:
 // sigma e^gamma_e / rho per row; vp: V' (sigma domain); sc: the chunk's scalars. Not inlined, and
 // given copies: the chunk loop runs at the register limit, and saves are rare.
-__device__ __noinline__ void save_inside_chunk(float* dst, const float (&S)[8][4], const float (&vp)[8][4],
+template <class St>
+__device__ __noinline__ void save_inside_chunk(St* dst, const float (&S)[8][4], const float (&vp)[8][4],
                                                float f_lo, float f_hi, float is_lo, float is_hi, const float* sc,
                                                int e, uint32_t K, uint32_t toff128, int hk, int dv) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -419,7 +424,7 @@ __device__ __noinline__ void save_inside_chunk(float* dst, const float (&S)[8][4
 // State saves (SeqSpan::saves) of span s: one after the chunk's last token is S after the update; one
 // after token e inside the chunk is what a chunk ending at e leaves, e^gamma_e S + sum_{j <= e}
 // k_j e^(gamma_e - gamma_j) V'_j (V'_j depends on tokens <= j only), from the same V'.
-template <int kGroups>
+template <int kGroups, class St>
 __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64_t row0, int n, int h, int s,
                            int slice) {
   const int sw = threadIdx.x / 32 - kPrepWarps, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -427,8 +432,10 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
   const int nchunks = (n + kChunk - 1) / kChunk;
   const int d0 = (slice * kGroups + grp) * 16;  // the pair's first state column (dv index)
   // S[k0 + k][d0 + d] of pool row `row` at state_row(row)[k dv + d].
-  auto state_row = [&](int row) { return p.state + ((static_cast<int64_t>(row) * p.Hv + h) * kDk + k0) * p.dv + d0; };
-  float* Sg = state_row(p.L.gdn_slot(s));
+  auto state_row = [&](int row) {
+    return static_cast<St*>(p.state) + ((static_cast<int64_t>(row) * p.Hv + h) * kDk + k0) * p.dv + d0;
+  };
+  St* Sg = state_row(p.L.gdn_slot(s));
   // The span's saves: save_at(next) = the next one, {tokens, row}, tokens 0 when none is left.
   const int saves = p.L.num_saves(s);
   int next = 0;
@@ -443,10 +450,10 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int k = 8 * j + 2 * t;
-    S[j][0] = Sg[static_cast<int64_t>(k) * p.dv + g];
-    S[j][1] = Sg[static_cast<int64_t>(k + 1) * p.dv + g];
-    S[j][2] = Sg[static_cast<int64_t>(k) * p.dv + g + 8];
-    S[j][3] = Sg[static_cast<int64_t>(k + 1) * p.dv + g + 8];
+    S[j][0] = state_load1(Sg + static_cast<int64_t>(k) * p.dv + g);
+    S[j][1] = state_load1(Sg + static_cast<int64_t>(k + 1) * p.dv + g);
+    S[j][2] = state_load1(Sg + static_cast<int64_t>(k) * p.dv + g + 8);
+    S[j][3] = state_load1(Sg + static_cast<int64_t>(k + 1) * p.dv + g + 8);
   }
   float rho_lo = 1.0f, rho_hi = 1.0f, irho_lo = 1.0f, irho_hi = 1.0f;
 
@@ -670,7 +677,7 @@ __device__ void state_warp(const ChunkArgs& p, char* smem, int sync_count, int64
   store_state(Sg, S, irho_lo, irho_hi, p.dv, g, t);
 }
 
-template <int kGroups>
+template <int kGroups, class St>
 __global__ void __launch_bounds__(32 * (kPrepWarps + 2 * kGroups), 1) gdn_chunk_kernel(const ChunkArgs p) {
   extern __shared__ __align__(128) char smem[];
   const int slice = static_cast<int>(blockIdx.x % p.slices);
@@ -682,19 +689,27 @@ __global__ void __launch_bounds__(32 * (kPrepWarps + 2 * kGroups), 1) gdn_chunk_
   if (threadIdx.x < kPrepThreads)
     prep_warps(p, smem, sync_count, row0, n, h, kh);
   else
-    state_warp<kGroups>(p, smem, sync_count, row0, n, h, s, slice);
+    state_warp<kGroups, St>(p, smem, sync_count, row0, n, h, s, slice);
 }
 
-template <int kGroups>
+template <int kGroups, class St>
 void launch_chunk(const ChunkArgs& a, int64_t blocks, cudaStream_t stream) {
   const int bytes = smem_bytes(kGroups);
   static const bool attr_set = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gdn_chunk_kernel<kGroups, St>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)attr_set;
-  gdn_chunk_kernel<kGroups><<<static_cast<unsigned>(blocks), 32 * (kPrepWarps + 2 * kGroups), bytes, stream>>>(a);
+  gdn_chunk_kernel<kGroups, St><<<static_cast<unsigned>(blocks), 32 * (kPrepWarps + 2 * kGroups), bytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+template <class St>
+void launch_chunk_groups(int groups, const ChunkArgs& a, int64_t blocks, cudaStream_t stream) {
+  if (groups == 4) launch_chunk<4, St>(a, blocks, stream);
+  else if (groups == 2) launch_chunk<2, St>(a, blocks, stream);
+  else launch_chunk<1, St>(a, blocks, stream);
 }
 
 }  // namespace
@@ -704,6 +719,8 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
   const int64_t Hv = d.num_v_heads, Hk = d.num_k_heads, dk = d.k_head_dim, dv = d.v_head_dim, C = d.conv_dim();
   CHECK(qkv.dim(1) == C && state_pool.dim(1) == Hv && state_pool.dim(2) == dk && state_pool.dim(3) == dv &&
         Hv % Hk == 0);
+  CHECK_MSG(state_pool.dtype == DType::kF32 || state_pool.dtype == DType::kBF16,
+            "a GDN recurrent state pool is f32 or bf16");
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (dk != kDk || dv % 16 != 0 || C % 4 != 0 || !aligned16(qkv.data)) {
     // Geometry the tensor-core kernel is not built for (the test models' small heads): the
@@ -745,12 +762,11 @@ void CudaBackend::gdn_chunked(const Tensor& out, const Tensor& qkv, const Tensor
 
   const int slices = static_cast<int>(dv / (16 * groups));
   const ChunkArgs a{out.ptr<float>(), qkv.ptr<const float>(), qn, kn,
-                    qk, g.ptr<const float>(), beta.ptr<const float>(), state_pool.ptr<float>(),
+                    qk, g.ptr<const float>(), beta.ptr<const float>(), state_pool.data,
                     L, static_cast<int>(Hv), static_cast<int>(Hk), static_cast<int>(dv), slices, C, 2 * Hk * dk};
   const int64_t blocks = spans * Hv * slices;
-  if (groups == 4) launch_chunk<4>(a, blocks, stream_);
-  else if (groups == 2) launch_chunk<2>(a, blocks, stream_);
-  else launch_chunk<1>(a, blocks, stream_);
+  if (state_pool.dtype == DType::kBF16) launch_chunk_groups<uint16_t>(groups, a, blocks, stream_);
+  else launch_chunk_groups<float>(groups, a, blocks, stream_);
 }
 
 }  // namespace sparkserve

@@ -56,8 +56,10 @@ struct Rig {
   Qwen35Runner runner;
   CountingRunner counting{runner};
   Engine engine;
-  Rig(int32_t slots, int32_t blocks, int64_t block_size, int32_t snapshots, bool caching, int64_t budget = 256)
-      : state(*tiny().backend, tiny().model->config(), StateLimits{slots, blocks, block_size, snapshots}),
+  Rig(int32_t slots, int32_t blocks, int64_t block_size, int32_t snapshots, bool caching, int64_t budget = 256,
+      DType gdn_dtype = DType::kF32)
+      : state(*tiny().backend, tiny().model->config(),
+              StateLimits{slots, blocks, block_size, snapshots, DType::kF32, false, gdn_dtype}),
         runner(*tiny().model, state),
         engine(counting, config(slots, budget, caching)) {}
   static EngineConfig config(int32_t slots, int64_t budget, bool caching) {
@@ -138,6 +140,22 @@ TEST(PrefixCacheModel, RepeatsShortPromptsAndBlockBoundaries) {
     expect_same(a.tokens, ref.tokens, "first, len " + std::to_string(len));
     expect_same(b.tokens, ref.tokens, "repeat, len " + std::to_string(len));
     EXPECT_EQ(b.cached, len - 1);
+  }
+}
+
+// With a bf16 GDN state (--gdn-state-dtype bfloat16) a snapshot is the rounded state of its position,
+// and the first run (one rounding at the prompt's end) need not match the cache off; every repeat
+// resumes from the same snapshot bytes through the same ops, so repeats match each other exactly.
+TEST(PrefixCacheModel, Bf16StateSnapshotsResumeExactly) {
+  Rig on(4, 128, 16, 32, true, 256, DType::kBF16);
+  EXPECT_EQ(on.state.gdn().recurrent_pool(0).dtype, DType::kBF16);
+  for (int len : {16, 45}) {
+    const auto p = ids(len, static_cast<uint32_t>(len));
+    const Out a = run(on, {p}, 12)[0], b = run(on, {p}, 12)[0], c = run(on, {p}, 12)[0];
+    EXPECT_EQ(a.tokens.size(), 12u);
+    expect_same(c.tokens, b.tokens, "second and third run, len " + std::to_string(len));
+    EXPECT_EQ(b.cached, len - 1);
+    EXPECT_EQ(c.cached, len - 1);
   }
 }
 

@@ -351,5 +351,32 @@ TEST(GdnSlots, ZeroAndCopyRows) {
   EXPECT_EQ(slots.row_bytes(), 2 * (2 * 4 * 3 + 14 * 3) * 4);
 }
 
+// A bf16 recurrent state (--gdn-state-dtype bfloat16): the recurrent pools are bf16, the conv pools
+// stay f32, a row costs 2 bytes per recurrent value; zeroing and row copies move bf16 bits.
+TEST(GdnSlots, Bf16RecurrentState) {
+  auto backend = make_cpu_backend(1);
+  GdnDims d{1, 2, 4, 3, 4};
+  GdnSlots slots(*backend, 2, /*slots=*/1, /*snapshots=*/1, d, DType::kBF16);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(slots.recurrent_pool(l).dtype, DType::kBF16);
+    EXPECT_EQ(slots.conv_pool(l).dtype, DType::kF32);
+    const Tensor& r = slots.recurrent_pool(l);
+    for (int64_t i = 0; i < r.numel(); ++i) r.ptr<uint16_t>()[i] = f32_to_bf16(static_cast<float>(i + 1));
+  }
+  EXPECT_EQ(slots.row_bytes(), 2 * (2 * 4 * 3 * 2 + 14 * 3 * 4));
+  std::vector<TensorCopy> copies;
+  slots.add_row_copies(0, 1, copies);
+  backend->copy_batch(copies);
+  slots.zero_row(0);
+  for (int l = 0; l < 2; ++l) {
+    const Tensor& r = slots.recurrent_pool(l);
+    const int64_t rn = r.numel() / 2;
+    for (int64_t i = 0; i < rn; ++i) {
+      ASSERT_EQ(r.ptr<uint16_t>()[i], 0);
+      ASSERT_EQ(bf16_to_f32(r.ptr<uint16_t>()[rn + i]), static_cast<float>(i + 1));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sparkserve::test
