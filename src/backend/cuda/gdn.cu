@@ -539,6 +539,32 @@ __device__ __forceinline__ void normalise_qk(float (&qk_n)[2][kStepMaxDk], const
   for (int t = 0; t < kStepMaxDk / 32; ++t) qk_n[warp][lane + 32 * t] = x[t] * inv;
 }
 
+// A step kernel's gating of (span row `row`, value head h), as gdn_gating_kernel computes it: a and b
+// summed over the block's warps in warp order where the kernel projected them itself (fused: ab_all[w]
+// holds warp w's share), else read from a, b [T, Hv]. decay = e^g, bt = sigmoid(b).
+template <int kWarps>
+__device__ __forceinline__ void step_gating(const float (&ab_all)[kWarps][2], bool fused, const float* a,
+                                            const float* b, const float* A_log, const float* dt_bias, int64_t row,
+                                            int Hv, int h, float& decay, float& bt) {
+  float a_val, b_val;
+  if (fused) {
+    a_val = 0.0f;
+    b_val = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) {
+      a_val += ab_all[k][0];
+      b_val += ab_all[k][1];
+    }
+  } else {
+    a_val = a[row * Hv + h];
+    b_val = b[row * Hv + h];
+  }
+  const float x = a_val + dt_bias[h];
+  const float softplus = x > 20.0f ? x : log1pf(expf(x));
+  decay = expf(-expf(A_log[h]) * softplus);
+  bt = sigmoid_f(b_val);
+}
+
 // St: the state pool's storage (gdn_state.cuh). Used for f32; a bf16 state takes gdn_step_bf16_kernel.
 template <class St>
 __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
@@ -585,24 +611,8 @@ __global__ void __launch_bounds__(kStepThreads) gdn_step_kernel(
     ab_all[warp][1] = pb;
   }
   __syncthreads();  // also for qk_n
-  float a_val, b_val;
-  if (wa) {
-    a_val = 0.0f;
-    b_val = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kStepWarps; ++k) {
-      a_val += ab_all[k][0];
-      b_val += ab_all[k][1];
-    }
-  } else {
-    a_val = a[row * Hv + h];
-    b_val = b[row * Hv + h];
-  }
-  // Gating as gdn_gating_kernel computes it.
-  const float x = a_val + dt_bias[h];
-  const float softplus = x > 20.0f ? x : log1pf(expf(x));
-  const float decay = expf(-expf(A_log[h]) * softplus);
-  const float bt = sigmoid_f(b_val);
+  float decay, bt;
+  step_gating(ab_all, wa != nullptr, a, b, A_log, dt_bias, row, Hv, h, decay, bt);
 
   // S = e^g S; kv = S^T k (this thread's rows, then the warp's 8 row groups: lanes 4 apart).
   float4 kv = zero4;
@@ -738,24 +748,8 @@ __global__ void __launch_bounds__(kStepB16Threads) gdn_step_bf16_kernel(
     ab_all[warp][1] = pb;
   }
   __syncthreads();  // also for qk_n
-  float a_val, b_val;
-  if (wa) {
-    a_val = 0.0f;
-    b_val = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kStepB16Warps; ++k) {
-      a_val += ab_all[k][0];
-      b_val += ab_all[k][1];
-    }
-  } else {
-    a_val = a[row * Hv + h];
-    b_val = b[row * Hv + h];
-  }
-  // Gating as gdn_gating_kernel computes it.
-  const float x = a_val + dt_bias[h];
-  const float softplus = x > 20.0f ? x : log1pf(expf(x));
-  const float decay = expf(-expf(A_log[h]) * softplus);
-  const float bt = sigmoid_f(b_val);
+  float decay, bt;
+  step_gating(ab_all, wa != nullptr, a, b, A_log, dt_bias, row, Hv, h, decay, bt);
 
   // kv = (e^g S)^T k over this thread's rows, then the warp's 8 row groups (lanes 4 apart).
   float kv[8] = {};
