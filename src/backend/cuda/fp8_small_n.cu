@@ -38,6 +38,7 @@
 #include <tuple>
 
 #include "backend/cuda/fp8_codes.cuh"
+#include "backend/cuda/fp8_split_reduce.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch_config.cuh"
 #include "backend/cuda/mma_primitives.cuh"
@@ -202,23 +203,8 @@ __global__ void __launch_bounds__(kThreads) fp8_small_n_kernel(CodesArgs a) {
           const int t = 8 * j + 2 * q + e;
           if (t < T) part[t * kPartLd + warp * kRowsPerWarp + 16 * i + 8 * h + g] = acc[i][j][2 * h + e];
         }
-  cluster.sync();  // every block's partial sums written
-  // Block `split` adds its share of the [T, 128] outputs: elements e0..e1 (row fastest: coalesced).
-  const int E = T * kRowsPerBlock, per = (E + S - 1) / S;
-  const int e1 = min(E, (split + 1) * per);
-  for (int e = split * per + tid; e < e1; e += kThreads) {
-    const int t = e / kRowsPerBlock, lr = e % kRowsPerBlock;
-    float v[kMaxSplits];
-#pragma unroll
-    for (int r = 0; r < kMaxSplits; ++r) v[r] = r < S ? *cluster.map_shared_rank(part + t * kPartLd + lr, r) : 0.0f;
-    float sum = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kMaxSplits; ++r)
-      if (r < S) sum += v[r];
-    const int64_t n = row_base + lr;
-    if (n < a.rows) a.out[t * a.ldo + n] = sum * (scale_s[t] * a.ws[n]);
-  }
-  cluster.sync();  // no block leaves while another reads its shared memory
+  cluster_split_sum_store<kThreads, kRowsPerBlock, kPartLd, kMaxSplits>(cluster, part, S, split, T, tid, row_base,
+                                                                         a.rows, a.out, a.ldo, scale_s, a.ws);
 }
 
 // The kernel per token-tile count: index 0..3 for NT = 1, 2, 4, 8.
