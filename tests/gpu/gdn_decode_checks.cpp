@@ -48,19 +48,7 @@ void check_case(Harness& h, const DecodeCase& c, int64_t B) {
   const int64_t C = d.conv_dim(), Hv = c.hv, slots = B + 3;
   const std::string tag = std::string(c.name) + " B" + std::to_string(B);
   // B single-token spans on shuffled slots; 3 slots belong to no span.
-  std::vector<int32_t> slot_ids(static_cast<size_t>(slots));
-  std::iota(slot_ids.begin(), slot_ids.end(), 0);
-  std::shuffle(slot_ids.begin(), slot_ids.end(), g_rng);
-  BatchLayout L;
-  for (int64_t s = 0; s < B; ++s) {
-    SeqSpan sp;
-    sp.row_begin = s;
-    sp.num_tokens = 1;
-    sp.start_pos = 7 + s;
-    sp.gdn_slot = slot_ids[static_cast<size_t>(s)];
-    L.seqs.push_back(sp);
-  }
-  L.total_rows = B;
+  BatchLayout L = single_token_spans(B, slots);
   // in_proj_a/b scaled so that a, b ~ N(0, 2^2) (the gates' working range, both softplus branches);
   // A_log, dt_bias as HF initialises them.
   Weight wa = make_weight(h, {Hv, c.H}, c.bf16, 2.0f / std::sqrt(static_cast<float>(c.H)));

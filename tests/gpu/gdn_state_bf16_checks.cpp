@@ -88,19 +88,7 @@ bool same_bits(Harness& h, const Pair& p) { return bits(h.gpu, p.gpu()) == bits(
 void check_decode_step(Harness& h, const char* name, const GdnDims& d, int64_t H, bool bf16_ab, int64_t B) {
   const int64_t C = d.conv_dim(), Hv = d.num_v_heads, dv = d.v_head_dim, K = d.conv_kernel, slots = B + 3;
   const std::string tag = std::string(name) + " B" + std::to_string(B);
-  std::vector<int32_t> slot_ids(static_cast<size_t>(slots));
-  std::iota(slot_ids.begin(), slot_ids.end(), 0);
-  std::shuffle(slot_ids.begin(), slot_ids.end(), g_rng);
-  BatchLayout L;
-  for (int64_t s = 0; s < B; ++s) {
-    SeqSpan sp;
-    sp.row_begin = s;
-    sp.num_tokens = 1;
-    sp.start_pos = 7 + s;
-    sp.gdn_slot = slot_ids[static_cast<size_t>(s)];
-    L.seqs.push_back(sp);
-  }
-  L.total_rows = B;
+  BatchLayout L = single_token_spans(B, slots);
   Weight wa = make_weight(h, {Hv, H}, bf16_ab, 2.0f / std::sqrt(static_cast<float>(H)));
   Weight wb = make_weight(h, {Hv, H}, bf16_ab, 2.0f / std::sqrt(static_cast<float>(H)));
   std::vector<float> alog(static_cast<size_t>(Hv)), nw = randn(dv, 0.2f);

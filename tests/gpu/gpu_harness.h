@@ -307,4 +307,23 @@ struct RegisterKernelBench {
   }
 };
 
+// B single-token decode spans (row s, position 7 + s) on shuffled GDN slots of `slots` (> B: the
+// rest belong to no span).
+inline BatchLayout single_token_spans(int64_t B, int64_t slots) {
+  std::vector<int32_t> slot_ids(static_cast<size_t>(slots));
+  std::iota(slot_ids.begin(), slot_ids.end(), 0);
+  std::shuffle(slot_ids.begin(), slot_ids.end(), g_rng);
+  BatchLayout L;
+  for (int64_t s = 0; s < B; ++s) {
+    SeqSpan sp;
+    sp.row_begin = s;
+    sp.num_tokens = 1;
+    sp.start_pos = 7 + s;
+    sp.gdn_slot = slot_ids[static_cast<size_t>(s)];
+    L.seqs.push_back(sp);
+  }
+  L.total_rows = B;
+  return L;
+}
+
 }  // namespace sparkserve
